@@ -1,0 +1,60 @@
+"""The ``supervise`` command line.
+
+Each subcommand lives in ``supervisor/commands/<name>.py`` exposing ``HELP`` (one line),
+``add_arguments(parser)`` and ``run(args) -> int``; modules are imported only when their
+subcommand runs, so ``supervise --help`` stays fast and light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from supervisor.errors import EXIT_CODES, SupervisorError, UsageError
+
+# name -> (module, one-line help). Order is the order shown in --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "checkpoints": ("supervisor.commands.checkpoints", "list and verify checkpoints in a directory"),
+    "doctor": ("supervisor.commands.doctor", "check that this machine can run supervised jobs"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message, f"see `{self.prog} --help`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    epilog = "exit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items())
+    parser = _Parser(
+        prog="supervise",
+        description="Supervise distributed training on Slurm: detect, classify, recover, account.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module_name)
+        # Only argument definitions are imported here; the command's heavy imports happen in run().
+        importlib.import_module(module_name).add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        module = importlib.import_module(args._module)
+        return int(module.run(args) or 0)
+    except SupervisorError as err:
+        print(err.one_line(), file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``supervise`` subcommand (see supervisor/cli.py)."""
