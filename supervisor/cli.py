@@ -17,6 +17,7 @@ from supervisor.errors import EXIT_CODES, SupervisorError, UsageError
 # name -> (module, one-line help). Order is the order shown in --help.
 COMMANDS: dict[str, tuple[str, str]] = {
     "checkpoints": ("supervisor.commands.checkpoints", "list and verify checkpoints in a directory"),
+    "submit": ("supervisor.commands.submit", "write a campaign's batch script and submit it with sbatch"),
     "doctor": ("supervisor.commands.doctor", "check that this machine can run supervised jobs"),
 }
 
@@ -44,10 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _module_of(command: str):  # type: ignore[no-untyped-def]
+    return importlib.import_module(COMMANDS[command][0])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
-        module = importlib.import_module(args._module)
+        if argv and argv[0] in COMMANDS and hasattr(_module_of(argv[0]), "parse_argv"):
+            # Commands that pass foreign flags through (sbatch's, srun's) parse their own argv.
+            module = _module_of(argv[0])
+            args = module.parse_argv(argv[1:])
+        else:
+            args = build_parser().parse_args(argv)
+            module = importlib.import_module(args._module)
         return int(module.run(args) or 0)
     except SupervisorError as err:
         print(err.one_line(), file=sys.stderr)

@@ -1,0 +1,131 @@
+"""The campaign directory (contract): where a multi-attempt training campaign keeps its state.
+
+Layout: ``campaign.json`` (what to run and how, written once at submit), ``batch.sh``, ``journal.jsonl``,
+``secret`` (0600, authenticates the heartbeat channel), ``logs/`` (one folder per attempt), ``live.json``
+(the live table), ``stacks/`` (stack dumps). The directory is private (0700): it holds the job secret.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from supervisor.errors import CampaignError
+
+SPEC_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class CampaignPaths:
+    root: Path
+
+    @property
+    def spec(self) -> Path:
+        return self.root / "campaign.json"
+
+    @property
+    def batch_script(self) -> Path:
+        return self.root / "batch.sh"
+
+    @property
+    def journal(self) -> Path:
+        return self.root / "journal.jsonl"
+
+    @property
+    def secret(self) -> Path:
+        return self.root / "secret"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def live(self) -> Path:
+        return self.root / "live.json"
+
+    @property
+    def stacks(self) -> Path:
+        return self.root / "stacks"
+
+    def attempt_logs(self, job_id: str, restart: int) -> Path:
+        return self.logs / f"job{job_id}-restart{restart}"
+
+
+@dataclasses.dataclass(frozen=True)
+class CampaignSpec:
+    """What ``supervise run`` needs to (re)start the training, fixed at submit time."""
+
+    command: tuple[str, ...]
+    sbatch_flags: tuple[str, ...] = ()
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    cwd: str = ""
+    python: str = ""
+    created: float = 0.0
+    version: int = SPEC_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a 0600 file atomically (tmp + fsync + rename) so a crash never leaves half a spec."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def create(root: Path, spec: CampaignSpec, batch_script: str) -> CampaignPaths:
+    """Create a new campaign directory; refuses to overwrite an existing campaign's spec."""
+    paths = CampaignPaths(root.resolve())
+    if paths.spec.exists():
+        raise CampaignError(
+            f"{paths.root} already holds a campaign",
+            "pick a new --campaign directory (a campaign is resumed by its job, not by resubmitting)",
+        )
+    try:
+        paths.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(paths.root, 0o700)
+        for sub in (paths.logs, paths.stacks):
+            sub.mkdir(mode=0o700, exist_ok=True)
+        _write_private(paths.spec, spec.to_json())
+        _write_private(paths.batch_script, batch_script)
+    except OSError as err:
+        raise CampaignError(f"cannot create campaign directory {paths.root}: {err.strerror}", "check the path") from None
+    return paths
+
+
+def load(root: str | Path) -> tuple[CampaignPaths, CampaignSpec]:
+    paths = CampaignPaths(Path(root).resolve())
+    try:
+        data = json.loads(paths.spec.read_text())
+    except FileNotFoundError:
+        raise CampaignError(
+            f"{paths.root} is not a campaign directory (no campaign.json)",
+            "pass the directory that `supervise submit` printed",
+        ) from None
+    except (OSError, ValueError) as err:
+        raise CampaignError(f"cannot read {paths.spec}: {err}", "check the campaign directory") from None
+    if not isinstance(data, dict) or data.get("version") != SPEC_VERSION:
+        raise CampaignError(
+            f"{paths.spec} has an unsupported format version {data.get('version') if isinstance(data, dict) else '?'}",
+            "use the supervise version that created this campaign",
+        )
+    fields = {f.name for f in dataclasses.fields(CampaignSpec)}
+    kwargs = {k: v for k, v in data.items() if k in fields}
+    kwargs["command"] = tuple(kwargs.get("command", ()))
+    kwargs["sbatch_flags"] = tuple(kwargs.get("sbatch_flags", ()))
+    return paths, CampaignSpec(**kwargs)
+
+
+def default_root(name: str, now: float | None = None) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return Path("campaigns") / f"{stamp}-{name}"

@@ -1,0 +1,135 @@
+"""Campaign configuration: one TOML file, validated up front so a typo fails at submit time, not hours later.
+
+Sections ``[submit]``, ``[run]`` and ``[alerts]`` are defined here; ``[detect]`` and ``[policy]`` are handed to the
+detector and policy modules, which validate their own keys (see docs/configuration.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from supervisor.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmitConfig:
+    # Seconds before the time limit at which Slurm sends USR1 to the batch step (sbatch --signal=B:USR1@T),
+    # leaving time to checkpoint and requeue. Slurm may deliver it up to 60 s early.
+    signal_lead_s: int = 120
+    job_name: str = "supervise"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    # Extra arguments for the training step's srun (e.g. ["--cpu-bind=none"]).
+    srun_args: tuple[str, ...] = ()
+    # Where the training writes checkpoints; the supervisor resumes from the newest valid one found here.
+    checkpoint_dir: str = ""
+    # How long ranks get to finish a requested checkpoint before the step is stopped anyway.
+    checkpoint_grace_s: float = 60.0
+    # Node agent sampling and the supervisor's decision loop.
+    agent_interval_s: float = 0.25
+    summary_interval_s: float = 1.0
+    loop_interval_s: float = 0.5
+    # How often slurmctld is polled when nothing happens (it is also polled on events).
+    slurm_poll_s: float = 30.0
+    # Restarts of the training step inside the same allocation before falling back to a requeue.
+    max_restarts_in_allocation: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class AlertConfig:
+    # L2+ alerts: POSTed as JSON to this URL (if set) and/or given on stdin to this command (argument list).
+    webhook_url: str = ""
+    command: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    submit: SubmitConfig = SubmitConfig()
+    run: RunConfig = RunConfig()
+    alerts: AlertConfig = AlertConfig()
+    detect: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    policy: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self), default=list))
+
+
+_SECTIONS = {"submit": SubmitConfig, "run": RunConfig, "alerts": AlertConfig}
+
+
+def _same_type(value: Any, default: Any) -> bool:
+    """TOML types vs the default's type; an int is fine where a float is expected, a bool never is a number."""
+    if isinstance(value, bool) or isinstance(default, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
+
+
+def _build(section: str, cls: type, values: Mapping[str, Any], source: str) -> Any:
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{source}: [{section}] must be a table", f"write it as [{section}] with key = value lines")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise ConfigError(f"{source}: unknown key {section}.{key}", f"use one of: {known}")
+        default = fields[key].default
+        if isinstance(default, tuple):
+            if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                raise ConfigError(f"{source}: {section}.{key} must be a list of strings", f'e.g. {key} = ["a", "b"]')
+            value = tuple(value)
+        elif not _same_type(value, default):
+            raise ConfigError(
+                f"{source}: {section}.{key} = {value!r} has the wrong type",
+                f"use a {type(default).__name__} like {default!r}",
+            )
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise ConfigError(f"{source}: {section}.{key} = {value!r} is negative", "use a value >= 0")
+        kwargs[key] = float(value) if isinstance(default, float) else value
+    return cls(**kwargs)
+
+
+def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:
+    """Validate a parsed config; every problem is a ConfigError naming the key and the fix."""
+    known = set(_SECTIONS) | {"detect", "policy"}
+    for section in data:
+        if section not in known:
+            raise ConfigError(f"{source}: unknown section [{section}]", f"use one of: {', '.join(sorted(known))}")
+    parts = {name: _build(name, cls, data.get(name, {}), source) for name, cls in _SECTIONS.items()}
+    for name in ("detect", "policy"):
+        if not isinstance(data.get(name, {}), Mapping):
+            raise ConfigError(f"{source}: [{name}] must be a table", f"write it as [{name}] with key = value lines")
+    config = Config(detect=dict(data.get("detect", {})), policy=dict(data.get("policy", {})), **parts)
+    if config.submit.signal_lead_s < 1:
+        raise ConfigError(f"{source}: submit.signal_lead_s must be >= 1", "give the run time to checkpoint, e.g. 120")
+    return config
+
+
+def load(path: str | Path | None) -> Config:
+    """Load and validate a TOML config file; ``None`` gives the defaults."""
+    if path is None:
+        return Config()
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist", "check the --config path") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"config file {path} is not valid TOML: {err}", "fix the syntax at that line") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}", "check its permissions") from None
+    return from_mapping(data, str(path))

@@ -1,0 +1,49 @@
+"""Config files fail at submit time with a message naming the key and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor import config
+from supervisor.errors import ConfigError
+
+
+def test_defaults_without_a_file():
+    cfg = config.load(None)
+    assert cfg.submit.signal_lead_s == 120 and cfg.run.srun_args == ()
+
+
+def test_values_are_read_and_ints_accepted_for_floats(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[run]\ncheckpoint_grace_s = 30\nsrun_args = ["--cpu-bind=none"]\n[policy]\nmax = 2\n')
+    cfg = config.load(path)
+    assert cfg.run.checkpoint_grace_s == 30.0 and isinstance(cfg.run.checkpoint_grace_s, float)
+    assert cfg.run.srun_args == ("--cpu-bind=none",)
+    assert cfg.policy == {"max": 2}
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("[run]\ncheckpoint_grace = 3\n", "unknown key run.checkpoint_grace"),
+        ("[runn]\n", "unknown section [runn]"),
+        ('[submit]\nsignal_lead_s = "120"\n', "submit.signal_lead_s = '120' has the wrong type"),
+        ("[submit]\nsignal_lead_s = true\n", "wrong type"),
+        ("[run]\nloop_interval_s = -1\n", "negative"),
+        ("[submit]\nsignal_lead_s = 0\n", "signal_lead_s must be >= 1"),
+        ("[run]\nsrun_args = [1]\n", "list of strings"),
+        ("[run\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_names_the_problem(tmp_path, text, needle):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    assert needle in info.value.problem
+    assert info.value.fix
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        config.load(tmp_path / "nope.toml")

@@ -1,0 +1,75 @@
+"""The batch script `supervise submit` writes: pinned by a golden file, and its flag policing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from supervisor.cli import main
+from supervisor.commands import submit
+from supervisor.errors import UsageError
+
+GOLDEN = Path(__file__).parent.parent / "golden" / "batch.sh"
+
+
+def _build(argv: list[str]):
+    args = submit.parse_argv(argv)
+    args.python = "/opt/venv/bin/python"
+    return submit.build(args, now=0.0)
+
+
+def test_batch_script_matches_golden_file():
+    root, spec, script, flags = _build(
+        ["-N", "2", "--ntasks-per-node=2", "--time=01:00:00", "--campaign", "/campaigns/golden", "--",
+         "python", "train.py", "--steps", "100"]
+    )
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(script)
+    assert script == GOLDEN.read_text()
+    assert root == Path("/campaigns/golden")
+    assert flags == ["-N", "2", "--ntasks-per-node=2", "--time=01:00:00"]
+    # The command never enters the shell script; it is data in campaign.json.
+    assert spec.command == ("python", "train.py", "--steps", "100")
+    assert "train.py" not in script
+
+
+def test_user_job_name_is_kept_and_not_duplicated():
+    _, _, script, flags = _build(["-J", "llama", "--campaign", "/c/x", "--", "true"])
+    assert "--job-name" not in script
+    assert flags == ["-J", "llama"]
+
+
+def test_signal_lead_comes_from_config(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[submit]\nsignal_lead_s = 300\n")
+    _, _, script, _ = _build(["--config", str(cfg), "--campaign", "/c/x", "--", "true"])
+    assert "#SBATCH --signal=B:USR1@300\n" in script
+
+
+@pytest.mark.parametrize("flag", ["--signal=USR1@60", "--no-requeue", "-o", "--output=x.log", "--wrap=true", "--array=1-3"])
+def test_conflicting_sbatch_flags_are_refused_with_a_fix(flag, capsys):
+    assert main(["submit", flag, "--campaign", "/c/x", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "fix:" in err and err.count("\n") == 1
+
+
+def test_missing_command_is_a_usage_error():
+    with pytest.raises(UsageError, match="no training command"):
+        submit.parse_argv(["-N", "2"])
+    with pytest.raises(UsageError, match="empty"):
+        submit.parse_argv(["-N", "2", "--"])
+
+
+def test_unsafe_campaign_path_is_refused(capsys):
+    assert main(["submit", "--dry-run", "--campaign", "/tmp/has space", "--", "true"]) == 2
+    assert "campaign directory" in capsys.readouterr().err
+
+
+def test_dry_run_writes_nothing(tmp_path, capsys):
+    target = tmp_path / "camp"
+    assert main(["submit", "--dry-run", "--campaign", str(target), "--", "true"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("#!/bin/bash\n") and "sbatch --parsable" in out
+    assert not target.exists()
