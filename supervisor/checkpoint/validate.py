@@ -1,0 +1,202 @@
+"""Decide whether one checkpoint directory is usable, without torch and without unpickling anything.
+
+Quick validation: manifest present and parseable, every listed file present, confined to the directory
+and of the recorded size. Full validation adds the hashes (parallel threads). A DCP directory without
+our manifest gets structural checks only and the weaker status "unverified".
+"""
+
+from __future__ import annotations
+
+import os
+import pickletools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from supervisor.checkpoint.hashing import hash_files
+from supervisor.checkpoint.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ManifestError,
+    check_relative_path,
+    parse_manifest,
+)
+
+INCOMPLETE_PREFIX = ".incomplete-"
+DCP_METADATA = ".metadata"
+MAX_MANIFEST_BYTES = 256 << 20
+
+VALID, INVALID, INCOMPLETE, UNVERIFIED = "valid", "invalid", "incomplete", "unverified"
+STATUSES = (VALID, INVALID, INCOMPLETE, UNVERIFIED)
+
+
+@dataclass(frozen=True)
+class Validation:
+    path: Path
+    status: str  # one of STATUSES
+    reason: str  # why it is not valid; for "unverified", what was (not) checked
+    step: int | None = None
+    time: float | None = None
+    size_bytes: int = 0
+    full: bool = False  # True when hashes were checked
+    manifest: Manifest | None = None
+
+    @property
+    def usable(self) -> bool:
+        """Can training resume from it? (valid, or an adopted layout that passed its structural checks)."""
+        return self.status in (VALID, UNVERIFIED)
+
+
+def step_from_name(name: str) -> int | None:
+    """The step encoded in a directory name (``step_000100``, ``checkpoint-100``, ``iter_100``...), if any."""
+    match = re.search(r"(\d+)(?!.*\d)", name)
+    return int(match.group(1)) if match else None
+
+
+def validate_checkpoint(path: Path, full: bool = False, threads: int | None = None) -> Validation:
+    """Validate the checkpoint directory ``path``; never raises for a bad checkpoint, only reports it."""
+    path = Path(path)
+    if path.name.startswith(INCOMPLETE_PREFIX):
+        return Validation(path, INCOMPLETE, "save did not finish (in progress, or left by a crash)",
+                          step_from_name(path.name), _mtime(path))
+    if not path.is_dir():
+        return Validation(path, INVALID, "not a directory")
+    manifest_path = path / MANIFEST_NAME
+    if not manifest_path.exists() and not manifest_path.is_symlink():
+        if (path / DCP_METADATA).exists():
+            return _validate_dcp_structure(path)
+        return Validation(path, INVALID, f"no {MANIFEST_NAME}: the save never committed", step_from_name(path.name),
+                          _mtime(path))
+    try:
+        manifest = _read_manifest(path)
+    except (OSError, ManifestError) as err:
+        return Validation(path, INVALID, f"{MANIFEST_NAME}: {err}", step_from_name(path.name), _mtime(path))
+    base = (manifest.step, manifest.time, manifest.size_bytes)
+    problem, files = _check_files_quick(path, manifest)
+    if problem:
+        return Validation(path, INVALID, problem, *base, full=False, manifest=manifest)
+    if full:
+        problem = _check_hashes(files, manifest, threads)
+        if problem:
+            return Validation(path, INVALID, problem, *base, full=True, manifest=manifest)
+    return Validation(path, VALID, "", *base, full=full, manifest=manifest)
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _read_manifest(path: Path) -> Manifest:
+    manifest_path = path / MANIFEST_NAME
+    if manifest_path.is_symlink():
+        raise ManifestError("is a symlink")
+    with open(manifest_path, "rb") as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"larger than {MAX_MANIFEST_BYTES} bytes")
+    return parse_manifest(data)
+
+
+def _resolve_confined(root_real: str, path: Path, rel: str, entries: dict[str, os.DirEntry[str]]) -> Path | str:
+    """Return the file's path, or a reason string if it is missing, not a regular file, or escapes."""
+    entry = entries.get(rel) if "/" not in rel else None
+    if entry is not None and not entry.is_symlink():
+        return Path(entry.path)  # the common, fast case: a plain file directly in the directory
+    candidate = path / rel
+    if not candidate.exists() and not candidate.is_symlink():
+        return f"file {rel!r} is missing"
+    real = os.path.realpath(candidate)
+    if not real.startswith(root_real + os.sep):
+        return f"file {rel!r} resolves outside the checkpoint directory (symlink escape)"
+    return Path(real)
+
+
+def _check_files_quick(path: Path, manifest: Manifest) -> tuple[str, list[Path]]:
+    root_real = os.path.realpath(path)
+    with os.scandir(path) as it:
+        entries = {e.name: e for e in it}
+    files: list[Path] = []
+    for entry in manifest.files:
+        resolved = _resolve_confined(root_real, path, entry.path, entries)
+        if isinstance(resolved, str):
+            return resolved, []
+        try:
+            st = os.stat(resolved)
+        except OSError as err:
+            return f"file {entry.path!r} cannot be read ({err.strerror})", []
+        if not _is_regular(st.st_mode):
+            return f"file {entry.path!r} is not a regular file", []
+        if st.st_size != entry.size:
+            return f"file {entry.path!r} has {st.st_size} bytes, manifest says {entry.size}", []
+        files.append(resolved)
+    return "", files
+
+
+def _is_regular(mode: int) -> bool:
+    import stat
+
+    return stat.S_ISREG(mode)
+
+
+def _check_hashes(files: list[Path], manifest: Manifest, threads: int | None) -> str:
+    try:
+        results = hash_files(files, manifest.hash_algorithm, threads)
+    except OSError as err:
+        return f"reading shards failed: {err}"
+    for entry, (size, digest) in zip(manifest.files, results, strict=True):
+        if size != entry.size:
+            return f"file {entry.path!r} changed size while hashing ({size} bytes)"
+        if digest != entry.hash:
+            return f"file {entry.path!r} {manifest.hash_algorithm} mismatch (corrupt: {digest} != {entry.hash})"
+    return ""
+
+
+def dcp_referenced_files(metadata: bytes) -> set[str]:
+    """Shard file names referenced by a DCP ``.metadata`` pickle, found by *parsing* its opcodes.
+
+    ``pickletools.genops`` only decodes the opcode stream; nothing is constructed or executed, so
+    this is safe on untrusted bytes (unlike ``pickle.load``).
+    """
+    names: set[str] = set()
+    for _op, arg, _pos in pickletools.genops(metadata):
+        if isinstance(arg, str) and arg.endswith(".distcp"):
+            names.add(arg)
+    return names
+
+
+def _validate_dcp_structure(path: Path) -> Validation:
+    meta_path = path / DCP_METADATA
+    step, when = step_from_name(path.name), _mtime(meta_path)
+    try:
+        data = meta_path.read_bytes()
+    except OSError as err:
+        return Validation(path, INVALID, f"DCP .metadata unreadable ({err.strerror})", step, when)
+    if not data:
+        return Validation(path, INVALID, "DCP .metadata is empty", step, when)
+    try:
+        referenced = dcp_referenced_files(data)
+    except Exception as err:  # any parse failure of a hostile/torn pickle is a defect, not a crash
+        return Validation(path, INVALID, f"DCP .metadata is not a readable pickle stream ({err})", step, when)
+    if not referenced:
+        referenced = {p.name for p in path.glob("*.distcp")}
+    if not referenced:
+        return Validation(path, INVALID, "DCP .metadata references no shard files", step, when)
+    root_real = os.path.realpath(path)
+    with os.scandir(path) as it:
+        entries = {e.name: e for e in it}
+    total = len(data)
+    for rel in sorted(referenced):
+        try:
+            check_relative_path(rel)
+        except ManifestError as err:
+            return Validation(path, INVALID, f"DCP .metadata: {err}", step, when)
+        resolved = _resolve_confined(root_real, path, rel, entries)
+        if isinstance(resolved, str):
+            return Validation(path, INVALID, f"DCP shard {resolved}", step, when)
+        total += os.stat(resolved).st_size
+    return Validation(path, UNVERIFIED,
+                      f"no {MANIFEST_NAME}: structural checks only (.metadata + {len(referenced)} shard files exist; "
+                      "sizes and hashes not verifiable)", step, when, total)
