@@ -1,0 +1,407 @@
+"""A real multi-node Slurm cluster on this one host, owned by the project (tests and the demo start it).
+
+``LocalCluster`` runs a private munged, a slurmctld and N slurmd (``slurmd -N nodeK``, each on its own port),
+with every file (config, munge key, state, spool, logs, pids) under one ROOT directory, so it never touches the
+system's Slurm and can coexist with other such clusters on other ports. ``crash_node`` kills a node's slurmd and
+its job steps like a lost machine would; ``revive_node`` brings it back.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from slurm.localcluster import procs
+from slurm.localcluster.config import (
+    DEFAULT_BASE_PORT,
+    DEFAULT_NODES,
+    ClusterSpec,
+    Layout,
+    parse_version,
+    render_cgroup_conf,
+    render_slurm_conf,
+)
+from slurm.localcluster.install import InstallError, ensure_installed, find_program
+
+__all__ = ["ClusterError", "LocalCluster", "default_root"]
+
+# Node state words (scontrol's State=BASE+FLAG+...) under which a node can run jobs.
+USABLE_BASE_STATES = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}
+UNUSABLE_FLAGS = {"NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED"}
+LOG_TAIL_LINES = 15
+
+
+class ClusterError(RuntimeError):
+    """The local cluster cannot be started or controlled; the message names the problem and the fix."""
+
+
+def default_root() -> Path:
+    """$SUPERVISOR_CLUSTER_DIR, else ``<repo root>/.cluster`` (the directory above the slurm package)."""
+    env = os.environ.get("SUPERVISOR_CLUSTER_DIR")
+    if env:
+        return Path(env).resolve()
+    return Path(__file__).resolve().parents[2] / ".cluster"
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"({path} unreadable or missing)"
+    return "\n".join(f"  | {line}" for line in text[-lines:]) or f"({path} is empty)"
+
+
+def _write_if_changed(path: Path, text: str, mode: int) -> bool:
+    """Atomically replace ``path`` with ``text``; returns True if the content changed."""
+    try:
+        if path.read_text() == text:
+            os.chmod(path, mode)
+            return False
+    except FileNotFoundError:
+        pass
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    return True
+
+
+class LocalCluster:
+    """One local cluster: ROOT directory, ports ``base_port`` (slurmctld) and ``base_port+1..+nodes`` (slurmd)."""
+
+    def __init__(
+        self,
+        root: Path | str | None = None,
+        base_port: int = DEFAULT_BASE_PORT,
+        nodes: int = DEFAULT_NODES,
+        accounting: bool = False,
+    ) -> None:
+        if nodes < 1:
+            raise ClusterError(f"--nodes must be at least 1, got {nodes}")
+        if not 1024 <= base_port <= 65535 - nodes - 2:
+            raise ClusterError(f"--base-port {base_port} out of range (fix: pick a port in 1024-{65533 - nodes})")
+        self.layout = Layout(Path(root).resolve() if root is not None else default_root())
+        self.spec = ClusterSpec(
+            layout=self.layout,
+            hostname=socket.gethostname().split(".")[0],
+            user=pwd.getpwuid(os.geteuid()).pw_name,
+            base_port=base_port,
+            nodes=nodes,
+            accounting=accounting,
+        )
+        self.log: list[str] = []  # progress lines of the last up/down, for the CLI
+
+    # ----- public properties -------------------------------------------------------------------------------
+    @property
+    def root(self) -> Path:
+        return self.layout.root
+
+    @property
+    def conf(self) -> Path:
+        return self.layout.conf
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment variables that point Slurm clients at this cluster."""
+        return {"SLURM_CONF": str(self.conf)}
+
+    @property
+    def node_names(self) -> list[str]:
+        return self.spec.node_names
+
+    # ----- running Slurm commands -----------------------------------------------------------------------------
+    def _program(self, name: str) -> Path:
+        path = find_program(name)
+        if path is None:
+            raise ClusterError(f"program {name!r} not found (fix: run `python -m slurm.localcluster up` as root "
+                               "to install the Slurm packages)")
+        return path
+
+    def slurm(self, *argv: str, check: bool = True, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command (``sinfo``, ``scontrol``...) against this cluster."""
+        env = {**os.environ, **self.env}
+        cmd = [str(self._program(argv[0])), *argv[1:]]
+        try:
+            res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise ClusterError(f"`{' '.join(argv)}` timed out after {timeout:.0f} s") from e
+        if check and res.returncode != 0:
+            raise ClusterError(f"`{' '.join(argv)}` failed: {(res.stderr or res.stdout).strip()}")
+        return res
+
+    def version(self) -> tuple[int, int, int]:
+        out = subprocess.run([str(self._program("slurmctld")), "-V"], capture_output=True, text=True)
+        return parse_version(out.stdout + out.stderr)
+
+    # ----- daemons ----------------------------------------------------------------------------------------------
+    def _daemon_table(self) -> dict[str, tuple[str, list[str]]]:
+        """name -> (program, argv after the program). The argv doubles as the identity check of a live pid."""
+        lay = self.layout
+        table: dict[str, tuple[str, list[str]]] = {
+            "munged": ("munged", [
+                f"--socket={lay.munge_socket}",
+                f"--key-file={lay.munge_key}",
+                f"--pid-file={lay.pid_file('munged')}",
+                f"--log-file={lay.log_file('munged')}",
+                f"--seed-file={lay.munge_dir / 'munged.seed'}",
+            ]),
+            "slurmctld": ("slurmctld", ["-f", str(self.conf), "-i"]),
+        }
+        for node in self.node_names:
+            table[f"slurmd-{node}"] = ("slurmd", ["-f", str(self.conf), "-N", node])
+        return table
+
+    def _identity(self, name: str) -> tuple[Path, list[str]]:
+        program, argv = self._daemon_table()[name]
+        # munged's identity is its socket; Slurm daemons' is the config file (and node name for slurmd).
+        marks = [a for a in argv if a.startswith("--socket=")] if program == "munged" else [
+            a for a in argv if a not in ("-i",)
+        ]
+        return self._program(program), marks
+
+    def pid_of(self, name: str) -> int | None:
+        """Pid of the live daemon ``name`` (``munged``, ``slurmctld``, ``slurmd-nodeK``) of this cluster, or None."""
+        program, marks = self._identity(name)
+        return procs.alive_daemon(self.layout.pid_file(name), program, marks)
+
+    def pids(self) -> dict[str, int | None]:
+        return {name: self.pid_of(name) for name in self._daemon_table()}
+
+    def _start(self, name: str, timeout: float) -> int:
+        """Start daemon ``name`` (it daemonizes itself and writes its pid file) and wait until it is alive."""
+        program, argv = self._daemon_table()[name]
+        log_file = self.layout.log_file(name)
+        self.layout.pid_file(name).unlink(missing_ok=True)
+        res = subprocess.run([str(self._program(program)), *argv], env={**os.environ, **self.env},
+                             capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if res.returncode != 0:
+            raise ClusterError(f"{name} failed to start (exit {res.returncode}): "
+                               f"{(res.stderr or res.stdout).strip()}\n{_tail(log_file)}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid = self.pid_of(name)
+            if pid is not None:
+                self.log.append(f"started {name} (pid {pid})")
+                return pid
+            time.sleep(0.05)
+        raise ClusterError(f"{name} did not come up within {timeout:.0f} s; last lines of {log_file}:\n"
+                           f"{_tail(log_file)}")
+
+    # ----- preparation -----------------------------------------------------------------------------------------
+    def _prepare_files(self) -> None:
+        lay = self.layout
+        for path, mode in [(lay.root, 0o755), (lay.etc, 0o755), (lay.run, 0o755), (lay.spool, 0o755),
+                           (lay.munge_dir, 0o700), (lay.state, 0o700), (lay.log, 0o700)]:
+            path.mkdir(parents=True, exist_ok=True)
+            os.chmod(path, mode)
+        for node in self.node_names:
+            lay.node_spool(node).mkdir(exist_ok=True)
+            os.chmod(lay.node_spool(node), 0o755)
+        if not lay.munge_key.exists():
+            fd = os.open(lay.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(1024))
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(lay.munge_key, 0o600)
+        running = [name for name, pid in self.pids().items() if pid is not None and name != "munged"]
+        changed = _write_if_changed(lay.conf, render_slurm_conf(self.spec), 0o644)
+        if changed and running:
+            raise ClusterError(
+                f"the cluster in {lay.root} is running with other settings (ports/nodes) than requested "
+                "(fix: run `python -m slurm.localcluster down` with its old settings first, or use another --root)"
+            )
+        _write_if_changed(lay.cgroup_conf, render_cgroup_conf(self.version()), 0o644)
+        _write_if_changed(lay.plugstack_conf, "", 0o644)
+
+    def _check_multiple_slurmd(self) -> None:
+        out = self.slurm("scontrol", "show", "config").stdout
+        if not re.search(r"MULTIPLE_SLURMD\s*=\s*Yes", out):
+            raise ClusterError(
+                "this Slurm build lacks multiple-slurmd support (no MULTIPLE_SLURMD in `scontrol show config`), "
+                "so several nodes cannot run on one host (fix: use the Debian slurm-wlm packages, or a Slurm "
+                "built with --enable-multiple-slurmd)"
+            )
+
+    # ----- lifecycle --------------------------------------------------------------------------------------------
+    def up(self, timeout: float = 60.0) -> list[str]:
+        """Start whatever of this cluster is not running and wait until every node is usable.
+
+        Idempotent: live daemons are left alone. Returns the names of the daemons it started.
+        """
+        self.log = []
+        deadline = time.monotonic() + timeout
+        try:
+            ensure_installed(self.spec.accounting, self.log)
+        except InstallError as e:
+            raise ClusterError(str(e)) from e
+        self._prepare_files()
+        started: list[str] = []
+        for name in ("munged", "slurmctld"):
+            if self.pid_of(name) is None:
+                self._start(name, max(5.0, deadline - time.monotonic()))
+                started.append(name)
+        self._wait_ctld(deadline)
+        to_start = [node for node in self.node_names if self.pid_of(f"slurmd-{node}") is None]
+        if to_start:
+            self._check_multiple_slurmd()
+        for node in to_start:
+            self._start(f"slurmd-{node}", max(5.0, deadline - time.monotonic()))
+            started.append(f"slurmd-{node}")
+        self._wait_nodes_usable(self.node_names, deadline, restarted=set(to_start))
+        if not started:
+            self.log.append("already up: all daemons alive")
+        return started
+
+    def _wait_ctld(self, deadline: float) -> None:
+        while True:
+            res = self.slurm("scontrol", "ping", check=False, timeout=10)
+            if res.returncode == 0 and "UP" in res.stdout:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"slurmctld does not answer `scontrol ping`: {res.stdout.strip()}\n"
+                                   f"{_tail(self.layout.log_file('slurmctld'))}")
+            time.sleep(0.1)
+
+    def node_states(self) -> dict[str, str]:
+        """node -> scontrol state string, e.g. ``IDLE``, ``MIXED``, ``DOWN+NOT_RESPONDING``."""
+        out = self.slurm("scontrol", "show", "node", "-o").stdout
+        states = {}
+        for line in out.splitlines():
+            name = re.search(r"NodeName=(\S+)", line)
+            state = re.search(r"\bState=(\S+)", line)
+            if name and state:
+                states[name.group(1)] = state.group(1)
+        return states
+
+    @staticmethod
+    def is_usable(state: str) -> bool:
+        words = state.split("+")
+        return words[0] in USABLE_BASE_STATES and not UNUSABLE_FLAGS.intersection(words[1:])
+
+    def _wait_nodes_usable(self, nodes: Iterable[str], deadline: float, restarted: set[str]) -> None:
+        nodes = list(nodes)
+        resumed: set[str] = set()
+        states: dict[str, str] = {}
+        while True:
+            states = self.node_states()
+            bad = [n for n in nodes if not self.is_usable(states.get(n, "MISSING"))]
+            if not bad:
+                return
+            for n in bad:
+                words = states.get(n, "").split("+")
+                # A restarted slurmd registered, but slurmctld keeps the node DOWN (e.g. after a crash): resume it.
+                if n in restarted and n not in resumed and words[0] == "DOWN" and "NOT_RESPONDING" not in words:
+                    self.slurm("scontrol", "update", f"nodename={n}", "state=resume", check=False)
+                    resumed.add(n)
+            if time.monotonic() > deadline:
+                summary = ", ".join(f"{n}={states.get(n, 'MISSING')}" for n in bad)
+                raise ClusterError(
+                    f"nodes not usable before the timeout: {summary}; last lines of "
+                    f"{self.layout.log_file('slurmd-' + bad[0])}:\n{_tail(self.layout.log / f'slurmd-{bad[0]}.log')}"
+                    f"\nlast lines of slurmctld.log:\n{_tail(self.layout.log_file('slurmctld'))}"
+                )
+            time.sleep(0.1)
+
+    def wait_node_state(self, name: str, states: Iterable[str], timeout: float = 60.0) -> str:
+        """Wait until node ``name``'s state has one of the words ``states`` (e.g. ``{"DOWN"}``,
+        ``{"NOT_RESPONDING"}``, ``{"IDLE"}``); returns the full state string."""
+        wanted = {s.upper() for s in states}
+        deadline = time.monotonic() + timeout
+        state = "MISSING"
+        while True:
+            state = self.node_states().get(name, "MISSING")
+            if wanted.intersection(state.split("+")):
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {name} did not reach {sorted(wanted)} within {timeout:.0f} s "
+                                   f"(last state {state})")
+            time.sleep(0.2)
+
+    def stepd_pids(self, node: str) -> set[int]:
+        """Pids of the slurmstepd processes of ``node``, found via the unix sockets in its spool directory."""
+        spool = self.layout.node_spool(node)
+        try:
+            sockets = [p for p in spool.iterdir() if p.is_socket()]
+        except FileNotFoundError:
+            return set()
+        stepd = self._program("slurmstepd")
+        return {pid for pid in procs.pids_holding_sockets(sockets) if procs.is_our_process(pid, stepd)}
+
+    def _check_node(self, name: str) -> None:
+        if name not in self.node_names:
+            raise ClusterError(f"unknown node {name!r} (fix: use one of {', '.join(self.node_names)})")
+
+    def crash_node(self, name: str) -> dict[str, list[int]]:
+        """Simulate losing node ``name``: SIGKILL its slurmd and its slurmstepds with their process trees, so the
+        job tasks on it die as on a real crash. Returns {"slurmd": [...], "killed": [all pids killed]}."""
+        self._check_node(name)
+        slurmd = self.pid_of(f"slurmd-{name}")
+        roots = ([slurmd] if slurmd is not None else []) + sorted(self.stepd_pids(name))
+        try:
+            killed = procs.freeze_and_kill(roots)
+        except RuntimeError as e:
+            raise ClusterError(f"crash-node {name}: {e}") from e
+        leftover = self.stepd_pids(name)
+        if leftover:
+            raise ClusterError(f"crash-node {name}: slurmstepd processes still alive: {sorted(leftover)}")
+        return {"slurmd": [slurmd] if slurmd is not None else [], "killed": killed}
+
+    def revive_node(self, name: str, timeout: float = 60.0) -> bool:
+        """Start node ``name``'s slurmd again if it is dead, resume the node if slurmctld marked it DOWN, and wait
+        until it is usable. Returns True if a slurmd was started."""
+        self._check_node(name)
+        deadline = time.monotonic() + timeout
+        started = False
+        if self.pid_of(f"slurmd-{name}") is None:
+            self._start(f"slurmd-{name}", timeout)
+            started = True
+        self._wait_nodes_usable([name], deadline, restarted={name})
+        return started
+
+    def down(self, timeout: float = 20.0) -> list[str]:
+        """Stop only the daemons this cluster recorded (SIGTERM all at once, SIGKILL stragglers) and any job steps
+        left on its nodes. Returns the names of the daemons that were running."""
+        self.log = []
+        stepds = set().union(*(self.stepd_pids(n) for n in self.node_names))
+        running = {name: pid for name, pid in self.pids().items() if pid is not None}
+        slurm_pids = [pid for name, pid in running.items() if name != "munged"]
+        killed = procs.terminate(slurm_pids, timeout)
+        if stepds:
+            procs.freeze_and_kill(stepds)
+            self.log.append(f"killed {len(stepds)} slurmstepd process tree(s)")
+        if "munged" in running:  # last: slurmd/slurmctld may still talk to it while shutting down
+            killed += procs.terminate([running["munged"]], timeout)
+        for name, pid in running.items():
+            self.log.append(f"stopped {name} (pid {pid}){' with SIGKILL' if pid in killed else ''}")
+            self.layout.pid_file(name).unlink(missing_ok=True)
+        if not running:
+            self.log.append("nothing was running")
+        return sorted(running)
+
+    def status(self) -> dict:
+        """{"root", "conf", "daemons": {name: pid|None}, "nodes": {name: state}, "up": bool}."""
+        daemons = self.pids()
+        nodes: dict[str, str] = {}
+        error = None
+        if daemons.get("slurmctld") is not None:
+            try:
+                nodes = {n: s for n, s in self.node_states().items() if n in self.node_names}
+            except ClusterError as e:
+                error = str(e)
+        up = all(pid is not None for pid in daemons.values()) and len(nodes) == len(self.node_names) and all(
+            self.is_usable(s) for s in nodes.values())
+        result = {"root": str(self.root), "conf": str(self.conf), "daemons": daemons, "nodes": nodes, "up": up}
+        if error:
+            result["error"] = error
+        return result

@@ -1,0 +1,88 @@
+"""``python -m slurm.localcluster up|down|status|crash-node NODE|revive-node NODE`` (contract).
+
+``up`` ends by printing ``export SLURM_CONF=<ROOT>/etc/slurm.conf`` as its last line of stdout, so
+``eval "$(python -m slurm.localcluster up | tail -n1)"`` points the shell at the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from slurm.localcluster import ClusterError, LocalCluster, default_root
+from slurm.localcluster.config import DEFAULT_BASE_PORT, DEFAULT_NODES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--root", default=None,
+                        help=f"cluster directory (default: $SUPERVISOR_CLUSTER_DIR or {default_root()})")
+    common.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
+                        help="slurmctld port P; slurmd use P+1..P+N (default %(default)s)")
+    common.add_argument("--nodes", type=int, default=DEFAULT_NODES, help="number of nodes (default %(default)s)")
+    common.add_argument("--accounting", action="store_true",
+                        help="also run slurmdbd + MariaDB so that sacct works (installs them if missing)")
+    common.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default %(default)s)")
+    parser = argparse.ArgumentParser(prog="python -m slurm.localcluster", parents=[common],
+                                     description="A real multi-node Slurm cluster on this host, under one directory.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub.add_parser("up", parents=[common], help="start what is not running; wait until all nodes are usable")
+    sub.add_parser("down", parents=[common], help="stop the daemons this cluster recorded (and leftover job steps)")
+    p = sub.add_parser("status", parents=[common], help="daemons and node states; exit 0 only if all is up")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("crash-node", parents=[common], help="SIGKILL a node's slurmd and its job steps")
+    p.add_argument("node")
+    p = sub.add_parser("revive-node", parents=[common], help="restart a node's slurmd and resume it")
+    p.add_argument("node")
+    return parser
+
+
+def _print_status(st: dict) -> None:
+    print(f"cluster {st['root']}: {'UP' if st['up'] else 'NOT UP'}")
+    for name, pid in st["daemons"].items():
+        print(f"  {name:<16} {'pid ' + str(pid) if pid else 'not running'}")
+    for node, state in st["nodes"].items():
+        print(f"  {node:<16} {state}")
+    if st.get("error"):
+        print(f"  error: {st['error']}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cluster = LocalCluster(args.root, base_port=args.base_port, nodes=args.nodes, accounting=args.accounting)
+        if args.command == "up":
+            try:
+                cluster.up(timeout=args.timeout)
+            finally:
+                for line in cluster.log:
+                    print(line)
+            print(f"export SLURM_CONF={cluster.conf}")
+        elif args.command == "down":
+            cluster.down(timeout=args.timeout)
+            for line in cluster.log:
+                print(line)
+        elif args.command == "status":
+            st = cluster.status()
+            print(json.dumps(st, indent=2)) if args.json else _print_status(st)
+            return 0 if st["up"] else 3
+        elif args.command == "crash-node":
+            killed = cluster.crash_node(args.node)
+            print(f"crashed {args.node}: slurmd {killed['slurmd'] or 'was not running'}, "
+                  f"{len(killed['killed'])} process(es) killed: {killed['killed']}")
+        elif args.command == "revive-node":
+            started = cluster.revive_node(args.node, timeout=args.timeout)
+            state = cluster.node_states().get(args.node)
+            print(f"{args.node}: {'slurmd started' if started else 'slurmd already running'}, state {state}")
+    except ClusterError as e:
+        print(f"localcluster: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

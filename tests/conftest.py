@@ -1,0 +1,67 @@
+"""Shared fixtures: the real local Slurm cluster (slurm/localcluster) for tests marked ``slurm``.
+
+The cluster is left running after the session so re-runs start in under a second; set
+SUPERVISOR_CLUSTER_TEARDOWN=1 to stop it at the end. SUPERVISOR_CLUSTER_DIR and SUPERVISOR_CLUSTER_BASE_PORT
+select another cluster (e.g. a private one on other ports). A machine that cannot run Slurm makes these tests
+FAIL, never skip: CI must not pass without talking to a real slurmctld.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from slurm.localcluster import ClusterError, LocalCluster
+from slurm.localcluster.config import DEFAULT_BASE_PORT
+
+CLUSTER_UP_TIMEOUT_S = 120.0
+
+
+def _base_port() -> int:
+    return int(os.environ.get("SUPERVISOR_CLUSTER_BASE_PORT", DEFAULT_BASE_PORT))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[LocalCluster]:
+    """The local cluster, up with every node usable; os.environ["SLURM_CONF"] points at it for the session."""
+    cluster = LocalCluster(base_port=_base_port())
+    try:
+        cluster.up(timeout=CLUSTER_UP_TIMEOUT_S)
+    except ClusterError as e:
+        pytest.fail(f"the local Slurm cluster could not be started ({e}); these tests need a real Slurm: run as "
+                    "root, or install the packages as `python -m slurm.localcluster up` explains", pytrace=False)
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    yield cluster
+    if previous is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = previous
+    if os.environ.get("SUPERVISOR_CLUSTER_TEARDOWN") == "1":
+        cluster.down()
+
+
+@pytest.fixture(autouse=True)
+def _slurm_marker_brings_cluster_up(request: pytest.FixtureRequest) -> None:
+    """A test marked ``slurm`` gets the cluster even if it does not ask for the fixture by name."""
+    if request.node.get_closest_marker("slurm") is not None:
+        request.getfixturevalue("slurm_cluster")
+
+
+@pytest.fixture
+def crashable_cluster(slurm_cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """The cluster for a test that crashes nodes: at teardown every node is revived and usable again, so later
+    tests find all nodes idle."""
+    yield slurm_cluster
+    problems = []
+    for node in slurm_cluster.node_names:
+        try:
+            state = slurm_cluster.node_states().get(node, "MISSING")
+            if slurm_cluster.pid_of(f"slurmd-{node}") is None or not slurm_cluster.is_usable(state):
+                slurm_cluster.revive_node(node, timeout=60)
+        except (ClusterError, TimeoutError) as e:
+            problems.append(f"{node}: {e}")
+    if problems:
+        pytest.fail("could not revive nodes after the test: " + "; ".join(problems), pytrace=False)
