@@ -1,0 +1,313 @@
+"""Authenticated binary frames between node agents and the supervisor (UDP datagrams).
+
+Why UDP datagrams: one self-contained ~600-byte frame per node per second scales to 16k nodes without
+16k open connections on the supervisor, a lost frame is simply superseded by the next one (the state
+is resent whole every time), and sequence numbers tell loss and reordering apart.  Why binary: a rank
+entry is a fixed 64-byte struct, so the supervisor can keep a node's frame as bytes and decode it only
+when someone looks (no per-rank Python objects on the hot path).
+
+Frame = header | job id | node name | body | HMAC-SHA256(key, everything before the MAC).
+The MAC is checked first (``hmac.compare_digest``), so no attacker-chosen byte is parsed before it is
+authenticated; lengths are bounded and parsing is total: every bad frame raises ``FrameError`` with a
+short reason that receivers count, and nothing else.  Replays are refused by ``ReplayGuard``
+(per-sender instance id + strictly increasing seq, and a freshness window for a sender never seen).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import struct
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+MAGIC = b"SVW1"
+VERSION = 1
+MAC_LEN = 32
+MAX_FRAME = 65000  # below the 65,507-byte UDP payload limit
+MAX_NAME = 255
+MAX_TEXT = 4096
+
+KIND_SUMMARY = 1  # agent -> supervisor: per-rank table of one node
+KIND_CONTROL = 2  # supervisor -> agent: keepalive, flags, stack dump requests, exit
+KIND_EVENT = 3  # agent -> supervisor: one-off events (stack dump saved, ...)
+KINDS = (KIND_SUMMARY, KIND_CONTROL, KIND_EVENT)
+
+# magic, version, kind, item count, sender instance, seq, send wall ns, send monotonic ns, len(job), len(node)
+HEADER = struct.Struct("<4sBBHQQqQBB")
+
+# One rank, 64 bytes: rank, pid, step, phase, state, rank flags, control flags, beat age ms,
+# iteration EWMA / min / max seconds, last loss, beats, exit code, exit signal, (pad), cpu seconds.
+RANK = struct.Struct("<IIqBBBBIfffdQhBxd")
+MAX_RANKS = (MAX_FRAME - HEADER.size - 2 * MAX_NAME - MAC_LEN) // RANK.size
+
+# One control command, 16 bytes: command, (pad), rank (ALL_RANKS = every rank), argument.
+COMMAND = struct.Struct("<BxxxIQ")
+MAX_COMMANDS = 1024
+ALL_RANKS = 0xFFFFFFFF
+CMD_KEEPALIVE = 0
+CMD_SET_FLAGS = 1  # arg = control flags to store in the rank's slot
+CMD_DUMP_STACKS = 2
+CMD_EXIT = 3
+COMMAND_NAMES = ("keepalive", "set_flags", "dump_stacks", "exit")
+
+# One event: kind, rank, text length, then UTF-8 text.
+EVENT = struct.Struct("<BIH")
+EVENT_STACKS_SAVED = 1  # text = path of the saved dump
+EVENT_STACKS_FAILED = 2  # text = why
+EVENT_NAMES = ("", "stacks_saved", "stacks_failed")
+
+# Process states as seen by the agent.  ``gone``: the pid vanished and, not being its parent, the agent
+# cannot know the exit code (srun's exit status tells it); ``exited`` is for a future parent-side agent.
+STATES = ("unknown", "running", "sleeping", "disk_wait", "stopped", "zombie", "gone", "exited", "no_pid")
+ST_UNKNOWN, ST_RUNNING, ST_SLEEPING, ST_DISK, ST_STOPPED, ST_ZOMBIE, ST_GONE, ST_EXITED, ST_NO_PID = range(9)
+
+NO_BEAT = 0xFFFFFFFF  # beat_age_ms when the rank never beat
+EXIT_UNKNOWN = -1
+
+
+class FrameError(ValueError):
+    """A frame was refused; ``reason`` is a short counter name (``mac``, ``short``, ``job``...)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RankEntry(NamedTuple):
+    rank: int
+    pid: int
+    step: int
+    phase: int
+    state: int
+    rank_flags: int
+    control_flags: int
+    beat_age_ms: int
+    ewma_s: float
+    min_s: float
+    max_s: float
+    loss: float
+    beats: int
+    exit_code: int
+    exit_signal: int
+    cpu_s: float
+
+
+class Command(NamedTuple):
+    command: int
+    rank: int = ALL_RANKS
+    arg: int = 0
+
+
+class Event(NamedTuple):
+    kind: int
+    rank: int
+    text: str
+
+
+class Frame(NamedTuple):
+    kind: int
+    items: int
+    instance: int
+    seq: int
+    sent_wall_ns: int
+    sent_mono_ns: int
+    job: str
+    node: str
+    body: bytes
+
+
+def derive_key(secret: bytes) -> bytes:
+    """Domain-separate the wire key from the raw job secret (the secret may be reused elsewhere)."""
+    return hmac.digest(secret, b"slurm-supervisor wire v1", hashlib.sha256)
+
+
+def _name(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    if len(raw) > MAX_NAME:
+        raise ValueError(f"name longer than {MAX_NAME} bytes: {text[:40]!r}...")
+    return raw
+
+
+def _seal(key: bytes, kind: int, count: int, instance: int, seq: int, wall_ns: int, mono_ns: int,
+          job: str, node: str, body: bytes) -> bytes:
+    job_b, node_b = _name(job), _name(node)
+    head = HEADER.pack(MAGIC, VERSION, kind, count, instance, seq, wall_ns, mono_ns, len(job_b), len(node_b))
+    msg = b"".join((head, job_b, node_b, body))
+    if len(msg) + MAC_LEN > MAX_FRAME:
+        raise ValueError(f"frame of {len(msg) + MAC_LEN} bytes exceeds {MAX_FRAME}")
+    return msg + hmac.digest(key, msg, hashlib.sha256)
+
+
+def _clamp_u32(value: int) -> int:
+    return 0 if value < 0 else (value if value < 0xFFFFFFFF else 0xFFFFFFFE)
+
+
+def pack_rank(entry: RankEntry) -> bytes:
+    """Pack one rank, clamping out-of-range numbers instead of failing (a bad slot must not stop the agent)."""
+    e = entry
+    return RANK.pack(
+        e.rank & 0xFFFFFFFF, e.pid & 0xFFFFFFFF, max(-(2**63), min(e.step, 2**63 - 1)), e.phase & 0xFF,
+        e.state & 0xFF, e.rank_flags & 0xFF, e.control_flags & 0xFF,
+        e.beat_age_ms if e.beat_age_ms == NO_BEAT else _clamp_u32(e.beat_age_ms),
+        _f32(e.ewma_s), _f32(e.min_s), _f32(e.max_s), float(e.loss), e.beats & 0xFFFFFFFFFFFFFFFF,
+        max(-32768, min(e.exit_code, 32767)), e.exit_signal & 0xFF, float(e.cpu_s),
+    )
+
+
+def _f32(value: float) -> float:
+    if math.isfinite(value) and abs(value) > 3.0e38:
+        return math.copysign(3.0e38, value)
+    return float(value)
+
+
+def encode_summary(key: bytes, *, instance: int, seq: int, wall_ns: int, mono_ns: int, job: str, node: str,
+                   ranks: Sequence[RankEntry]) -> bytes:
+    if len(ranks) > MAX_RANKS:
+        raise ValueError(f"{len(ranks)} ranks on one node exceed the frame limit of {MAX_RANKS}")
+    body = b"".join(pack_rank(r) for r in ranks)
+    return _seal(key, KIND_SUMMARY, len(ranks), instance, seq, wall_ns, mono_ns, job, node, body)
+
+
+def encode_control(key: bytes, *, instance: int, seq: int, wall_ns: int, mono_ns: int, job: str, node: str,
+                   commands: Sequence[Command]) -> bytes:
+    if len(commands) > MAX_COMMANDS:
+        raise ValueError(f"{len(commands)} commands exceed {MAX_COMMANDS}")
+    body = b"".join(COMMAND.pack(c.command & 0xFF, c.rank & 0xFFFFFFFF, c.arg & 0xFFFFFFFFFFFFFFFF)
+                    for c in commands)
+    return _seal(key, KIND_CONTROL, len(commands), instance, seq, wall_ns, mono_ns, job, node, body)
+
+
+def encode_events(key: bytes, *, instance: int, seq: int, wall_ns: int, mono_ns: int, job: str, node: str,
+                  events: Sequence[Event]) -> bytes:
+    parts = []
+    for ev in events:
+        text = ev.text.encode("utf-8")[:MAX_TEXT]
+        parts.append(EVENT.pack(ev.kind & 0xFF, ev.rank & 0xFFFFFFFF, len(text)) + text)
+    return _seal(key, KIND_EVENT, len(events), instance, seq, wall_ns, mono_ns, job, node, b"".join(parts))
+
+
+def decode(key: bytes, data: bytes, job: str | None = None) -> Frame:
+    """Authenticate and parse one datagram; raise ``FrameError(reason)`` for anything not exactly right."""
+    n = len(data)
+    if n > MAX_FRAME:
+        raise FrameError("too_long")
+    if n < HEADER.size + MAC_LEN:
+        raise FrameError("short")
+    msg = data[:-MAC_LEN]
+    if not hmac.compare_digest(hmac.digest(key, msg, hashlib.sha256), data[-MAC_LEN:]):
+        raise FrameError("mac")
+    magic, version, kind, count, instance, seq, wall_ns, mono_ns, job_len, node_len = HEADER.unpack_from(msg)
+    if magic != MAGIC:
+        raise FrameError("magic")
+    if version != VERSION:
+        raise FrameError("version")
+    start = HEADER.size + job_len + node_len
+    if start > len(msg):
+        raise FrameError("length")
+    try:
+        job_s = msg[HEADER.size:HEADER.size + job_len].decode("utf-8")
+        node_s = msg[HEADER.size + job_len:start].decode("utf-8")
+    except UnicodeDecodeError:
+        raise FrameError("name") from None
+    if job is not None and job_s != job:
+        raise FrameError("job")
+    body = msg[start:]
+    if kind == KIND_SUMMARY:
+        if len(body) != count * RANK.size:
+            raise FrameError("length")
+    elif kind == KIND_CONTROL:
+        if len(body) != count * COMMAND.size:
+            raise FrameError("length")
+    elif kind == KIND_EVENT:
+        _parse_events(body, count)  # validates
+    else:
+        raise FrameError("kind")
+    return Frame(kind, count, instance, seq, wall_ns, mono_ns, job_s, node_s, body)
+
+
+def iter_ranks(body: bytes) -> Iterator[RankEntry]:
+    """Decode a summary body lazily (the aggregator keeps bodies as bytes until a snapshot needs them)."""
+    return map(RankEntry._make, RANK.iter_unpack(body))
+
+
+def commands(frame: Frame) -> list[Command]:
+    return [Command._make(c) for c in COMMAND.iter_unpack(frame.body)]
+
+
+def events(frame: Frame) -> list[Event]:
+    return _parse_events(frame.body, frame.items)
+
+
+def _parse_events(body: bytes, count: int) -> list[Event]:
+    out, pos = [], 0
+    for _ in range(count):
+        if pos + EVENT.size > len(body):
+            raise FrameError("length")
+        kind, rank, length = EVENT.unpack_from(body, pos)
+        pos += EVENT.size
+        if length > MAX_TEXT or pos + length > len(body):
+            raise FrameError("length")
+        try:
+            text = body[pos:pos + length].decode("utf-8")
+        except UnicodeDecodeError:
+            raise FrameError("text") from None
+        pos += length
+        out.append(Event(kind, rank, text))
+    if pos != len(body):
+        raise FrameError("length")
+    return out
+
+
+@dataclass
+class _Peer:
+    instance: int
+    seq: int
+    retired: deque[int] = field(default_factory=lambda: deque(maxlen=16))
+
+
+@dataclass
+class ReplayGuard:
+    """Refuse replayed or reordered-old frames per sender.
+
+    A sender (agent or supervisor) picks a random 64-bit ``instance`` when it starts and numbers its frames
+    1, 2, 3...  For a known instance only a larger seq passes (the gap is counted as lost frames); a new
+    instance must be fresh (sent within ``window_s`` of our wall clock, which is NTP-synced on clusters) and
+    retires the previous one for good, so a recorded frame of an earlier agent run never passes again.
+    """
+
+    window_s: float = 60.0
+    peers: dict[str, _Peer] = field(default_factory=dict)
+    lost: int = 0
+
+    def check(self, sender: str, instance: int, seq: int, sent_wall_ns: int, now_wall_ns: int) -> str | None:
+        """Return a refusal reason, or None after recording the frame as accepted."""
+        peer = self.peers.get(sender)
+        if peer is not None and peer.instance == instance:
+            if seq <= peer.seq:
+                return "replay"
+            self.lost += seq - peer.seq - 1
+            peer.seq = seq
+            return None
+        if abs(now_wall_ns - sent_wall_ns) > self.window_s * 1e9:
+            return "stale"
+        if peer is None:
+            self.peers[sender] = _Peer(instance, seq)
+            return None
+        if instance in peer.retired:
+            return "replay"
+        peer.retired.append(peer.instance)
+        peer.instance, peer.seq = instance, seq
+        return None
+
+
+def describe_commands(cmds: Iterable[Command]) -> list[str]:
+    """Human-readable command list, for logs."""
+    out = []
+    for c in cmds:
+        name = COMMAND_NAMES[c.command] if c.command < len(COMMAND_NAMES) else f"cmd{c.command}"
+        out.append(f"{name}(rank={'all' if c.rank == ALL_RANKS else c.rank}, arg={c.arg})")
+    return out
