@@ -1,0 +1,494 @@
+"""The per-rank shared-memory slot: binary layout, the rank-side writer and the agent-side reader.
+
+WHY a file on /dev/shm mapped by both sides: the training rank publishes its progress with plain
+memory stores (no syscall on the hot path) and the node agent samples it whenever it likes; the
+supervisor answers through a small control area in the same mapping. Stdlib only: this module is
+imported inside every training rank and by the agent.
+
+Layout (little endian, ``SLOT_SIZE`` bytes, offsets in bytes):
+
+====== ======================================================= ============
+offset field                                                    written by
+====== ======================================================= ============
+0      magic ``b"SUPVSLOT"`` (8s), layout version (u32),        rank (once)
+       slot size (u32)
+64     rank record sequence (u64): odd while the rank writes    rank
+72     pid, rank, local rank, world size (4 x i32);             rank (once)
+       start monotonic ns, start wall-clock ns (2 x i64)
+104    step, t_last_beat_ns, t_phase_ns, iter_ewma_ns,          rank
+       iter_min_ns, iter_max_ns (6 x i64), loss (f64),
+       loss_step, beats, last_ckpt_step (3 x i64),
+       phase code, rank flags, acked request (3 x u32), pad
+200    asynchronous rank flags (u64, one store, no seqlock:     rank
+       set from signal handlers); readers OR them into flags
+256    control sequence (u64): odd while the agent writes       agent
+264    control flags (u32), request counter (u32),              agent
+       at_step (i64)
+====== ======================================================= ============
+
+Both areas are seqlocks: the writer makes the sequence odd, writes the payload, makes it even; a
+reader copies sequence, payload, sequence and retries until both sequences are equal and even.
+This relies on stores not being reordered (true on x86-64, TSO); on weakly ordered CPUs a reader
+may, rarely, accept a torn record, which only ever feeds heuristics.
+
+Times are ``CLOCK_MONOTONIC`` nanoseconds (``time.monotonic_ns``), system-wide on Linux, so the
+agent on the same node compares them with its own clock to get ages.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import operator
+import os
+import signal
+import stat
+import struct
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+MAGIC = b"SUPVSLOT"
+LAYOUT_VERSION = 1
+SLOT_SIZE = 512
+
+# Phase codes are indexes into PHASES; never reorder, only append (and bump LAYOUT_VERSION if the
+# meaning of an existing code changes).
+PHASES: tuple[str, ...] = ("init", "step", "checkpoint", "eval", "restore", "data", "other")
+PHASE_CODES: dict[str, int] = {name: code for code, name in enumerate(PHASES)}
+PHASE_INIT, PHASE_STEP, PHASE_CHECKPOINT, PHASE_EVAL = 0, 1, 2, 3
+
+# Control flags, written by the agent/supervisor.
+FLAG_CHECKPOINT = 1 << 0  # please checkpoint (at or after ``at_step``)
+FLAG_STOP = 1 << 1  # please checkpoint, then stop
+
+# Rank flags, written by the rank.
+RANK_FLAG_SIGTERM = 1 << 0  # the rank received SIGTERM
+RANK_FLAG_IN_CHECKPOINT = 1 << 1  # the rank is inside a ``phase("checkpoint")`` block
+RANK_FLAG_STACK_DUMPS = 1 << 2  # STACK_DUMP_SIGNAL is handled: safe to send (else it kills the rank)
+RANK_FLAG_EXITING = 1 << 3  # the interpreter is shutting down normally (atexit ran)
+
+# Sent by the agent to a rank pid to get all thread stacks appended to ``rank-N.stacks``. A
+# real-time signal because Slurm uses SIGUSR1/SIGUSR2 and glibc reserves the first two RT signals.
+STACK_DUMP_SIGNAL: int = int(signal.SIGRTMIN) + 2
+
+_HEADER = struct.Struct("<8sII")
+_SEQ = struct.Struct("<Q")
+_STATIC = struct.Struct("<iiiiqq")
+_DYNAMIC = struct.Struct("<qqqqqqdqqqIIII")
+_CONTROL = struct.Struct("<IIq")
+
+OFF_HEADER = 0
+OFF_RANK_SEQ = 64
+OFF_STATIC = OFF_RANK_SEQ + _SEQ.size  # 72
+OFF_DYNAMIC = OFF_STATIC + _STATIC.size  # 104
+OFF_ASYNC_FLAGS = OFF_DYNAMIC + _DYNAMIC.size  # 200
+OFF_CONTROL_SEQ = 256
+OFF_CONTROL = OFF_CONTROL_SEQ + _SEQ.size  # 264
+assert OFF_ASYNC_FLAGS % 8 == 0 and OFF_ASYNC_FLAGS + 8 <= OFF_CONTROL_SEQ
+assert OFF_CONTROL + _CONTROL.size <= SLOT_SIZE
+
+_READ_RETRIES = 1000
+
+
+class SlotRecord(NamedTuple):
+    """One consistent snapshot of a rank's slot (decoded). -1 / NaN / 0 mean "not yet known"."""
+
+    pid: int
+    rank: int
+    local_rank: int
+    world_size: int
+    start_mono_ns: int
+    start_wall_ns: int
+    step: int  # last step passed to client.step(); -1 before the first
+    t_last_beat_ns: int  # monotonic ns of the last client.step(); 0 before the first
+    t_phase_ns: int  # monotonic ns when the current phase was entered
+    iter_ewma_ns: int  # EWMA (alpha 1/8) of the time between steps; 0 until two steps
+    iter_min_ns: int  # min/max step time over the recent window (the last 64..128 steps)
+    iter_max_ns: int
+    loss: float  # last loss passed to client.step(); NaN/Inf preserved; NaN if never given
+    loss_step: int  # the step that loss belongs to; -1 if no loss was ever given
+    beats: int  # number of client.step() calls
+    last_ckpt_step: int  # step at the end of the last completed checkpoint phase; -1 if none
+    phase: int  # code, see PHASES
+    rank_flags: int  # RANK_FLAG_* bits
+    acked_request: int  # control request counter the rank last satisfied (or saw at start)
+    seq: int  # the (even) sequence number this snapshot was read at
+
+    @property
+    def phase_name(self) -> str:
+        return PHASES[self.phase] if 0 <= self.phase < len(PHASES) else f"unknown({self.phase})"
+
+    def last_sign_of_life_ns(self) -> int:
+        """Monotonic ns of the latest beat or phase change: the agent's reference for "silent for"."""
+        return max(self.t_last_beat_ns, self.t_phase_ns)
+
+
+class ControlState(NamedTuple):
+    """The supervisor-written control area."""
+
+    flags: int
+    request: int  # incremented by every non-zero set_control_flags()
+    at_step: int  # act once the rank's step >= at_step (<= 0: at once)
+
+
+_FLAGS_FIELD = SlotRecord._fields.index("rank_flags")
+
+
+def slot_path(slot_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(slot_dir) / f"rank-{int(rank)}.slot"
+
+
+def stacks_path(slot_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(slot_dir) / f"rank-{int(rank)}.stacks"
+
+
+def slot_paths(slot_dir: str | os.PathLike[str]) -> dict[int, Path]:
+    """Global rank -> slot file for every ``rank-N.slot`` in the directory (empty if it is missing)."""
+    found: dict[int, Path] = {}
+    try:
+        entries = list(Path(slot_dir).iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        name = entry.name
+        if name.startswith("rank-") and name.endswith(".slot") and name[5:-5].isdigit():
+            found[int(name[5:-5])] = entry
+    return found
+
+
+def _read_seqlocked(buf: mmap.mmap, seq_off: int, payload: struct.Struct, off: int) -> tuple[int, tuple] | None:
+    for _ in range(_READ_RETRIES):
+        (seq1,) = _SEQ.unpack_from(buf, seq_off)
+        if seq1 & 1:
+            continue
+        values = payload.unpack_from(buf, off)
+        (seq2,) = _SEQ.unpack_from(buf, seq_off)
+        if seq1 == seq2:
+            return seq1, values
+    return None
+
+
+def _decode(buf: mmap.mmap) -> SlotRecord | None:
+    if len(buf) < SLOT_SIZE:
+        return None
+    magic, version, size = _HEADER.unpack_from(buf, OFF_HEADER)
+    if magic != MAGIC or version != LAYOUT_VERSION or size != SLOT_SIZE:
+        return None
+    for _ in range(_READ_RETRIES):
+        (seq1,) = _SEQ.unpack_from(buf, OFF_RANK_SEQ)
+        if seq1 & 1:
+            continue
+        static = _STATIC.unpack_from(buf, OFF_STATIC)
+        dynamic = _DYNAMIC.unpack_from(buf, OFF_DYNAMIC)
+        (seq2,) = _SEQ.unpack_from(buf, OFF_RANK_SEQ)
+        if seq1 == seq2:
+            (async_flags,) = _SEQ.unpack_from(buf, OFF_ASYNC_FLAGS)
+            fields = list(static + dynamic[:-1])
+            fields[_FLAGS_FIELD] |= async_flags
+            return SlotRecord._make([*fields, seq1])
+    return None  # the writer kept it busy (or died mid-write): no consistent snapshot
+
+
+def read_slot(path_or_mmap: str | os.PathLike[str] | mmap.mmap) -> SlotRecord | None:
+    """A consistent snapshot, or None if the slot is missing, too short, or not (yet) a valid slot."""
+    if isinstance(path_or_mmap, mmap.mmap):
+        return _decode(path_or_mmap)
+    try:
+        fd = os.open(path_or_mmap, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_size < SLOT_SIZE:
+            return None
+        with mmap.mmap(fd, SLOT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ) as buf:
+            return _decode(buf)
+    finally:
+        os.close(fd)
+
+
+class SlotReader:
+    """Agent side: samples a rank's record and writes the control area. Maps lazily: the rank may
+    have created the file but not sized it yet."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self._buf: mmap.mmap | None = None
+
+    def _map(self) -> mmap.mmap | None:
+        if self._buf is None and self._fd is not None:
+            if os.fstat(self._fd).st_size >= SLOT_SIZE:
+                self._buf = mmap.mmap(self._fd, SLOT_SIZE, mmap.MAP_SHARED)
+        return self._buf
+
+    def read(self) -> SlotRecord | None:
+        buf = self._map()
+        return None if buf is None else _decode(buf)
+
+    def read_control(self) -> ControlState | None:
+        buf = self._map()
+        if buf is None:
+            return None
+        got = _read_seqlocked(buf, OFF_CONTROL_SEQ, _CONTROL, OFF_CONTROL)
+        return None if got is None else ControlState(*got[1])
+
+    def set_control_flags(self, flags: int, at_step: int = 0) -> bool:
+        """Publish control flags. Every call with non-zero flags is a NEW request (the counter is
+        bumped), so call it once per request, not from a polling loop; 0 withdraws requests.
+        ``at_step``: ranks act when their step >= at_step, so all ranks of a synchronous job can
+        checkpoint at the same step (pick it above every rank's current step). Single writer only.
+        Returns False if the slot is not mapped yet."""
+        buf = self._map()
+        if buf is None:
+            return False
+        (seq,) = _SEQ.unpack_from(buf, OFF_CONTROL_SEQ)
+        seq |= 1
+        _, request, _ = _CONTROL.unpack_from(buf, OFF_CONTROL)
+        if flags:
+            request = (request + 1) & 0xFFFFFFFF
+        _SEQ.pack_into(buf, OFF_CONTROL_SEQ, seq)
+        _CONTROL.pack_into(buf, OFF_CONTROL, int(flags) & 0xFFFFFFFF, request, int(at_step))
+        _SEQ.pack_into(buf, OFF_CONTROL_SEQ, seq + 1)
+        return True
+
+    def close(self) -> None:
+        if self._buf is not None:
+            self._buf.close()
+            self._buf = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> SlotReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_slot_for_reading(path: str | os.PathLike[str]) -> SlotReader:
+    """Open a rank's slot for the agent. Raises OSError if the file does not exist."""
+    return SlotReader(path)
+
+
+def _open_private(path: Path, flags: int) -> int:
+    """Create with O_EXCL (0600), or open an existing file we own; never follow symlinks."""
+    base = os.O_NOFOLLOW | os.O_CLOEXEC | flags
+    try:
+        return os.open(path, base | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        fd = os.open(path, base)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            os.close(fd)
+            raise PermissionError(f"{path} is not a regular file owned by this user") from None
+        os.fchmod(fd, 0o600)
+        return fd
+
+
+def check_slot_dir(slot_dir: Path) -> None:
+    """Raise OSError unless slot_dir is a directory owned by us and closed to group/others."""
+    st = os.stat(slot_dir, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{slot_dir} is not a directory")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{slot_dir} must be owned by uid {os.geteuid()} with mode 0700")
+
+
+class SlotWriter:
+    """Rank side: owns the rank record. ``beat`` is the hot path: a clock read, a few integer
+    operations, two 8-byte stores and one ``pack_into`` on the mapping; no syscalls.
+
+    The state lives in closure cells (faster than attributes). Publishing is safe against
+    re-entry from Python signal handlers: a nested publish sees an odd sequence, marks the record
+    dirty and returns, and the interrupted publish writes the record again."""
+
+    WINDOW = 64  # steps per min/max window; the published min/max cover the last 64..128 steps
+
+    def __init__(self, buf: mmap.mmap, pid: int, rank: int, local_rank: int, world_size: int) -> None:
+        self.buf = buf
+        self.pid, self.rank, self.local_rank, self.world_size = pid, rank, local_rank, world_size
+        self._words = memoryview(buf).cast("Q")  # aligned 8-byte words: single-store sequence writes
+        self._bind()
+
+    @classmethod
+    def create(cls, slot_dir: str | os.PathLike[str], rank: int, local_rank: int, world_size: int) -> SlotWriter:
+        """Create (or take over, after a restart) ``rank-<rank>.slot`` and map it. Raises OSError."""
+        path = slot_path(slot_dir, rank)
+        fd = _open_private(path, os.O_RDWR)
+        try:
+            if os.fstat(fd).st_size != SLOT_SIZE:
+                os.ftruncate(fd, SLOT_SIZE)
+            buf = mmap.mmap(fd, SLOT_SIZE, mmap.MAP_SHARED)
+        finally:
+            os.close(fd)  # the mapping keeps the file alive
+        return cls(buf, os.getpid(), rank, local_rank, world_size)
+
+    def _bind(self) -> None:  # noqa: C901 - one closure scope on purpose (speed)
+        buf, words = self.buf, self._words
+        mono = time.monotonic_ns
+        pack = _DYNAMIC.pack_into
+        unpack_control = _CONTROL.unpack_from
+        seq_i, ctl_seq_i, async_i = OFF_RANK_SEQ // 8, OFF_CONTROL_SEQ // 8, OFF_ASYNC_FLAGS // 8
+        window, big = self.WINDOW, 1 << 62
+        ckpt_or_stop = FLAG_CHECKPOINT | FLAG_STOP
+        index = operator.index
+
+        def read_control() -> tuple[int, int, int] | None:
+            for _ in range(_READ_RETRIES):
+                s1 = words[ctl_seq_i]
+                if s1 & 1:
+                    continue
+                values = unpack_control(buf, OFF_CONTROL)
+                if words[ctl_seq_i] == s1:
+                    return values
+            return None
+
+        now = mono()
+        seq = words[seq_i] | 1  # continue from a previous incarnation's count: never go back
+        step, t_last, t_phase, t_mark = -1, 0, now, 0
+        ewma, pmin, pmax, cmin, cmax, left = 0, 0, 0, big, 0, window
+        loss, loss_step, beats, last_ckpt = math.nan, -1, 0, -1
+        phase, flags = PHASE_INIT, 0
+        ctl = read_control()
+        base_request = acked = ctl[1] if ctl else 0  # requests older than this process are not ours
+        async_flags = 0
+        dirty = False
+
+        def publish() -> None:
+            nonlocal seq, dirty
+            if seq & 1:  # re-entered from a signal handler mid-write: the outer write redoes it
+                dirty = True
+                return
+            while True:
+                dirty = False
+                seq += 1
+                words[seq_i] = seq
+                pack(buf, OFF_DYNAMIC, step, t_last, t_phase, ewma, pmin, pmax, loss, loss_step,
+                     beats, last_ckpt, phase, flags, acked, 0)  # fmt: skip
+                seq += 1
+                words[seq_i] = seq
+                if not dirty:
+                    return
+
+        def beat(i: int, value: float | None) -> None:
+            """End of iteration ``i``; ``value`` the loss (float-convertible) or None."""
+            nonlocal seq, step, t_last, t_mark, ewma, pmin, pmax, cmin, cmax, left
+            nonlocal loss, loss_step, beats, phase, t_phase, dirty
+            if i.__class__ is not int:
+                i = index(i)
+            if value is not None and value.__class__ is not float:
+                value = float(value)  # int, numpy scalar, 0-d tensor (a CUDA tensor syncs here)
+            now = mono()
+            if t_mark:
+                dt = now - t_mark
+                ewma = ewma + ((dt - ewma) >> 3) if ewma else dt
+                if dt < pmin or not pmin:
+                    pmin = dt
+                if dt > pmax:
+                    pmax = dt
+                if dt < cmin:
+                    cmin = dt
+                if dt > cmax:
+                    cmax = dt
+                left -= 1
+                if not left:
+                    pmin, pmax, cmin, cmax, left = cmin, cmax, big, 0, window
+            t_mark = t_last = now
+            step = i
+            beats += 1
+            if value is not None:
+                loss = value
+                loss_step = i
+            if phase == PHASE_INIT:
+                phase = PHASE_STEP
+                t_phase = now
+            if seq & 1:
+                dirty = True
+                return
+            seq += 1
+            words[seq_i] = seq
+            pack(buf, OFF_DYNAMIC, step, now, t_phase, ewma, pmin, pmax, loss, loss_step,
+                 beats, last_ckpt, phase, flags, acked, 0)  # fmt: skip
+            seq += 1
+            words[seq_i] = seq
+            if dirty:
+                publish()
+
+        def enter_phase(code: int) -> int:
+            """Switch to phase ``code``; returns the previous phase code (to restore on exit)."""
+            nonlocal phase, t_phase, flags
+            previous = phase
+            phase, t_phase = code, mono()
+            if code == PHASE_CHECKPOINT:
+                flags |= RANK_FLAG_IN_CHECKPOINT
+            publish()
+            return previous
+
+        def exit_phase(code: int, previous: int, completed: bool) -> None:
+            """Leave phase ``code`` back to ``previous``. A completed checkpoint phase acknowledges
+            every request published before it ended (see docs/client.md, "Checkpoint requests")."""
+            nonlocal phase, t_phase, flags, acked, last_ckpt, t_mark
+            now = mono()
+            if code == PHASE_CHECKPOINT:
+                if completed:
+                    got = read_control()
+                    if got is not None:
+                        acked = got[1]
+                    last_ckpt = step
+                if previous != PHASE_CHECKPOINT:
+                    flags &= ~RANK_FLAG_IN_CHECKPOINT
+            if code != PHASE_STEP and t_mark:
+                t_mark = now  # the next step time excludes this phase (checkpoint, eval...)
+            phase, t_phase = previous, now
+            publish()
+
+        def set_async_flag(flag: int) -> None:
+            """Signal-safe: one aligned 8-byte store outside the seqlock (SIGTERM, exit)."""
+            nonlocal async_flags
+            async_flags |= flag
+            words[async_i] = async_flags
+
+        def async_flag_set(flag: int) -> bool:
+            return bool(async_flags & flag)
+
+        def should_checkpoint() -> bool:
+            got = read_control()
+            if got is None:
+                return False
+            ctl_flags, request, at_step = got
+            return bool(ctl_flags & ckpt_or_stop) and request != acked and (at_step <= 0 or step >= at_step)
+
+        def should_stop() -> bool:
+            if async_flags & RANK_FLAG_SIGTERM:
+                return True
+            got = read_control()
+            if got is None:
+                return False
+            ctl_flags, request, at_step = got
+            return bool(ctl_flags & FLAG_STOP) and request != base_request and (at_step <= 0 or step >= at_step)
+
+        # Initial record: static part and dynamic part under one sequence, then the header.
+        words[seq_i] = seq
+        _STATIC.pack_into(buf, OFF_STATIC, self.pid, self.rank, self.local_rank, self.world_size,
+                          now, time.time_ns())  # fmt: skip
+        words[async_i] = 0
+        seq += 1
+        publish()
+        _HEADER.pack_into(buf, OFF_HEADER, MAGIC, LAYOUT_VERSION, SLOT_SIZE)
+
+        self.read_control = read_control
+        self.publish = publish
+        self.beat = beat
+        self.enter_phase = enter_phase
+        self.exit_phase = exit_phase
+        self.set_async_flag = set_async_flag
+        self.async_flag_set = async_flag_set
+        self.should_checkpoint = should_checkpoint
+        self.should_stop = should_stop
+
+    def close(self) -> None:
+        """Unmap (the file stays for the agent). Later calls on this writer raise ValueError."""
+        self._words.release()
+        self.buf.close()
