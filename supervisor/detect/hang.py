@@ -1,0 +1,234 @@
+"""Hang detection: one rank silent, a whole node silent, or everyone stalled.
+
+The detector also learns the timeouts it applies: it watches each rank's step counter and phase between
+snapshots and feeds iteration times and phase durations into :class:`PhaseTimeouts`. A rank is keyed by
+(rank, pid), so a relaunched step starts fresh while the learned timeouts carry over.
+
+Why "laggards": in data-parallel training one stuck rank soon stalls everyone (the others wait in the next
+collective), so "all silent" is the usual picture of a single-rank hang. The ranks still on an older step
+than the rest, or in stopped state, are the likely culprits and are named; only when none stands out is it a
+``global_stall``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from supervisor.detect.model import (
+    GLOBAL_STALL,
+    NODE_SILENT,
+    RANK_EXITED,
+    RANK_HANG,
+    RANK_STOPPED,
+    DetectionEvent,
+    RankView,
+    Snapshot,
+    proc_meaning,
+    sorted_nodes,
+)
+from supervisor.detect.timeouts import STEP, PhaseTimeouts, TimeoutConfig
+
+
+@dataclass(frozen=True)
+class HangConfig:
+    node_silence_s: float = 10.0  # no node-agent summary for this long: node_silent
+    stopped_grace_s: float = 2.0  # a rank in stopped state this long counts as hung (a debugger blip does not)
+
+    def __post_init__(self) -> None:
+        for name in ("node_silence_s", "stopped_grace_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"detect.{name} must be a non-negative number of seconds, got {value!r}")
+
+
+@dataclass
+class RankTrack:
+    """What the detector remembers about one rank process between snapshots."""
+
+    step: int | None
+    step_seen_t: float  # when the current step value was first seen
+    first_step: int | None  # the step the process reported first (a resumed run does not start at 0)
+    phase: str | None
+    phase_seen_t: float
+    stopped_since: float | None = None
+
+
+@dataclass
+class HangState:
+    tracks: dict[tuple[int, int | None], RankTrack] = field(default_factory=dict)
+    active: set[tuple[str, str]] = field(default_factory=set)  # conditions already reported (kind, key)
+
+
+class HangDetector:
+    def __init__(
+        self,
+        config: HangConfig | None = None,
+        timeouts: PhaseTimeouts | None = None,
+        state: HangState | None = None,
+    ) -> None:
+        self.config = config or HangConfig()
+        self.timeouts = timeouts or PhaseTimeouts(TimeoutConfig())
+        self.state = state or HangState()
+
+    def _learn(self, view: RankView, now: float) -> RankTrack:
+        key = (view.rank, view.pid)
+        track = self.state.tracks.get(key)
+        if track is None:
+            track = RankTrack(view.step, now, view.step, view.phase, now)
+            self.state.tracks[key] = track
+            return track
+        if view.step is not None and track.step is not None and view.step > track.step:
+            if track.phase == STEP and view.phase == STEP:
+                per_step = (now - track.step_seen_t) / (view.step - track.step)
+                sample = view.iter_max_s if view.iter_max_s is not None and view.iter_max_s > 0 else per_step
+                if track.step != track.first_step:  # the first step includes compile and warm caches
+                    self.timeouts.observe(STEP, sample)
+            track.step, track.step_seen_t = view.step, now
+        elif view.step is not None and track.step is None:
+            track.step, track.step_seen_t, track.first_step = view.step, now, view.step
+        if view.phase != track.phase:
+            if track.phase not in (None, STEP, "init"):
+                self.timeouts.observe(track.phase, now - track.phase_seen_t)
+            track.phase, track.phase_seen_t = view.phase, now
+        return track
+
+    def reset(self) -> None:
+        """Forget rank processes (call when a new training step is launched); learned timeouts persist."""
+        self.state = HangState()
+
+    def observe(self, snapshot: Snapshot, now: float) -> list[DetectionEvent]:
+        events: list[DetectionEvent] = []
+        current: set[tuple[str, str]] = set()
+        silent_nodes = [n for n in snapshot.nodes if n.summary_age_s > self.config.node_silence_s]
+        for node in silent_nodes:
+            key = (NODE_SILENT, node.node)
+            current.add(key)
+            if key not in self.state.active:
+                events.append(
+                    DetectionEvent(
+                        kind=NODE_SILENT,
+                        ranks=tuple(sorted(r.rank for r in node.ranks)),
+                        nodes=(node.node,),
+                        metric="summary_age_s",
+                        value=node.summary_age_s,
+                        threshold=self.config.node_silence_s,
+                        duration_s=node.summary_age_s,
+                        evidence=(f"no summary from the node agent on {node.node} for {node.summary_age_s:.1f}s",),
+                    )
+                )
+        silent_names = {n.node for n in silent_nodes}
+        beating: list[tuple[RankView, RankTrack]] = []
+        hung: list[tuple[RankView, float, float]] = []  # (view, age, timeout)
+        for view in snapshot.ranks():
+            if view.node in silent_names:
+                continue  # its data is stale: the node_silent event covers it
+            track = self._learn(view, now)
+            meaning = proc_meaning(view.proc_state)
+            if meaning == "gone":
+                key = (RANK_EXITED, str(view.rank))
+                current.add(key)
+                if key not in self.state.active:
+                    code = "unknown" if view.exit_code is None else str(view.exit_code)
+                    events.append(
+                        DetectionEvent(
+                            kind=RANK_EXITED,
+                            ranks=(view.rank,),
+                            nodes=(view.node,),
+                            metric="exit_code",
+                            value=None if view.exit_code is None else float(view.exit_code),
+                            evidence=(f"rank {view.rank} on {view.node} (pid {view.pid}) exited, code {code}",),
+                        )
+                    )
+                continue
+            if meaning == "stopped":
+                track.stopped_since = now if track.stopped_since is None else track.stopped_since
+                stopped_for = now - track.stopped_since
+                if stopped_for >= self.config.stopped_grace_s:
+                    key = (RANK_STOPPED, str(view.rank))
+                    current.add(key)
+                    if key not in self.state.active:
+                        events.append(
+                            DetectionEvent(
+                                kind=RANK_STOPPED,
+                                ranks=(view.rank,),
+                                nodes=(view.node,),
+                                metric="stopped_s",
+                                value=stopped_for,
+                                threshold=self.config.stopped_grace_s,
+                                duration_s=stopped_for,
+                                evidence=(
+                                    f"rank {view.rank} on {view.node} (pid {view.pid}) is in stopped state "
+                                    f"({view.proc_state}) for {stopped_for:.1f}s",
+                                ),
+                            )
+                        )
+                continue
+            track.stopped_since = None
+            if view.beat_age_s is None:
+                continue  # no client in this program: only liveness is supervised
+            beating.append((view, track))
+            first_done = track.step is not None and track.step != track.first_step
+            limit = self.timeouts.timeout(view.phase, first_done)
+            if view.beat_age_s > limit:
+                hung.append((view, view.beat_age_s, limit))
+        events.extend(self._hang_events(beating, hung, current))
+        self.state.active = current
+        return events
+
+    def _hang_events(
+        self,
+        beating: list[tuple[RankView, RankTrack]],
+        hung: list[tuple[RankView, float, float]],
+        current: set[tuple[str, str]],
+    ) -> list[DetectionEvent]:
+        if not hung:
+            return []
+        everyone = len(hung) == len(beating) and len(beating) > 1
+        steps = [v.step for v, _, _ in hung if v.step is not None]
+        laggards = [h for h in hung if h[0].step is not None and steps and h[0].step < max(steps)]
+        if everyone and not laggards:
+            key = (GLOBAL_STALL, "*")
+            current.add(key)
+            if key in self.state.active:
+                return []
+            ages = [age for _, age, _ in hung]
+            return [
+                DetectionEvent(
+                    kind=GLOBAL_STALL,
+                    ranks=tuple(sorted(v.rank for v, _, _ in hung)),
+                    nodes=sorted_nodes([v.node for v, _, _ in hung]),
+                    metric="beat_age_s",
+                    value=min(ages),
+                    threshold=max(limit for _, _, limit in hung),
+                    duration_s=min(ages),
+                    evidence=(
+                        f"all {len(hung)} ranks silent for {min(ages):.1f}s or more, all on step {steps[0] if steps else '?'}",
+                    ),
+                )
+            ]
+        culprits = laggards or hung
+        new = [h for h in culprits if (RANK_HANG, str(h[0].rank)) not in self.state.active]
+        for view, _, _ in culprits:
+            current.add((RANK_HANG, str(view.rank)))
+        if not new:
+            return []
+        worst = max(new, key=lambda h: h[1])
+        evidence = tuple(
+            f"rank {v.rank} on {v.node} silent {age:.1f}s > {limit:.1f}s ({v.phase} phase, step {v.step})"
+            for v, age, limit in sorted(new, key=lambda h: h[0].rank)[:16]
+        )
+        if everyone:
+            evidence += (f"all {len(hung)} ranks are silent; these lag behind step {max(steps)}",)
+        return [
+            DetectionEvent(
+                kind=RANK_HANG,
+                ranks=tuple(sorted(v.rank for v, _, _ in new)),
+                nodes=sorted_nodes([v.node for v, _, _ in new]),
+                metric="beat_age_s",
+                value=worst[1],
+                threshold=worst[2],
+                duration_s=worst[1],
+                evidence=evidence,
+            )
+        ]

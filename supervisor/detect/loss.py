@@ -1,0 +1,113 @@
+"""Loss anomalies: NaN/Inf (a fault: training cannot recover from it) and spikes (a warning).
+
+A spike is a loss more than ``z`` standard deviations above the mean of the last ``window`` observed losses.
+Spikes are tracked on the first ``spike_ranks`` ranks only (rank 0 by default): with data parallelism the
+ranks' losses move together, and a window per rank would cost memory proportional to the job size. NaN/Inf is
+checked on every rank (O(1) each).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from supervisor.detect.model import LOSS_SPIKE, NONFINITE_LOSS, DetectionEvent, Snapshot
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    window: int = 100
+    min_samples: int = 20
+    z: float = 6.0
+    spike_ranks: int = 1
+    cooldown_steps: int = 100  # after a spike, stay quiet for this many steps on that rank
+    relative_floor: float = 1e-3  # std never counts as below this fraction of |mean| (a flat loss is not noise-free)
+
+    def __post_init__(self) -> None:
+        if self.window < 2:
+            raise ValueError(f"detect.loss_window must be >= 2, got {self.window!r}")
+        if not 2 <= self.min_samples <= self.window:
+            raise ValueError(
+                f"detect.loss_min_samples must be between 2 and loss_window ({self.window}), got {self.min_samples!r}"
+            )
+        if not (math.isfinite(self.z) and self.z > 0):
+            raise ValueError(f"detect.loss_z must be a positive number, got {self.z!r} (try 6)")
+        if self.spike_ranks < 0 or self.cooldown_steps < 0 or not self.relative_floor >= 0:
+            raise ValueError("detect.loss_spike_ranks, loss_cooldown_steps and loss_relative_floor must be >= 0")
+
+
+@dataclass
+class LossState:
+    last_step: dict[int, int] = field(default_factory=dict)
+    windows: dict[int, deque[float]] = field(default_factory=dict)
+    quiet_until: dict[int, int] = field(default_factory=dict)
+    nonfinite: set[int] = field(default_factory=set)  # ranks already reported
+
+
+def zscore(window: deque[float] | list[float], value: float, relative_floor: float) -> tuple[float, float, float]:
+    """(z, mean, std) of ``value`` against ``window``."""
+    n = len(window)
+    mean = sum(window) / n
+    var = sum((x - mean) ** 2 for x in window) / n
+    std = max(math.sqrt(var), relative_floor * abs(mean), 1e-12)
+    return (value - mean) / std, mean, std
+
+
+class LossDetector:
+    def __init__(self, config: LossConfig | None = None, state: LossState | None = None) -> None:
+        self.config = config or LossConfig()
+        self.state = state or LossState()
+
+    def reset(self) -> None:
+        """A relaunch resumes from a checkpoint: step numbers repeat, so per-rank step tracking restarts."""
+        self.state.last_step.clear()
+        self.state.quiet_until.clear()
+        self.state.nonfinite.clear()
+
+    def observe(self, snapshot: Snapshot, now: float) -> list[DetectionEvent]:
+        c = self.config
+        s = self.state
+        events: list[DetectionEvent] = []
+        for v in snapshot.ranks():
+            if v.loss is None or v.step is None or s.last_step.get(v.rank) == v.step:
+                continue
+            s.last_step[v.rank] = v.step
+            if not math.isfinite(v.loss):
+                if v.rank not in s.nonfinite:
+                    s.nonfinite.add(v.rank)
+                    events.append(
+                        DetectionEvent(
+                            kind=NONFINITE_LOSS,
+                            ranks=(v.rank,),
+                            nodes=(v.node,),
+                            metric="loss",
+                            value=v.loss,
+                            evidence=(f"rank {v.rank} on {v.node} reported loss={v.loss!r} at step {v.step}",),
+                        )
+                    )
+                continue
+            s.nonfinite.discard(v.rank)
+            if v.rank >= c.spike_ranks:
+                continue
+            window = s.windows.setdefault(v.rank, deque(maxlen=c.window))
+            if len(window) >= c.min_samples and v.step >= s.quiet_until.get(v.rank, -1):
+                z, mean, std = zscore(window, v.loss, c.relative_floor)
+                if z > c.z:
+                    s.quiet_until[v.rank] = v.step + c.cooldown_steps
+                    events.append(
+                        DetectionEvent(
+                            kind=LOSS_SPIKE,
+                            ranks=(v.rank,),
+                            nodes=(v.node,),
+                            metric="loss_zscore",
+                            value=z,
+                            threshold=c.z,
+                            evidence=(
+                                f"rank {v.rank} step {v.step}: loss {v.loss!r} is {z:.1f} std above the mean "
+                                f"{mean:.4g} (std {std:.3g}) of the last {len(window)} observed losses",
+                            ),
+                        )
+                    )
+            window.append(v.loss)
+        return events

@@ -1,0 +1,106 @@
+"""Stragglers: a rank persistently slower than its peers (warning; the node is named, not yet blamed).
+
+One slow rank sets the pace of every synchronous step, so a 1.5x straggler costs the whole job a third of its
+throughput. A rank is a straggler when its iteration-time EWMA exceeds ``factor`` x the median of its peers at
+``consecutive`` evaluations in a row, evaluations being at least ``interval_s`` apart: a single slow step
+(GC, a checkpoint on one rank) never fires.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from supervisor.detect.model import STRAGGLER, DetectionEvent, Snapshot, proc_meaning
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    factor: float = 1.5
+    consecutive: int = 6
+    interval_s: float = 5.0
+    min_ranks: int = 3  # with fewer ranks "slower than the peers" means little
+    max_beat_age_s: float = 30.0  # a silent rank is a hang candidate, not a straggler
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.factor) and self.factor > 1.0):
+            raise ValueError(f"detect.straggler_factor must be > 1, got {self.factor!r} (try 1.5)")
+        if self.consecutive < 1:
+            raise ValueError(f"detect.straggler_consecutive must be >= 1, got {self.consecutive!r}")
+        if self.min_ranks < 2:
+            raise ValueError(f"detect.straggler_min_ranks must be >= 2, got {self.min_ranks!r}")
+        if not (math.isfinite(self.interval_s) and self.interval_s >= 0):
+            raise ValueError(f"detect.straggler_interval_s must be >= 0, got {self.interval_s!r}")
+
+
+@dataclass
+class StragglerState:
+    streaks: dict[int, int] = field(default_factory=dict)
+    last_eval_t: float | None = None
+
+
+def median_without(sorted_values: list[float], value: float) -> float:
+    """Median of ``sorted_values`` with one occurrence of ``value`` removed, in O(log n)."""
+    import bisect
+
+    n = len(sorted_values) - 1
+    removed = bisect.bisect_left(sorted_values, value)
+
+    def at(i: int) -> float:  # i-th element of the list without the removed one
+        return sorted_values[i if i < removed else i + 1]
+
+    if n % 2:
+        return at(n // 2)
+    return 0.5 * (at(n // 2 - 1) + at(n // 2))
+
+
+class StragglerDetector:
+    def __init__(self, config: StragglerConfig | None = None, state: StragglerState | None = None) -> None:
+        self.config = config or StragglerConfig()
+        self.state = state or StragglerState()
+
+    def observe(self, snapshot: Snapshot, now: float) -> list[DetectionEvent]:
+        c = self.config
+        if self.state.last_eval_t is not None and now - self.state.last_eval_t < c.interval_s:
+            return []
+        self.state.last_eval_t = now
+        views = [
+            v
+            for v in snapshot.ranks()
+            if v.phase == "step"
+            and v.iter_ewma_s is not None
+            and math.isfinite(v.iter_ewma_s)
+            and v.iter_ewma_s > 0
+            and v.beat_age_s is not None
+            and v.beat_age_s <= c.max_beat_age_s
+            and proc_meaning(v.proc_state) == "alive"
+        ]
+        if len(views) < c.min_ranks:
+            self.state.streaks = {}
+            return []
+        ordered = sorted(v.iter_ewma_s for v in views if v.iter_ewma_s is not None)
+        events = []
+        streaks: dict[int, int] = {}
+        for v in views:
+            assert v.iter_ewma_s is not None
+            peers = median_without(ordered, v.iter_ewma_s)
+            if v.iter_ewma_s > c.factor * peers:
+                streaks[v.rank] = self.state.streaks.get(v.rank, 0) + 1
+                if streaks[v.rank] == c.consecutive:
+                    events.append(
+                        DetectionEvent(
+                            kind=STRAGGLER,
+                            ranks=(v.rank,),
+                            nodes=(v.node,),
+                            metric="iter_ewma_s",
+                            value=v.iter_ewma_s,
+                            threshold=c.factor * peers,
+                            duration_s=(c.consecutive - 1) * c.interval_s,
+                            evidence=(
+                                f"rank {v.rank} on {v.node}: {v.iter_ewma_s:.3g}s/iteration vs peers' median "
+                                f"{peers:.3g}s ({v.iter_ewma_s / peers:.2f}x) at {c.consecutive} checks in a row",
+                            ),
+                        )
+                    )
+        self.state.streaks = streaks
+        return events

@@ -1,0 +1,189 @@
+"""The campaign journal's event vocabulary.
+
+Every decision the supervisor makes is one of these events, so that ``status``, ``report``, the node ledger
+and goodput accounting can all be recomputed from the journal alone. Constructors return plain dicts (what
+the journal stores); they take the time as an argument because this module, like the rest of the decision
+core, never reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+# (contract) Interruption classes, and the outcome of a run that finished normally.
+PREEMPTION = "preemption"
+TIMEOUT = "timeout"
+NODE_FAILURE = "node_failure"
+HARDWARE = "hardware"
+HANG = "hang"
+COMM_ERROR = "comm_error"
+APP_ERROR = "app_error"
+NUMERICAL = "numerical"
+CANCELLED = "cancelled"
+UNKNOWN = "unknown"
+COMPLETED = "completed"
+
+INTERRUPTION_CLASSES: tuple[str, ...] = (
+    PREEMPTION,
+    TIMEOUT,
+    NODE_FAILURE,
+    HARDWARE,
+    HANG,
+    COMM_ERROR,
+    APP_ERROR,
+    NUMERICAL,
+    CANCELLED,
+    UNKNOWN,
+)
+OUTCOMES: tuple[str, ...] = (*INTERRUPTION_CLASSES, COMPLETED)
+
+# (contract) campaign states, as reported by ``report --json``.
+CAMPAIGN_STATES: tuple[str, ...] = ("running", "pending", "completed", "failed", "held", "stopped")
+
+# Event type names: the ``type`` field of a journal line.
+CAMPAIGN_STARTED = "campaign_started"
+ATTEMPT_STARTED = "attempt_started"
+STEP_LAUNCHED = "step_launched"
+DETECTION = "detection"
+INTERRUPTION = "interruption"
+ACTION = "action"
+CHECKPOINT_REQUESTED = "checkpoint_requested"
+CHECKPOINT_COMMITTED = "checkpoint_committed"
+ATTEMPT_ENDED = "attempt_ended"
+CAMPAIGN_ENDED = "campaign_ended"
+NODE_FORGIVEN = "node_forgiven"
+
+EVENT_TYPES: tuple[str, ...] = (
+    CAMPAIGN_STARTED,
+    ATTEMPT_STARTED,
+    STEP_LAUNCHED,
+    DETECTION,
+    INTERRUPTION,
+    ACTION,
+    CHECKPOINT_REQUESTED,
+    CHECKPOINT_COMMITTED,
+    ATTEMPT_ENDED,
+    CAMPAIGN_ENDED,
+    NODE_FORGIVEN,
+)
+
+TIERS: tuple[str, ...] = ("L1", "L2", "L3", "L4")
+
+Event = dict[str, Any]
+
+
+def _nodes(nodes: Iterable[str]) -> list[str]:
+    return sorted(set(nodes))
+
+
+def _check_in(value: str, allowed: Sequence[str], what: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}: expected one of {', '.join(allowed)}")
+    return value
+
+
+def campaign_started(t: float, campaign: str, command: Sequence[str], job_id: str | None = None) -> Event:
+    return {"type": CAMPAIGN_STARTED, "t": t, "campaign": campaign, "command": list(command), "job_id": job_id}
+
+
+def attempt_started(
+    t: float, job_id: str, restart: int, nodes: Iterable[str], resume_from: str | None
+) -> Event:
+    """One Slurm allocation run of the campaign (``restart`` is Slurm's restart count)."""
+    return {
+        "type": ATTEMPT_STARTED,
+        "t": t,
+        "job_id": job_id,
+        "restart": restart,
+        "nodes": _nodes(nodes),
+        "resume_from": resume_from,
+    }
+
+
+def step_launched(
+    t: float, launch: int, nodes: Iterable[str], excluded: Iterable[str] = (), resume_from: str | None = None
+) -> Event:
+    """One ``srun`` of the training step inside an attempt (``launch`` counts from 1 per attempt)."""
+    return {
+        "type": STEP_LAUNCHED,
+        "t": t,
+        "launch": launch,
+        "nodes": _nodes(nodes),
+        "excluded": _nodes(excluded),
+        "resume_from": resume_from,
+    }
+
+
+def detection_event(detection: Any, t: float) -> Event:
+    """Journal form of a :class:`supervisor.detect.DetectionEvent`."""
+    event: Event = {"type": DETECTION, "t": t}
+    event.update(detection.to_dict())
+    return event
+
+
+def interruption_event(
+    t: float, cls: str, blamed_nodes: Iterable[str], confidence: float, evidence: Sequence[str]
+) -> Event:
+    _check_in(cls, OUTCOMES, "interruption class")
+    return {
+        "type": INTERRUPTION,
+        "t": t,
+        "class": cls,
+        "blamed_nodes": _nodes(blamed_nodes),
+        "confidence": confidence,
+        "evidence": list(evidence),
+    }
+
+
+def action_event(
+    t: float, kind: str, tier: str | None, target: Sequence[str], reason: str, params: Mapping[str, Any] | None = None
+) -> Event:
+    if tier is not None:
+        _check_in(tier, TIERS, "tier")
+    return {
+        "type": ACTION,
+        "t": t,
+        "kind": kind,
+        "tier": tier,
+        "target": list(target),
+        "reason": reason,
+        "params": dict(params or {}),
+    }
+
+
+def checkpoint_requested(t: float, reason: str, step: int | None = None) -> Event:
+    return {"type": CHECKPOINT_REQUESTED, "t": t, "reason": reason, "step": step}
+
+
+def checkpoint_committed(t: float, step: int, path: str, duration_s: float | None = None) -> Event:
+    """A checkpoint became valid (manifest committed): this is what counts as progress for budgets."""
+    return {"type": CHECKPOINT_COMMITTED, "t": t, "step": step, "path": path, "duration_s": duration_s}
+
+
+def attempt_ended(
+    t: float,
+    job_id: str,
+    outcome: str,
+    blamed_nodes: Iterable[str] = (),
+    evidence: Sequence[str] = (),
+    last_step: int | None = None,
+) -> Event:
+    _check_in(outcome, OUTCOMES, "attempt outcome")
+    return {
+        "type": ATTEMPT_ENDED,
+        "t": t,
+        "job_id": job_id,
+        "outcome": {"class": outcome, "blamed_nodes": _nodes(blamed_nodes), "evidence": list(evidence)},
+        "last_step": last_step,
+    }
+
+
+def campaign_ended(t: float, state: str, reason: str = "") -> Event:
+    _check_in(state, CAMPAIGN_STATES, "campaign state")
+    return {"type": CAMPAIGN_ENDED, "t": t, "state": state, "reason": reason}
+
+
+def node_forgiven(t: float, node: str, by: str = "operator") -> Event:
+    """An operator cleared a node's strikes (``supervise nodes --forgive``)."""
+    return {"type": NODE_FORGIVEN, "t": t, "node": node, "by": by}
