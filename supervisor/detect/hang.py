@@ -33,13 +33,19 @@ from supervisor.detect.timeouts import STEP, PhaseTimeouts, TimeoutConfig
 @dataclass(frozen=True)
 class HangConfig:
     node_silence_s: float = 10.0  # no node-agent summary for this long: node_silent
+    node_stale_s: float = 3.0  # a node's summary this old: its ranks' beat ages are not current, judge them not
     stopped_grace_s: float = 2.0  # a rank in stopped state this long counts as hung (a debugger blip does not)
 
     def __post_init__(self) -> None:
-        for name in ("node_silence_s", "stopped_grace_s"):
+        for name in ("node_silence_s", "node_stale_s", "stopped_grace_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"detect.{name} must be a non-negative number of seconds, got {value!r}")
+        if self.node_stale_s > self.node_silence_s:
+            raise ValueError(
+                f"detect.node_stale_s ({self.node_stale_s}) must not exceed detect.node_silence_s "
+                f"({self.node_silence_s})"
+            )
 
 
 @dataclass
@@ -117,12 +123,12 @@ class HangDetector:
                         evidence=(f"no summary from the node agent on {node.node} for {node.summary_age_s:.1f}s",),
                     )
                 )
-        silent_names = {n.node for n in silent_nodes}
+        stale_names = {n.node for n in snapshot.nodes if n.summary_age_s > self.config.node_stale_s}
         beating: list[tuple[RankView, RankTrack]] = []
         hung: list[tuple[RankView, float, float]] = []  # (view, age, timeout)
         for view in snapshot.ranks():
-            if view.node in silent_names:
-                continue  # its data is stale: the node_silent event covers it
+            if view.node in stale_names:
+                continue  # its data is not current (and if it stays so, node_silent covers it)
             track = self._learn(view, now)
             meaning = proc_meaning(view.proc_state)
             if meaning == "gone":

@@ -1,0 +1,203 @@
+"""Hang detection over simulated live tables: rank, node and global stalls; learned timeouts in use."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.detect import (
+    GLOBAL_STALL,
+    NODE_SILENT,
+    RANK_EXITED,
+    RANK_HANG,
+    RANK_STOPPED,
+    DetectConfig,
+    Detector,
+    HangConfig,
+    NodeView,
+    RankView,
+    Snapshot,
+    TimeoutConfig,
+)
+
+NODES = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+
+
+class Cluster:
+    """Ranks that beat once per step; a test freezes some of them. Times in seconds."""
+
+    def __init__(self, step_s=1.0, ranks=4):
+        self.step_s = step_s
+        self.last_beat = {r: 0.0 for r in range(ranks)}
+        self.step = {r: 0 for r in range(ranks)}
+        self.frozen: set[int] = set()
+        self.state = {r: "S" for r in range(ranks)}
+        self.node_age = {"node1": 0.0, "node2": 0.0}
+
+    def advance(self, now, durations=None):
+        for r in self.last_beat:
+            if r in self.frozen:
+                continue
+            d = durations(r) if durations else self.step_s
+            while now - self.last_beat[r] >= d:
+                self.last_beat[r] += d
+                self.step[r] += 1
+                d = durations(r) if durations else self.step_s
+
+    def snapshot(self, now):
+        views = [
+            RankView(
+                rank=r,
+                node=NODES[r],
+                pid=1000 + r,
+                step=self.step[r],
+                phase="step",
+                beat_age_s=now - self.last_beat[r],
+                proc_state=self.state[r],
+            )
+            for r in self.last_beat
+        ]
+        nodes = tuple(
+            NodeView(n, self.node_age[n], tuple(v for v in views if v.node == n)) for n in ("node1", "node2")
+        )
+        return Snapshot(nodes=nodes, launch_age_s=now)
+
+
+def run(detector, cluster, start, end, dt=0.25, durations=None):
+    found = []
+    t = start
+    while t < end:
+        cluster.advance(t, durations)
+        found += [(t, e) for e in detector.observe(cluster.snapshot(t), t)]
+        t += dt
+    return found
+
+
+def fast_config(**kw):
+    return DetectConfig(timeouts=TimeoutConfig(step_floor_s=2.0, warmup_samples=20, warmup_timeout_s=60, **kw))
+
+
+def test_a_silent_rank_is_flagged_once_within_the_learned_timeout():
+    det, cl = Detector(fast_config()), Cluster(step_s=1.0)
+    assert run(det, cl, 0, 30) == []
+    learned = det.timeouts.timeout("step")
+    assert 2.0 <= learned <= 3 * 1.25 * 1.08 + 1e-9  # k x p99 of ~1 s steps (sampling adds up to 0.25 s)
+    cl.frozen.add(3)
+    cl.last_beat[3] = 30.0
+    found = run(det, cl, 30, 40)
+    first = [(t, e) for t, e in found if e.kind == RANK_HANG]
+    assert first, found
+    t, event = first[0]
+    assert event.ranks == (3,) and event.nodes == ("node2",)
+    assert event.value is not None and event.threshold == learned and event.value > learned
+    assert t - 30.0 <= learned + 0.25 + 1e-9
+    assert len(first) == 1  # reported at onset only
+
+
+def test_all_silent_on_the_same_step_is_a_global_stall_without_culprits():
+    det, cl = Detector(fast_config()), Cluster()
+    run(det, cl, 0, 30)
+    cl.frozen.update(range(4))
+    found = [e for _, e in run(det, cl, 30, 40)]
+    assert [e.kind for e in found] == [GLOBAL_STALL]
+    assert found[0].ranks == (0, 1, 2, 3)
+
+
+def test_when_everyone_stalls_the_rank_behind_is_named():
+    det, cl = Detector(fast_config()), Cluster()
+    run(det, cl, 0, 30)
+    cl.frozen.update(range(4))
+    cl.step[1] -= 1
+    found = [e for _, e in run(det, cl, 30, 40)]
+    assert [e.kind for e in found] == [RANK_HANG] and found[0].ranks == (1,)
+
+
+def test_a_stopped_process_is_a_hang_after_a_short_grace():
+    det, cl = Detector(fast_config()), Cluster()
+    run(det, cl, 0, 30)
+    cl.frozen.add(2)
+    cl.state[2] = "T"
+    found = run(det, cl, 30, 33)
+    kinds = [(t, e.kind, e.ranks) for t, e in found]
+    assert kinds and kinds[0][1:] == (RANK_STOPPED, (2,)) and kinds[0][0] <= 32.25
+    cl.state[2], cl.frozen = "S", set()  # SIGCONT: it resumes
+    cl.last_beat[2] = 33.0
+    assert run(det, cl, 33, 36) == []
+    cl.state[2] = "stopped"
+    assert [e.kind for _, e in run(det, cl, 36, 39)][:1] == [RANK_STOPPED]  # re-armed after it cleared
+
+
+def test_exited_and_zombie_ranks_are_reported_with_their_exit_code():
+    det, cl = Detector(fast_config()), Cluster()
+    run(det, cl, 0, 5)
+    snap = cl.snapshot(5.0)
+    views = list(snap.ranks())
+    views[0] = RankView(0, "node1", 1000, 5, "step", 0.1, proc_state="exited", exit_code=-9)
+    views[1] = RankView(1, "node1", 1001, 5, "step", 0.1, proc_state="Z")
+    snap = Snapshot((NodeView("node1", 0.0, tuple(views[:2])), NodeView("node2", 0.0, tuple(views[2:]))))
+    found = det.observe(snap, 5.0)
+    assert sorted((e.kind, e.ranks) for e in found) == [(RANK_EXITED, (0,)), (RANK_EXITED, (1,))]
+    assert any("code -9" in line for e in found for line in e.evidence)
+
+
+def test_a_silent_node_is_reported_as_such_and_not_as_hung_ranks():
+    det, cl = Detector(replace(fast_config(), hang=HangConfig(node_stale_s=1.0, node_silence_s=10.0))), Cluster()
+    run(det, cl, 0, 30)
+    cl.frozen.update({2, 3})
+    found = []
+    t = 30.0
+    while t < 45:
+        cl.advance(t)
+        cl.node_age["node2"] = t - 30.0
+        found += det.observe(cl.snapshot(t), t)
+        t += 0.25
+    assert [e.kind for e in found] == [NODE_SILENT]
+    assert found[0].nodes == ("node2",) and found[0].ranks == (2, 3)
+
+
+def test_ranks_without_the_client_are_never_called_hung():
+    det = Detector(fast_config())
+    views = tuple(RankView(r, "node1", 10 + r, proc_state="S") for r in range(2))
+    for t in range(0, 5000, 100):
+        assert det.observe(Snapshot((NodeView("node1", 0.0, views),)), float(t)) == []
+
+
+def test_first_step_gets_the_init_allowance():
+    det = Detector(fast_config(init_allowance_s=100))
+    for t in range(0, 99):
+        view = RankView(0, "node1", 1, step=0, phase="step", beat_age_s=float(t))
+        other = RankView(1, "node1", 2, step=0, phase="step", beat_age_s=float(t))
+        assert det.observe(Snapshot((NodeView("node1", 0.0, (view, other)),)), float(t)) == []
+
+
+def test_relaunch_keeps_learned_timeouts_and_state_is_copyable():
+    det, cl = Detector(fast_config()), Cluster()
+    run(det, cl, 0, 30)
+    learned = det.timeouts.timeout("step")
+    twin = copy.deepcopy(det)
+    cl2 = copy.deepcopy(cl)
+    cl.frozen.add(0)
+    cl2.frozen.add(0)
+    assert [e for _, e in run(det, cl, 30, 40)] == [e for _, e in run(twin, cl2, 30, 40)]
+    det.new_launch()
+    assert det.timeouts.timeout("step") == learned and det.hang.state.tracks == {}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    low=st.floats(min_value=0.2, max_value=2.0),
+    spread=st.floats(min_value=1.0, max_value=2.9),
+)
+def test_ranks_beating_within_k_times_their_step_time_are_never_flagged(seed, low, spread):
+    """Step times in [low, spread*low] with spread < k: k x p99 >= k x low > the longest step."""
+    import random
+
+    rng = random.Random(seed)
+    det = Detector(DetectConfig(timeouts=TimeoutConfig(step_floor_s=0.1, warmup_samples=10, warmup_timeout_s=60)))
+    cl = Cluster(step_s=low)
+    found = run(det, cl, 0, 40 * low * spread, dt=low / 3, durations=lambda r: rng.uniform(low, spread * low))
+    assert found == []

@@ -1,0 +1,80 @@
+"""Learned timeouts: conservative quantiles, floors, warm-up and phase allowances."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.detect import LogHistogram, PhaseTimeouts, TimeoutConfig
+
+_durations = st.lists(st.floats(min_value=1e-3, max_value=1e4, allow_nan=False), min_size=1, max_size=300)
+
+
+@given(values=_durations, q=st.sampled_from([0.5, 0.9, 0.99]))
+def test_histogram_quantile_is_conservative_and_within_one_bucket(values, q):
+    hist = LogHistogram()
+    for v in values:
+        hist.add(v)
+    true = sorted(values)[max(0, math.ceil(q * len(values)) - 1)]
+    estimate = hist.quantile(q)
+    assert true * (1 - 1e-9) <= estimate <= max(values) * (1 + 1e-9)
+    assert estimate <= true * 1.08 * (1 + 1e-9)
+
+
+def test_histogram_ignores_garbage_and_stays_bounded():
+    hist = LogHistogram()
+    for v in (float("nan"), float("inf"), -1.0):
+        hist.add(v)
+    assert hist.count == 0 and hist.quantile(0.99) == 0.0
+    for _ in range(50_000):
+        hist.add(1.0, decay_cap=1000.0)
+    assert hist.total <= 1000.0 and len(hist.weights) < 400
+
+
+@settings(max_examples=50)
+@given(values=_durations, floor=st.floats(min_value=0.1, max_value=100))
+def test_step_timeout_is_never_below_the_floor(values, floor):
+    timeouts = PhaseTimeouts(TimeoutConfig(step_floor_s=floor, warmup_samples=1))
+    for v in values:
+        timeouts.observe("step", v)
+    assert timeouts.timeout("step") >= floor
+
+
+def test_step_timeout_is_k_times_p99_after_warmup():
+    timeouts = PhaseTimeouts(TimeoutConfig(step_floor_s=1.0, step_k=3.0, warmup_samples=20, warmup_timeout_s=300))
+    for _ in range(19):
+        timeouts.observe("step", 2.0)
+    assert timeouts.timeout("step") == 300  # still warming up
+    timeouts.observe("step", 2.0)
+    assert 6.0 <= timeouts.timeout("step") <= 6.0 * 1.08
+
+
+def test_init_and_first_step_get_the_long_allowance():
+    timeouts = PhaseTimeouts(TimeoutConfig(init_allowance_s=900, warmup_samples=1))
+    timeouts.observe("step", 1.0)
+    assert timeouts.timeout("init") == 900
+    assert timeouts.timeout(None) == 900
+    assert timeouts.timeout("step", first_step_done=False) == 900
+    assert timeouts.timeout("step") < 900
+
+
+def test_checkpoint_allowance_is_generous_until_learned():
+    timeouts = PhaseTimeouts(TimeoutConfig(checkpoint_allowance_s=900, phase_floor_s=60, phase_k=3))
+    assert timeouts.timeout("checkpoint") == 900
+    timeouts.observe("checkpoint", 40.0)
+    assert 120 <= timeouts.timeout("checkpoint") <= 130
+    timeouts.observe("eval", 1.0)
+    assert timeouts.timeout("eval") == 60  # floor
+    assert set(timeouts.learned()) == {"checkpoint", "eval"}
+
+
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [({"step_floor_s": 0}, "step_floor_s"), ({"quantile": 1.0}, "quantile"), ({"warmup_samples": 0}, "warmup")],
+)
+def test_bad_timeout_config_names_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=key):
+        TimeoutConfig(**kwargs)
