@@ -49,7 +49,7 @@ COMMAND = struct.Struct("<BxxxIQ")
 MAX_COMMANDS = 1024
 ALL_RANKS = 0xFFFFFFFF
 CMD_KEEPALIVE = 0
-CMD_SET_FLAGS = 1  # arg = control flags to store in the rank's slot
+CMD_SET_FLAGS = 1  # arg = flags_arg(control flags for the rank's slot, at_step)
 CMD_DUMP_STACKS = 2
 CMD_EXIT = 3
 COMMAND_NAMES = ("keepalive", "set_flags", "dump_stacks", "exit")
@@ -302,6 +302,15 @@ class ReplayGuard:
         peer.retired.append(peer.instance)
         peer.instance, peer.seq = instance, seq
         return None
+
+
+def flags_arg(flags: int, at_step: int = 0) -> int:
+    """Pack slot control flags (8 bits) and the step to act at (56 bits) into one command argument."""
+    return (flags & 0xFF) | (max(0, min(at_step, 2**56 - 1)) << 8)
+
+
+def split_flags_arg(arg: int) -> tuple[int, int]:
+    return arg & 0xFF, arg >> 8
 
 
 def describe_commands(cmds: Iterable[Command]) -> list[str]:

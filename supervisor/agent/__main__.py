@@ -1,0 +1,5 @@
+import sys
+
+from supervisor.agent.main import main
+
+sys.exit(main())

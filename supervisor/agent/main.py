@@ -1,0 +1,266 @@
+"""Agent main loop: sample slots ~4 Hz, report ~1 Hz (at once on a change), obey the supervisor, and exit
+when the supervisor is gone.
+
+WHY exit on silence: the agent is an overlapping srun step; if the supervisor dies it must not linger
+holding the slot directory, so it needs authenticated keepalives (every ~2 s) and leaves after
+``--supervisor-timeout`` seconds without one (sooner when the kernel reports the supervisor's port closed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import select
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+from supervisor import wire
+from supervisor.agent import SLOT_DIR_ENV, slot_dir_for
+from supervisor.agent.sampler import RankSlots
+from supervisor.agent.stacks import StackDumps
+from supervisor.client.slot import check_slot_dir
+from supervisor.errors import ConfigError, SupervisorError, UsageError
+from supervisor.secret import ensure_private_dir, load_secret
+
+
+def _change_key(entries: list[wire.RankEntry]) -> tuple[tuple[int, int, int, int], ...]:
+    """What makes a summary urgent: a rank appearing/vanishing, a new pid, a state or phase change."""
+    return tuple((e.rank, e.pid, e.state, e.phase) for e in entries)
+
+
+class Agent:
+    def __init__(self, *, job: str, node: str, key: bytes, supervisor: tuple[str, int], slot_dir: Path,
+                 campaign: Path, sample_s: float = 0.25, report_s: float = 1.0, supervisor_timeout_s: float = 30.0,
+                 refused_grace_s: float = 5.0, parent_pid: int = 0, keep_slot_dir: bool = False) -> None:
+        self.job, self.node, self.key = job, node, key
+        self.sample_s, self.report_s = sample_s, report_s
+        self.supervisor_timeout_s, self.refused_grace_s = supervisor_timeout_s, refused_grace_s
+        self.parent_pid, self.keep_slot_dir = parent_pid, keep_slot_dir
+        self.slot_dir = slot_dir
+        self.slots = RankSlots(slot_dir)
+        self.stacks = StackDumps(slot_dir, campaign / "stacks", node)
+        info = socket.getaddrinfo(supervisor[0], supervisor[1], type=socket.SOCK_DGRAM)[0]
+        self.sock = socket.socket(info[0], socket.SOCK_DGRAM)
+        self.sock.connect(info[4])  # only the supervisor's address can reach us; port-closed errors surface
+        self.sock.setblocking(False)
+        self.instance = secrets.randbits(64)
+        self.seq = 0
+        self.guard = wire.ReplayGuard()
+        self.counters: Counter[str] = Counter()
+        self.stop_reason = ""
+        self._last_key: tuple[tuple[int, int, int, int], ...] | None = None
+        self._refused_since = 0.0
+
+    def _header(self) -> dict[str, object]:
+        self.seq += 1
+        return {"instance": self.instance, "seq": self.seq, "wall_ns": time.time_ns(),
+                "mono_ns": time.monotonic_ns(), "job": self.job, "node": self.node}
+
+    def _transmit(self, data: bytes) -> None:
+        try:
+            self.sock.send(data)
+            self.counters["sent"] += 1
+        except ConnectionRefusedError:
+            self._refused()
+        except OSError:
+            self.counters["send_errors"] += 1
+
+    def _refused(self) -> None:
+        self.counters["refused"] += 1
+        if not self._refused_since:
+            self._refused_since = time.monotonic()
+
+    def report(self, entries: list[wire.RankEntry]) -> None:
+        self._transmit(wire.encode_summary(self.key, ranks=entries, **self._header()))  # type: ignore[arg-type]
+
+    def send_events(self, events: list[wire.Event]) -> None:
+        self._transmit(wire.encode_events(self.key, events=events, **self._header()))  # type: ignore[arg-type]
+
+    def handle(self, data: bytes) -> None:
+        """One datagram from the supervisor: authenticate, check it is for us, obey."""
+        try:
+            frame = wire.decode(self.key, data, self.job)
+        except wire.FrameError as err:
+            self.counters["rejected_" + err.reason] += 1
+            return
+        if frame.kind != wire.KIND_CONTROL or frame.node != self.node:
+            self.counters["rejected_" + ("kind" if frame.kind != wire.KIND_CONTROL else "node")] += 1
+            return
+        why = self.guard.check("supervisor", frame.instance, frame.seq, frame.sent_wall_ns, time.time_ns())
+        if why is not None:
+            self.counters["rejected_" + why] += 1
+            return
+        self.counters["control_ok"] += 1
+        self.last_contact = time.monotonic()
+        self._refused_since = 0.0
+        events: list[wire.Event] = []
+        for cmd in wire.commands(frame):
+            ranks = sorted(self.slots.readers) if cmd.rank == wire.ALL_RANKS else [cmd.rank]
+            if cmd.command == wire.CMD_SET_FLAGS:
+                flags, at_step = wire.split_flags_arg(cmd.arg)
+                for r in ranks:
+                    self.slots.set_flags(r, flags, at_step)
+                self._last_key = None  # report the new control flags promptly
+            elif cmd.command == wire.CMD_DUMP_STACKS:
+                for r in ranks:
+                    ev = self.stacks.request(r, self.slots.records.get(r))
+                    if ev is not None:
+                        events.append(ev)
+            elif cmd.command == wire.CMD_EXIT:
+                self.stop_reason = "the supervisor asked the agent to exit"
+        if events:
+            self.send_events(events)
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(wire.MAX_FRAME + 1)
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionRefusedError:
+                self._refused()
+                return
+            except OSError:
+                return
+            self.handle(data)
+
+    def _should_exit(self, now: float) -> str:
+        if self.stop_reason:
+            return self.stop_reason
+        silent = now - self.last_contact
+        if silent > self.supervisor_timeout_s:
+            return f"no word from the supervisor for {silent:.1f} s"
+        if self._refused_since and now - self._refused_since > self.refused_grace_s and silent > self.refused_grace_s:
+            return f"the supervisor's port has been closed for {now - self._refused_since:.1f} s"
+        if self.parent_pid and not psutil.pid_exists(self.parent_pid):
+            return f"watched pid {self.parent_pid} is gone"
+        return ""
+
+    def run(self) -> str:
+        """Loop until told to stop; return why it stopped."""
+        self.last_contact = time.monotonic()
+        next_sample = next_report = time.monotonic()
+        first = True
+        while True:
+            now = time.monotonic()
+            if now >= next_sample:
+                next_sample = max(next_sample + self.sample_s, now)
+                self.slots.scan()
+                entries = self.slots.sample()
+                key = _change_key(entries)
+                if key != self._last_key or now >= next_report:
+                    self.report(entries)
+                    self._last_key = key
+                    # Spread agents' reports over the second after the first one: no synchronized bursts.
+                    jitter = secrets.randbelow(1000) / 1000 if first else 1.0
+                    next_report = now + self.report_s * jitter
+                    first = False
+            done = self.stacks.poll()
+            if done:
+                self.send_events(done)
+            why = self._should_exit(now)
+            if why:
+                return why
+            wait = max(0.0, next_sample - time.monotonic())
+            if self.stacks.pending:
+                wait = min(wait, 0.05)
+            ready, _, _ = select.select([self.sock], [], [], wait)
+            if ready:
+                self._receive()
+
+    def close(self) -> None:
+        self.slots.close()
+        self.sock.close()
+        if not self.keep_slot_dir:
+            shutil.rmtree(self.slot_dir, ignore_errors=True)
+
+
+def _parse_hostport(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise UsageError(f"--supervisor {text!r} is not HOST:PORT", "pass e.g. --supervisor batchhost:40123")
+    return host.strip("[]"), int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m supervisor.agent", description=__doc__.splitlines()[0] if __doc__ else "")
+    p.add_argument("--campaign", required=True, help="campaign directory (holds `secret`; stack dumps go there)")
+    p.add_argument("--supervisor", help="HOST:PORT of the aggregator (default: from CAMPAIGN/aggregator.json)")
+    p.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID", ""), help="default: $SLURM_JOB_ID")
+    p.add_argument("--node", default=os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
+                   help="node name reported (default: $SLURMD_NODENAME or the short hostname)")
+    p.add_argument("--secret-file", help="default: CAMPAIGN/secret")
+    p.add_argument("--slot-dir", help=f"default: ${SLOT_DIR_ENV} or /dev/shm/supervisor-JOBID-UID")
+    p.add_argument("--sample-interval", type=float, default=0.25, help="seconds between slot samples")
+    p.add_argument("--report-interval", type=float, default=1.0, help="seconds between summaries")
+    p.add_argument("--supervisor-timeout", type=float, default=30.0,
+                   help="exit after this many seconds without a keepalive from the supervisor")
+    p.add_argument("--parent-pid", type=int, default=0, help="also exit when this pid is gone (same host only)")
+    p.add_argument("--keep-slot-dir", action="store_true", help="do not remove the slot directory on exit")
+    return p
+
+
+def _supervisor_from_campaign(campaign: Path) -> tuple[str, int]:
+    try:
+        doc = json.loads((campaign / "aggregator.json").read_text())
+        return str(doc["host"]), int(doc["port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError("no --supervisor given and no readable aggregator.json in the campaign directory",
+                         "pass --supervisor HOST:PORT") from None
+
+
+def agent_from_args(args: argparse.Namespace) -> Agent:
+    if not args.job_id:
+        raise UsageError("no job id", "run inside a Slurm job or pass --job-id")
+    campaign = Path(args.campaign)
+    if not campaign.is_dir():
+        raise ConfigError(f"campaign directory {campaign} does not exist", "pass the directory the supervisor made")
+    if min(args.sample_interval, args.report_interval, args.supervisor_timeout) <= 0:
+        raise UsageError("intervals and timeouts must be positive", "pass values > 0")
+    supervisor = _parse_hostport(args.supervisor) if args.supervisor else _supervisor_from_campaign(campaign)
+    key = wire.derive_key(load_secret(args.secret_file or campaign / "secret"))
+    slot_dir = Path(args.slot_dir or os.environ.get(SLOT_DIR_ENV) or slot_dir_for(args.job_id))
+    ensure_private_dir(slot_dir)
+    try:
+        check_slot_dir(slot_dir)
+    except OSError as err:
+        raise ConfigError(f"slot directory {slot_dir} is unsafe: {err}", "remove it or pass another --slot-dir") from None
+    return Agent(job=args.job_id, node=args.node, key=key, supervisor=supervisor, slot_dir=slot_dir,
+                 campaign=campaign, sample_s=args.sample_interval, report_s=args.report_interval,
+                 supervisor_timeout_s=args.supervisor_timeout, parent_pid=args.parent_pid,
+                 keep_slot_dir=args.keep_slot_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        agent = agent_from_args(build_parser().parse_args(argv))
+    except SupervisorError as err:
+        print(err.one_line(), file=sys.stderr)
+        return err.exit_code
+    except OSError as err:
+        print(f"supervise agent: error: {err}", file=sys.stderr)
+        return 1
+
+    def _stop(signum: int, _frame: object) -> None:
+        agent.stop_reason = f"received {signal.Signals(signum).name}"
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _stop)
+    print(f"supervisor agent: node {agent.node} job {agent.job} slots {agent.slot_dir} pid {os.getpid()}",
+          file=sys.stderr, flush=True)
+    try:
+        why = agent.run()
+    finally:
+        agent.close()
+    print(f"supervisor agent: exiting: {why}", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,83 @@
+"""Sample every rank slot of this node into wire entries.
+
+WHY rescan the directory and compare inodes each round: a restarted rank reuses ``rank-N.slot`` (same
+inode, new pid, which the record shows) but a cleaned-up and recreated directory gives new files; either
+way the agent keeps following the rank without being restarted itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from supervisor import wire
+from supervisor.agent.procwatch import ProcWatch
+from supervisor.client.slot import SlotReader, SlotRecord, open_slot_for_reading, slot_paths
+
+
+class RankSlots:
+    def __init__(self, slot_dir: str | os.PathLike[str]) -> None:
+        self.slot_dir = Path(slot_dir)
+        self.readers: dict[int, tuple[SlotReader, int]] = {}  # rank -> (reader, inode)
+        self.records: dict[int, SlotRecord] = {}
+        self.procs = ProcWatch()
+
+    def scan(self) -> None:
+        """Open new slot files, reopen replaced ones, drop vanished ones."""
+        paths = slot_paths(self.slot_dir)
+        for rank in [r for r in self.readers if r not in paths]:
+            self._drop(rank)
+        for rank, path in paths.items():
+            try:
+                inode = os.stat(path, follow_symlinks=False).st_ino
+            except OSError:
+                continue
+            known = self.readers.get(rank)
+            if known is not None and known[1] == inode:
+                continue
+            if known is not None:
+                self._drop(rank)
+            try:
+                self.readers[rank] = (open_slot_for_reading(path), inode)
+            except OSError:
+                continue
+
+    def _drop(self, rank: int) -> None:
+        reader, _ = self.readers.pop(rank)
+        self.records.pop(rank, None)
+        reader.close()
+
+    def sample(self, now_ns: int | None = None) -> list[wire.RankEntry]:
+        """One entry per rank whose slot holds a valid record, sorted by rank."""
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        out = []
+        for rank in sorted(self.readers):
+            reader = self.readers[rank][0]
+            try:
+                rec = reader.read()
+                ctl = reader.read_control()
+            except (OSError, ValueError):
+                rec = ctl = None
+            if rec is None:
+                continue
+            self.records[rank] = rec
+            state, cpu = self.procs.sample(rec.pid, rec.start_wall_ns / 1e9)
+            life = rec.last_sign_of_life_ns()
+            out.append(wire.RankEntry(
+                rank=rec.rank, pid=rec.pid, step=rec.step, phase=rec.phase, state=state,
+                rank_flags=rec.rank_flags & 0xFF, control_flags=(ctl.flags if ctl else 0) & 0xFF,
+                beat_age_ms=wire.NO_BEAT if life <= 0 else max(0, (now - life) // 1_000_000),
+                ewma_s=rec.iter_ewma_ns / 1e9, min_s=rec.iter_min_ns / 1e9, max_s=rec.iter_max_ns / 1e9,
+                loss=rec.loss, beats=rec.beats, exit_code=wire.EXIT_UNKNOWN, exit_signal=0, cpu_s=cpu,
+            ))
+        self.procs.forget_except({r.pid for r in self.records.values()})
+        return out
+
+    def set_flags(self, rank: int, flags: int, at_step: int) -> bool:
+        known = self.readers.get(rank)
+        return known is not None and known[0].set_control_flags(flags, at_step)
+
+    def close(self) -> None:
+        for rank in list(self.readers):
+            self._drop(rank)
