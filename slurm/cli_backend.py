@@ -1,0 +1,371 @@
+"""The Slurm client over the standard commands (sbatch, squeue, sinfo, scontrol, scancel, sacct).
+
+Works on any Slurm from 22.05 on without compiled bindings. Every call: list argv (never a shell), a timeout,
+retries with bounded exponential backoff for transient failures (``slurm.retry``), and typed errors that carry
+the argv and Slurm's message. The ``runner`` is injectable so unit tests can replay recorded outputs; the
+integration tests use the real commands against the local cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal as signal_module
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import tenacity
+
+from slurm.errors import (
+    AccountingUnavailable,
+    SlurmCommandError,
+    SlurmCommandMissing,
+    SlurmOutputError,
+    SlurmUnreachable,
+    UnknownJob,
+)
+from slurm.hostlist import compress, validate_job_id, validate_node_name
+from slurm.model import JobInfo, JobRun, NodeInfo
+from slurm.parse import (
+    ParseError,
+    json_errors,
+    load_json,
+    parse_nodes_json,
+    parse_sacct_json,
+    parse_scontrol_jobs,
+    parse_scontrol_nodes,
+    parse_squeue_json,
+)
+from slurm.retry import Failure, RetryPolicy, classify_failure, should_retry
+from supervisor.errors import UsageError
+
+SignalTarget = Literal["batch", "steps"]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a runner returns for one finished command."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class Runner(Protocol):
+    """Runs one command. Raises ``subprocess.TimeoutExpired`` on timeout, ``FileNotFoundError`` if missing."""
+
+    def __call__(
+        self, argv: Sequence[str], *, input_text: str | None, timeout: float, env: Mapping[str, str]
+    ) -> RunResult: ...
+
+
+def subprocess_runner(
+    argv: Sequence[str], *, input_text: str | None, timeout: float, env: Mapping[str, str]
+) -> RunResult:
+    """The real runner: ``subprocess.run`` with a list argv, captured text output and a timeout."""
+    proc = subprocess.run(  # noqa: S603 - argv is a list built from validated parts
+        list(argv),
+        input=input_text,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(env),
+        check=False,
+        stdin=None if input_text is not None else subprocess.DEVNULL,
+    )
+    return RunResult(proc.returncode, proc.stdout or "", proc.stderr or "")
+
+
+class _Transient(Exception):
+    def __init__(self, argv: Sequence[str], detail: str) -> None:
+        super().__init__(detail)
+        self.argv = list(argv)
+        self.detail = detail
+
+
+def signal_name(sig: int | str) -> str:
+    """``10`` / ``"SIGUSR1"`` / ``"usr1"`` -> ``"USR1"``; anything else is a UsageError."""
+    try:
+        if isinstance(sig, int) and not isinstance(sig, bool):
+            return signal_module.Signals(sig).name.removeprefix("SIG")
+        if isinstance(sig, str):
+            name = sig.strip().upper()
+            name = name if name.startswith("SIG") else "SIG" + name
+            return signal_module.Signals[name].name.removeprefix("SIG")
+    except (ValueError, KeyError):
+        pass
+    raise UsageError(f"unknown signal {sig!r}", "use a signal name such as USR1 or TERM, or its number")
+
+
+def _validate_reason(reason: str) -> str:
+    if not reason or not reason.strip() or len(reason) > 256 or any(c in reason for c in "\r\n\0"):
+        raise UsageError(
+            f"invalid node reason {reason!r}", "give a one-line reason of at most 256 characters"
+        )
+    return reason.strip()
+
+
+def _node_hostlist(nodes: Iterable[str]) -> str:
+    names = [validate_node_name(n) for n in nodes]
+    if not names:
+        raise UsageError("no nodes given", "name at least one node")
+    return compress(names)
+
+
+class CliSlurmClient:
+    """``SlurmClient`` implemented with the Slurm command-line tools."""
+
+    backend_name = "cli"
+
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        runner: Runner | None = None,
+        policy: RetryPolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``env`` is laid over ``os.environ`` for every command (e.g. ``{"SLURM_CONF": ...}``)."""
+        self.env: dict[str, str] = {**os.environ, **(env or {})}
+        self.runner: Runner = runner or subprocess_runner
+        self.policy = policy or RetryPolicy()
+        self._sleep = sleep
+        self._clock = clock
+
+    # ------------------------------------------------------------------------------------ plumbing
+
+    def _attempt(self, argv: Sequence[str], input_text: str | None, timeout: float, idempotent: bool) -> RunResult:
+        try:
+            result = self.runner(argv, input_text=input_text, timeout=timeout, env=self.env)
+        except FileNotFoundError:
+            raise SlurmCommandMissing(argv[0]) from None
+        except subprocess.TimeoutExpired:
+            failure, result = Failure.MAYBE_SENT, RunResult(-1, "", f"timed out after {timeout:.0f} s")
+        else:
+            if result.returncode == 0:
+                return result
+            failure = classify_failure(result.returncode, result.stderr + "\n" + result.stdout)
+        message = result.stderr.strip() or result.stdout.strip()
+        if failure in (Failure.NOT_SENT, Failure.MAYBE_SENT):
+            if should_retry(failure, idempotent):
+                raise _Transient(argv, message)
+            raise SlurmUnreachable(argv, message + " (the request may or may not have been applied)")
+        if failure is Failure.UNKNOWN_JOB:
+            raise UnknownJob(argv, result.returncode, message)
+        if failure is Failure.ACCOUNTING_DISABLED:
+            raise AccountingUnavailable(argv, message)
+        raise SlurmCommandError(argv, result.returncode, message)
+
+    def run(self, argv: Sequence[str], *, input_text: str | None = None, idempotent: bool = True) -> RunResult:
+        """Run a Slurm command with retries; return its result when it exits 0, else raise a typed error."""
+        if not argv or any(not isinstance(a, str) or "\0" in a for a in argv):
+            raise UsageError(f"bad argument list {argv!r}", "pass a list of strings without NUL bytes")
+        policy = self.policy
+        start = self._clock()
+        deadline = start + policy.budget_s
+
+        def attempt() -> RunResult:
+            left = deadline - self._clock()
+            timeout = policy.call_timeout_s if policy.budget_s == 0 else max(1.0, min(policy.call_timeout_s, left))
+            return self._attempt(argv, input_text, timeout, idempotent)
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            return self._clock() + policy.backoff(state.attempt_number) > deadline
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_Transient),
+            stop=stop,
+            wait=lambda state: policy.backoff(state.attempt_number),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            return retrying(attempt)
+        except _Transient as exc:
+            attempts = retrying.statistics.get("attempt_number", 1)
+            raise SlurmUnreachable(exc.argv, exc.detail, attempts=attempts) from None
+
+    # ------------------------------------------------------------------------------------ queries
+
+    def job(self, job_id: str | int) -> JobInfo | None:
+        """The job's current state, or None when slurmctld does not know it (ended > MinJobAge ago)."""
+        jid = validate_job_id(job_id)
+        argv = ["squeue", "--json", f"--jobs={jid}"]
+        try:
+            result = self.run(argv)
+        except UnknownJob:
+            return None
+        except SlurmCommandError as exc:
+            if not _json_unsupported(exc.stderr):
+                raise
+            return self._job_scontrol(jid)
+        try:
+            jobs = parse_squeue_json(result.stdout)
+        except (ParseError, ValueError) as exc:
+            if _json_unsupported(result.stderr + result.stdout):
+                return self._job_scontrol(jid)
+            raise SlurmOutputError(argv, str(exc)) from None
+        errors = json_errors(_safe_json(result.stdout))
+        if any("invalid job id" in e.lower() for e in errors):
+            return None
+        return _pick_job(jobs, jid)
+
+    def _job_scontrol(self, jid: str) -> JobInfo | None:
+        argv = ["scontrol", "show", "job", "-o", jid]
+        try:
+            result = self.run(argv)
+        except UnknownJob:
+            return None
+        try:
+            return _pick_job(parse_scontrol_jobs(result.stdout), jid)
+        except (ParseError, ValueError) as exc:
+            raise SlurmOutputError(argv, str(exc)) from None
+
+    def job_via_scontrol(self, job_id: str | int) -> JobInfo | None:
+        """Same as ``job`` but from ``scontrol show job -o`` (no JSON support needed)."""
+        return self._job_scontrol(validate_job_id(job_id))
+
+    def nodes(self, names: Iterable[str] | None = None) -> list[NodeInfo]:
+        """State of the given nodes (default: all), from ``sinfo --json`` or ``scontrol show node -o``."""
+        wanted = [validate_node_name(n) for n in names] if names is not None else None
+        argv = ["sinfo", "--json"]
+        try:
+            result = self.run(argv)
+            infos = parse_nodes_json(result.stdout)
+        except SlurmCommandError as exc:
+            if not _json_unsupported(exc.stderr):
+                raise
+            infos = self.nodes_via_scontrol()
+        except (ParseError, ValueError):
+            infos = self.nodes_via_scontrol()
+        if wanted is None:
+            return infos
+        by_name = {n.name: n for n in infos}
+        return [by_name[n] for n in wanted if n in by_name]
+
+    def nodes_via_scontrol(self, names: Iterable[str] | None = None) -> list[NodeInfo]:
+        argv = ["scontrol", "show", "node", "-o"]
+        if names is not None:
+            argv.append(_node_hostlist(names))
+        result = self.run(argv)
+        try:
+            return parse_scontrol_nodes(result.stdout)
+        except (ParseError, ValueError) as exc:
+            raise SlurmOutputError(argv, str(exc)) from None
+
+    def node(self, name: str) -> NodeInfo | None:
+        found = self.nodes([name])
+        return found[0] if found else None
+
+    def history(self, job_id: str | int) -> list[JobRun]:
+        """Every run of the job (one per requeue) from accounting; raises ``AccountingUnavailable`` without it."""
+        jid = validate_job_id(job_id)
+        argv = ["sacct", "--json", "--duplicates", f"--jobs={jid}"]
+        result = self.run(argv)
+        if "accounting storage is disabled" in (result.stderr + result.stdout).lower():
+            raise AccountingUnavailable(argv, result.stderr)
+        try:
+            return parse_sacct_json(result.stdout)
+        except (ParseError, ValueError) as exc:
+            raise SlurmOutputError(argv, str(exc)) from None
+
+    def version(self) -> str:
+        """``22.05.8`` from ``sinfo -V``."""
+        out = self.run(["sinfo", "-V"]).stdout.strip()
+        return out.split()[-1] if out else ""
+
+    # ------------------------------------------------------------------------------------ actions
+
+    def submit(self, script_text: str, options: Sequence[str] = ()) -> str:
+        """Submit a batch script (given on stdin) with sbatch ``options``; returns the job id.
+
+        Only retried when slurmctld was not reached: a timed-out sbatch may have queued the job.
+        """
+        for opt in options:
+            if not isinstance(opt, str) or not opt.startswith("-") or "\0" in opt:
+                raise UsageError(
+                    f"invalid sbatch option {opt!r}", "pass options as separate '--flag=value' strings"
+                )
+        if not script_text.startswith("#!"):
+            raise UsageError("the batch script does not start with '#!'", "begin it with e.g. #!/bin/bash")
+        argv = ["sbatch", "--parsable", *options]
+        result = self.run(argv, input_text=script_text, idempotent=False)
+        first = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+        job_id = first.split(";", 1)[0].strip()
+        try:
+            return validate_job_id(job_id)
+        except Exception:
+            raise SlurmOutputError(argv, f"expected a job id, got {result.stdout.strip()!r}") from None
+
+    def requeue(self, job_id: str | int) -> None:
+        """Requeue the job (its batch script restarts; SLURM_RESTART_COUNT increases)."""
+        self.run(["scontrol", "requeue", validate_job_id(job_id)], idempotent=False)
+
+    def requeue_hold(self, job_id: str | int) -> None:
+        """Requeue the job and hold it until ``release``."""
+        self.run(["scontrol", "requeuehold", validate_job_id(job_id)], idempotent=False)
+
+    def release(self, job_id: str | int) -> None:
+        self.run(["scontrol", "release", validate_job_id(job_id)])
+
+    def hold(self, job_id: str | int) -> None:
+        self.run(["scontrol", "hold", validate_job_id(job_id)])
+
+    def cancel(self, job_id: str | int) -> None:
+        """Cancel the whole job. To only deliver a signal, use ``signal``."""
+        self.run(["scancel", validate_job_id(job_id)])
+
+    def signal(self, job_id: str | int, sig: int | str, target: SignalTarget = "steps") -> None:
+        """Send ``sig`` to the batch shell only (``target="batch"``) or to the step tasks only ("steps").
+
+        Never uses ``--full``: that also signals srun, which then tears its step down.
+        """
+        if target not in ("batch", "steps"):
+            raise UsageError(f"invalid signal target {target!r}", "use 'batch' or 'steps'")
+        argv = ["scancel", f"--signal={signal_name(sig)}"]
+        if target == "batch":
+            argv.append("--batch")
+        argv.append(validate_job_id(job_id))
+        self.run(argv)
+
+    def update_excluded_nodes(self, job_id: str | int, nodes: Iterable[str]) -> None:
+        """Set the job's ExcNodeList (replaces it; empty clears). Slurm accepts this only while the job is
+        PENDING (or COMPLETING after a requeue); on a running job it raises ``SlurmCommandError``."""
+        names = [validate_node_name(n) for n in nodes]
+        value = compress(names) if names else ""
+        self.run(["scontrol", "update", f"JobId={validate_job_id(job_id)}", f"ExcNodeList={value}"])
+
+    def drain(self, nodes: Iterable[str], reason: str) -> None:
+        """Drain nodes (running jobs finish, no new ones start). Needs operator rights."""
+        self.run(
+            ["scontrol", "update", f"NodeName={_node_hostlist(nodes)}", "State=DRAIN", f"Reason={_validate_reason(reason)}"]
+        )
+
+    def resume(self, nodes: Iterable[str]) -> None:
+        """Return drained/down nodes to service. Needs operator rights."""
+        self.run(["scontrol", "update", f"NodeName={_node_hostlist(nodes)}", "State=RESUME"])
+
+
+def _json_unsupported(message: str) -> bool:
+    """``--json`` missing (old Slurm) or its serializer plugin not installed."""
+    m = message.lower()
+    return "unrecognized option" in m and "json" in m or "serializer" in m or "data_parser" in m or (
+        "json" in m and "plugin" in m
+    )
+
+
+def _safe_json(output: str) -> Mapping[str, object]:
+    try:
+        return load_json(output)
+    except ParseError:
+        return {}
+
+
+def _pick_job(jobs: list[JobInfo], jid: str) -> JobInfo | None:
+    """The record for ``jid`` (squeue may also list other tasks of an array or het job)."""
+    for job in jobs:
+        if job.job_id == jid:
+            return job
+    return jobs[0] if len(jobs) == 1 else None

@@ -1,0 +1,76 @@
+"""The one interface the supervisor uses to talk to Slurm, and the factory that picks a backend.
+
+Backends: ``cli`` (the Slurm commands; works everywhere, the default) and ``pyslurm`` (libslurm bindings,
+used only when pyslurm imports and was built for the running Slurm).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from slurm.cli_backend import CliSlurmClient, SignalTarget
+from slurm.errors import BackendUnavailable
+from slurm.model import JobInfo, JobRun, NodeInfo
+from slurm.retry import RetryPolicy
+from supervisor.errors import UsageError
+
+BACKENDS = ("auto", "cli", "pyslurm")
+
+
+@runtime_checkable
+class SlurmClient(Protocol):
+    """Queries return typed records; actions return None or raise a ``slurm.errors`` exception."""
+
+    backend_name: str
+
+    def job(self, job_id: str | int) -> JobInfo | None:
+        """Current state, or None once slurmctld has forgotten the job (MinJobAge)."""
+        ...
+
+    def nodes(self, names: Iterable[str] | None = None) -> list[NodeInfo]: ...
+
+    def node(self, name: str) -> NodeInfo | None: ...
+
+    def history(self, job_id: str | int) -> list[JobRun]:
+        """One record per run (requeue); raises ``AccountingUnavailable`` without slurmdbd."""
+        ...
+
+    def submit(self, script_text: str, options: Sequence[str] = ()) -> str: ...
+
+    def requeue(self, job_id: str | int) -> None: ...
+
+    def requeue_hold(self, job_id: str | int) -> None: ...
+
+    def release(self, job_id: str | int) -> None: ...
+
+    def hold(self, job_id: str | int) -> None: ...
+
+    def cancel(self, job_id: str | int) -> None: ...
+
+    def signal(self, job_id: str | int, sig: int | str, target: SignalTarget = "steps") -> None: ...
+
+    def update_excluded_nodes(self, job_id: str | int, nodes: Iterable[str]) -> None: ...
+
+    def drain(self, nodes: Iterable[str], reason: str) -> None: ...
+
+    def resume(self, nodes: Iterable[str]) -> None: ...
+
+
+def get_client(
+    backend: str = "auto", env: Mapping[str, str] | None = None, policy: RetryPolicy | None = None
+) -> SlurmClient:
+    """``auto``: pyslurm when it imports and matches the running Slurm, else the CLI backend."""
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown Slurm backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+    cli = CliSlurmClient(env=env, policy=policy)
+    if backend == "cli":
+        return cli
+    from slurm import pyslurm_backend  # import-guarded inside: never fails at import time
+
+    if backend == "pyslurm":
+        return pyslurm_backend.PyslurmClient(cli)  # raises BackendUnavailable with the reason
+    try:
+        return pyslurm_backend.PyslurmClient(cli)
+    except BackendUnavailable:
+        return cli

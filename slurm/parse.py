@@ -1,0 +1,491 @@
+"""Pure parsers: Slurm command output (22.05 and 24.11 shapes) -> ``slurm.model`` records.
+
+Shapes handled:
+- ``squeue --json`` 22.05 (data_parser v0.0.38): ``job_state`` a string, numbers plain ints, times 0 = unset;
+- ``squeue --json`` 23.02+/24.11 (v0.0.39-v0.0.42): ``job_state`` a list (base state, then flags), numbers as
+  ``{"set": bool, "infinite": bool, "number": N}``, exit codes as ``{"status", "return_code", "signal"}``;
+- ``sinfo --json`` 22.05 (``nodes`` array, lowercase ``state`` + ``state_flags``), 23.02+ (``sinfo`` array of
+  node groups) and ``scontrol show node --json`` (``nodes`` array with a ``state`` list);
+- ``scontrol show job -o`` / ``scontrol show node -o``: one ``Key=Value`` line per record, where free-text values
+  (``Reason=Not responding [slurm@...]``, ``Comment=``) may contain spaces;
+- ``sacct --json``: one record per run (``--duplicates``) with ``state.current`` a string or a list.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from slurm.hostlist import expand, validate_job_id
+from slurm.model import JOB_BASE_STATES, JOB_FLAG_PRIORITY, NODE_BASE_STATES, JobInfo, JobRun, NodeInfo
+
+_NONE_STRINGS = frozenset({"", "(null)", "None", "none", "N/A", "n/a", "Unknown", "(none)"})
+
+
+class ParseError(ValueError):
+    """Output did not have the expected shape; the adapter wraps this into ``SlurmOutputError``."""
+
+
+# ---------------------------------------------------------------------------------------------- values
+
+
+def number(value: Any) -> int | None:
+    """A Slurm number: plain int, digit string, or ``{set, infinite, number}``; None when unset/infinite."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        return int(text) if re.fullmatch(r"-?[0-9]+", text) else None
+    if isinstance(value, Mapping):
+        if not value.get("set", True) or value.get("infinite", False):
+            return None
+        return number(value.get("number"))
+    return None
+
+
+def timestamp(value: Any) -> int | None:
+    """An epoch time; 0 / unset / infinite -> None (Slurm writes 0 for "not yet")."""
+    n = number(value)
+    return n if n is not None and n > 0 else None
+
+
+def text(value: Any) -> str | None:
+    """A Slurm string; "(null)", "None" and the like -> None."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        value = ",".join(str(v) for v in value)
+    s = str(value).strip()
+    return None if s in _NONE_STRINGS else s
+
+
+def hostlist_field(value: Any) -> tuple[str, ...]:
+    """A node-list field (hostlist string or list of names) -> expanded names."""
+    if isinstance(value, list):
+        names: list[str] = []
+        for item in value:
+            names.extend(hostlist_field(item))
+        return tuple(names)
+    s = text(value)
+    return tuple(expand(s)) if s else ()
+
+
+def scontrol_time(value: str | None) -> int | None:
+    """``2026-12-02T10:50:52`` (local time, as scontrol prints it) -> epoch; Unknown/None/0 -> None."""
+    s = text(value)
+    if s is None:
+        return None
+    if re.fullmatch(r"[0-9]+", s):
+        return timestamp(int(s))
+    try:
+        parsed = time.strptime(s, "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    return int(time.mktime(parsed))
+
+
+def utc_time(value: str) -> int:
+    """ISO time in UTC -> epoch (used by tests and fixtures)."""
+    return calendar.timegm(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
+
+
+def job_state(value: Any) -> tuple[str | None, frozenset[str]]:
+    """``"RUNNING"`` / ``["CANCELLED", "COMPLETING"]`` / ``"PENDING+REQUEUED"`` -> (base state, flags)."""
+    if isinstance(value, str):
+        tokens = [t for t in re.split(r"[+,\s]+", value.strip().upper()) if t]
+    elif isinstance(value, list):
+        tokens = [str(t).strip().upper() for t in value if str(t).strip()]
+    else:
+        tokens = []
+    base = next((t for t in tokens if t in JOB_BASE_STATES), None)
+    flags = frozenset(t for t in tokens if t not in JOB_BASE_STATES)
+    return base, flags
+
+
+def effective_job_state(base: str | None, flags: frozenset[str]) -> str:
+    """The single word Slurm's text output shows: the highest-priority flag, else the base state."""
+    for flag in JOB_FLAG_PRIORITY:
+        if flag in flags:
+            return flag
+    return base or (sorted(flags)[0] if flags else "UNKNOWN")
+
+
+_NODE_STATE_ALIASES = {
+    "ALLOC": "ALLOCATED", "MIX": "MIXED", "IDLE": "IDLE", "DRAINED": "IDLE", "DRAINING": "ALLOCATED",
+    "DRAIN": "DRAIN", "DRNG": "ALLOCATED", "COMP": "COMPLETING", "RESV": "RESERVED", "RESERVED": "RESERVED",
+    "MAINT": "MAINTENANCE", "NO_RESPOND": "NOT_RESPONDING", "NOT_RESPONDING": "NOT_RESPONDING",
+    "PLANNED": "PLANNED", "FAILING": "FAIL", "FAIL": "FAIL", "UNK": "UNKNOWN",
+}  # fmt: skip
+_NODE_SUFFIX_FLAGS = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP", "%": "POWERING_DOWN",
+                      "!": "POWER_DOWN", "$": "MAINTENANCE", "@": "REBOOT_REQUESTED", "^": "REBOOT_ISSUED",
+                      "-": "PLANNED"}  # fmt: skip
+
+
+def node_state(value: Any, extra_flags: Iterable[str] = ()) -> tuple[str, frozenset[str]]:
+    """``"idle"`` + ``["DRAIN"]`` / ``["IDLE", "DRAIN"]`` / ``"DOWN+DRAIN+NOT_RESPONDING"`` / ``"down*"``."""
+    if isinstance(value, list):
+        raw = [str(v) for v in value]
+    elif isinstance(value, str):
+        raw = [t for t in re.split(r"[+,\s]+", value.strip()) if t]
+    else:
+        raw = []
+    tokens: list[str] = []
+    for token in [*raw, *extra_flags]:
+        token = str(token).strip().upper()
+        while token and token[-1] in _NODE_SUFFIX_FLAGS:
+            tokens.append(_NODE_SUFFIX_FLAGS[token[-1]])
+            token = token[:-1]
+        if token:
+            tokens.append(token)
+    base = "UNKNOWN"
+    flags: set[str] = set()
+    for token in tokens:
+        if token in NODE_BASE_STATES:
+            if base == "UNKNOWN":
+                base = token
+            continue
+        if token in ("DRAINED", "DRAINING", "DRNG"):
+            flags.add("DRAIN")
+        mapped = _NODE_STATE_ALIASES.get(token, token)
+        if mapped in NODE_BASE_STATES:
+            if base == "UNKNOWN":
+                base = mapped
+        else:
+            flags.add(mapped)
+    return base, frozenset(flags)
+
+
+def exit_status(value: Any) -> tuple[int | None, int | None]:
+    """Exit code + signal from ``"1:0"``, a raw wait status int, or ``{return_code, signal: {id}}``."""
+    if isinstance(value, Mapping):
+        code = number(value.get("return_code"))
+        sig = value.get("signal")
+        signal = number(sig.get("id") if isinstance(sig, Mapping) else sig)
+        return code, (signal or None) if signal is not None else None
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]+)(?::([0-9]+))?\s*", value)
+        if not m:
+            return None, None
+        signal_n = int(m.group(2)) if m.group(2) is not None else 0
+        return int(m.group(1)), signal_n or None
+    n = number(value)
+    if n is None:
+        return None, None
+    if n & 0x7F:  # wait status: killed by a signal
+        return None, n & 0x7F
+    return (n >> 8) & 0xFF, None
+
+
+def load_json(output: str) -> dict[str, Any]:
+    """Parse a Slurm JSON document; Slurm prints warnings to stderr, but be tolerant of leading noise."""
+    start = output.find("{")
+    if start < 0:
+        raise ParseError("no JSON object in the output")
+    try:
+        data = json.loads(output[start:])
+    except json.JSONDecodeError as exc:
+        raise ParseError(f"invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ParseError("the JSON document is not an object")
+    return data
+
+
+def json_errors(data: Mapping[str, Any]) -> list[str]:
+    """Error messages embedded in a JSON reply (``errors: [{error, description, error_number}]``)."""
+    out = []
+    for err in data.get("errors") or []:
+        if isinstance(err, Mapping):
+            msg = " ".join(str(err.get(k)) for k in ("description", "error") if err.get(k))
+            out.append(msg or json.dumps(err))
+        else:
+            out.append(str(err))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+
+
+def job_from_json(job: Mapping[str, Any]) -> JobInfo:
+    """One element of ``squeue --json``'s ``jobs`` array (any supported version)."""
+    job_id_n = number(job.get("job_id"))
+    if job_id_n is None:
+        raise ParseError("job without job_id")
+    array_task = number(job.get("array_task_id"))
+    array_job = number(job.get("array_job_id"))
+    job_id = f"{array_job}_{array_task}" if array_job and array_task is not None else str(job_id_n)
+    base, flags = job_state(job.get("job_state"))
+    code, signal = exit_status(job.get("exit_code"))
+    requeue = job.get("requeue")
+    return JobInfo(
+        job_id=validate_job_id(job_id),
+        state=effective_job_state(base, flags),
+        base_state=base,
+        flags=flags,
+        name=text(job.get("name")),
+        reason=text(job.get("state_reason")),
+        restart_count=number(job.get("restart_cnt")) or 0,
+        nodes=hostlist_field(job.get("nodes")),
+        batch_host=text(job.get("batch_host")),
+        excluded_nodes=hostlist_field(job.get("excluded_nodes")),
+        partition=text(job.get("partition")),
+        submit_time=timestamp(job.get("submit_time")),
+        start_time=timestamp(job.get("start_time")),
+        end_time=timestamp(job.get("end_time")),
+        preempt_time=timestamp(job.get("preempt_time")),
+        exit_code=code,
+        exit_signal=signal,
+        requeue=bool(requeue) if isinstance(requeue, bool | int) else None,
+        time_limit_min=number(job.get("time_limit")),
+        source="squeue-json",
+    )
+
+
+def parse_squeue_json(output: str) -> list[JobInfo]:
+    """All jobs in a ``squeue --json`` document."""
+    data = load_json(output)
+    jobs = data.get("jobs")
+    if not isinstance(jobs, list):
+        raise ParseError("no 'jobs' array")
+    return [job_from_json(j) for j in jobs if isinstance(j, Mapping)]
+
+
+_KEY_RE = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/.]*)=")
+FREE_TEXT_KEYS = frozenset({"Reason", "Comment", "Extra", "AdminComment", "SystemComment", "Command", "WorkDir",
+                            "StdErr", "StdIn", "StdOut", "Features", "ActiveFeatures", "AvailableFeatures"})  # fmt: skip
+"""Keys whose values may contain spaces; a following ``Word=`` only ends them if ``Word`` is a known key."""
+KNOWN_KEYS = frozenset("""
+JobId ArrayJobId ArrayTaskId JobName UserId GroupId MCS_label Priority Nice Account QOS JobState Reason Dependency
+Requeue Restarts BatchFlag Reboot ExitCode DerivedExitCode RunTime TimeLimit TimeMin SubmitTime EligibleTime
+AccrueTime StartTime EndTime Deadline SuspendTime SecsPreSuspend LastSchedEval Scheduler Partition AllocNode:Sid
+ReqNodeList ExcNodeList NodeList BatchHost NumNodes NumCPUs NumTasks CPUs/Task ReqB:S:C:T TRES Socks/Node
+NtasksPerN:B:S:C CoreSpec MinCPUsNode MinMemoryNode MinMemoryCPU MinTmpDiskNode Features DelayBoot OverSubscribe
+Contiguous Licenses Network Command WorkDir StdErr StdIn StdOut Power Comment PreemptEligibleTime PreemptTime
+HetJobId HetJobOffset HetJobIdSet Reservation TresPerNode TresPerTask MailUser MailType CpusPerTres MemPerTres
+NodeName Arch CoresPerSocket CPUAlloc CPUEfctv CPUTot CPULoad AvailableFeatures ActiveFeatures Gres NodeAddr
+NodeHostName Version OS RealMemory AllocMem FreeMem Sockets Boards State ThreadsPerCore TmpDisk Weight Owner
+MCS_label Partitions BootTime SlurmdStartTime LastBusyTime ResumeAfterTime CfgTRES AllocTRES CapWatts
+CurrentWatts AveWatts ExtSensorsJoules ExtSensorsWatts ExtSensorsTemp Reason Comment Extra InstanceId
+InstanceType Port CPUSpecList MemSpecLimit GresDrain GresUsed LastSchedEval ResvPort SiblingsActive
+SiblingsViable Container ContainerID Prolog Epilog AdminComment SystemComment KillOInInvalidDependent
+""".split())  # fmt: skip
+
+
+def parse_key_values(line: str) -> dict[str, str]:
+    """One ``scontrol show ... -o`` line -> {key: value}.
+
+    A value ends where the next `` Key=`` begins, except inside free-text keys (Reason, Comment...), which only
+    end at a key Slurm is known to print next, so ``Reason=Not responding [slurm@...]`` stays whole.
+    """
+    matches = list(_KEY_RE.finditer(line))
+    out: dict[str, str] = {}
+    current: str | None = None
+    value_start = 0
+    for m in matches:
+        key = m.group(1)
+        if current is not None:
+            if current in FREE_TEXT_KEYS and key not in KNOWN_KEYS:
+                continue  # "Word=" inside a free-text value
+            out[current] = line[value_start : m.start()].strip()
+        current = key
+        value_start = m.end()
+    if current is not None:
+        out[current] = line[value_start:].strip()
+    return out
+
+
+def job_from_scontrol(fields: Mapping[str, str]) -> JobInfo:
+    """``scontrol show job -o`` fields -> JobInfo."""
+    raw_id = fields.get("JobId")
+    if not raw_id:
+        raise ParseError("no JobId in scontrol output")
+    array_job, array_task = fields.get("ArrayJobId"), fields.get("ArrayTaskId")
+    job_id = f"{array_job}_{array_task}" if array_job and array_task and array_task.isdigit() else raw_id
+    base, flags = job_state(fields.get("JobState", ""))
+    code, signal = exit_status(fields.get("ExitCode", ""))
+    requeue = fields.get("Requeue")
+    limit = fields.get("TimeLimit")
+    return JobInfo(
+        job_id=validate_job_id(job_id),
+        state=effective_job_state(base, flags),
+        base_state=base,
+        flags=flags,
+        name=text(fields.get("JobName")),
+        reason=text(fields.get("Reason")),
+        restart_count=number(fields.get("Restarts")) or 0,
+        nodes=hostlist_field(fields.get("NodeList")),
+        batch_host=text(fields.get("BatchHost")),
+        excluded_nodes=hostlist_field(fields.get("ExcNodeList")),
+        partition=text(fields.get("Partition")),
+        submit_time=scontrol_time(fields.get("SubmitTime")),
+        start_time=scontrol_time(fields.get("StartTime")),
+        end_time=scontrol_time(fields.get("EndTime")),
+        preempt_time=scontrol_time(fields.get("PreemptTime")),
+        exit_code=code,
+        exit_signal=signal,
+        requeue=(requeue == "1") if requeue in ("0", "1") else None,
+        time_limit_min=duration_minutes(limit) if limit else None,
+        source="scontrol",
+    )
+
+
+def duration_minutes(value: str) -> int | None:
+    """scontrol durations ``[D-]HH:MM:SS`` / ``MM:SS`` / ``UNLIMITED`` -> whole minutes (rounded up)."""
+    s = value.strip()
+    m = re.fullmatch(r"(?:([0-9]+)-)?(?:([0-9]+):)?([0-9]+):([0-9]+)", s)
+    if not m:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups())
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    return -(-total // 60)
+
+
+def parse_scontrol_jobs(output: str) -> list[JobInfo]:
+    """All ``scontrol show job -o`` lines."""
+    return [job_from_scontrol(parse_key_values(ln)) for ln in output.splitlines() if ln.strip().startswith("JobId=")]
+
+
+# ---------------------------------------------------------------------------------------------- nodes
+
+
+def _node_from_json(node: Mapping[str, Any]) -> NodeInfo:
+    name = text(node.get("name")) or text(node.get("hostname"))
+    if not name:
+        raise ParseError("node without a name")
+    base, flags = node_state(node.get("state"), node.get("state_flags") or ())
+    parts = node.get("partitions") or ()
+    return NodeInfo(
+        name=name,
+        state=base,
+        flags=flags,
+        reason=text(node.get("reason")),
+        reason_user=text(node.get("reason_set_by_user")),
+        reason_time=timestamp(node.get("reason_changed_at")),
+        partitions=tuple(str(p) for p in parts) if isinstance(parts, list) else tuple(str(parts).split(",")),
+        source="sinfo-json",
+    )
+
+
+def _nodes_from_sinfo_group(group: Mapping[str, Any]) -> list[NodeInfo]:
+    """23.02+ ``sinfo --json``: node groups sharing a state/reason/partition."""
+    node = group.get("node") or {}
+    base, flags = node_state(node.get("state"))
+    names_field = (group.get("nodes") or {}).get("nodes") or []
+    reason = group.get("reason") or {}
+    if isinstance(reason, str):
+        reason = {"description": reason}
+    partition = text((group.get("partition") or {}).get("name"))
+    return [
+        NodeInfo(
+            name=name,
+            state=base,
+            flags=flags,
+            reason=text(reason.get("description")),
+            reason_user=text(reason.get("user")),
+            reason_time=timestamp(reason.get("time")),
+            partitions=(partition,) if partition else (),
+            source="sinfo-json",
+        )
+        for name in hostlist_field(names_field)
+    ]
+
+
+def parse_nodes_json(output: str) -> list[NodeInfo]:
+    """``sinfo --json`` (22.05 or 23.02+ shape) or ``scontrol show node --json`` -> one NodeInfo per node.
+
+    Nodes that appear in several partition groups are merged (partitions united).
+    """
+    data = load_json(output)
+    if isinstance(data.get("nodes"), list):
+        return [_node_from_json(n) for n in data["nodes"] if isinstance(n, Mapping)]
+    if isinstance(data.get("sinfo"), list):
+        merged: dict[str, NodeInfo] = {}
+        for group in data["sinfo"]:
+            if not isinstance(group, Mapping):
+                continue
+            for info in _nodes_from_sinfo_group(group):
+                old = merged.get(info.name)
+                if old is not None:
+                    parts = tuple(dict.fromkeys(old.partitions + info.partitions))
+                    info = NodeInfo(**{**old.__dict__, "partitions": parts})
+                merged[info.name] = info
+        return list(merged.values())
+    raise ParseError("neither a 'nodes' nor a 'sinfo' array")
+
+
+def node_from_scontrol(fields: Mapping[str, str]) -> NodeInfo:
+    name = fields.get("NodeName")
+    if not name:
+        raise ParseError("no NodeName in scontrol output")
+    base, flags = node_state(fields.get("State", ""))
+    reason = text(fields.get("Reason"))
+    user, when = None, None
+    if reason:
+        m = re.fullmatch(r"(.*?)\s*\[([^@\]]+)@([0-9T:-]+)\]", reason)
+        if m:
+            reason, user, when = m.group(1) or None, m.group(2), scontrol_time(m.group(3))
+    parts = text(fields.get("Partitions"))
+    return NodeInfo(
+        name=name,
+        state=base,
+        flags=flags,
+        reason=reason,
+        reason_user=user,
+        reason_time=when,
+        partitions=tuple(parts.split(",")) if parts else (),
+        source="scontrol",
+    )
+
+
+def parse_scontrol_nodes(output: str) -> list[NodeInfo]:
+    """All ``scontrol show node -o`` lines."""
+    lines = [ln for ln in output.splitlines() if ln.strip().startswith("NodeName=")]
+    return [node_from_scontrol(parse_key_values(ln)) for ln in lines]
+
+
+# ---------------------------------------------------------------------------------------------- sacct
+
+
+def _run_from_sacct(job: Mapping[str, Any]) -> JobRun:
+    job_id_n = number(job.get("job_id"))
+    if job_id_n is None:
+        raise ParseError("sacct job without job_id")
+    state_field = job.get("state") or {}
+    if isinstance(state_field, Mapping):
+        base, flags = job_state(state_field.get("current"))
+        reason = text(state_field.get("reason"))
+    else:
+        base, flags = job_state(state_field)
+        reason = None
+    times = job.get("time") or {}
+    code, signal = exit_status(job.get("exit_code"))
+    restarts = job.get("restart_cnt")
+    return JobRun(
+        job_id=str(job_id_n),
+        state=effective_job_state(base, flags),
+        reason=reason,
+        nodes=hostlist_field(job.get("nodes")),
+        submit_time=timestamp(times.get("submission")),
+        start_time=timestamp(times.get("start")),
+        end_time=timestamp(times.get("end")),
+        exit_code=code,
+        exit_signal=signal,
+        restart_count=number(restarts) if restarts is not None else None,
+    )
+
+
+def parse_sacct_json(output: str) -> list[JobRun]:
+    """``sacct --json --duplicates`` -> runs, oldest submit first."""
+    data = load_json(output)
+    jobs = data.get("jobs")
+    if not isinstance(jobs, list):
+        raise ParseError("no 'jobs' array")
+    runs = [_run_from_sacct(j) for j in jobs if isinstance(j, Mapping)]
+    return sorted(runs, key=lambda r: (r.submit_time or 0, r.start_time or 0))
