@@ -18,6 +18,7 @@ from supervisor.errors import EXIT_CODES, SupervisorError, UsageError
 COMMANDS: dict[str, tuple[str, str]] = {
     "checkpoints": ("supervisor.commands.checkpoints", "list and verify checkpoints in a directory"),
     "submit": ("supervisor.commands.submit", "write a campaign's batch script and submit it with sbatch"),
+    "status": ("supervisor.commands.status", "show the live state of a campaign"),
     "doctor": ("supervisor.commands.doctor", "check that this machine can run supervised jobs"),
 }
 

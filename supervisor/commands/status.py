@@ -1,0 +1,93 @@
+"""``supervise status CAMPAIGN [--json]``: the live per-rank / per-node table of a running campaign.
+
+Reads ``live.json``, which the supervisor's aggregator atomically rewrites about once a second, so this
+command never talks to the job, never needs the secret, and is cheap to run in a ``watch`` loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from supervisor.errors import CampaignError
+
+HELP = "show the live state of a campaign"
+LIVE_NAME = "live.json"  # written by supervisor.aggregator (kept literal: this command stays light)
+STALE_AFTER_S = 10.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("campaign", metavar="CAMPAIGN", help="campaign directory (printed by `supervise submit`)")
+    parser.add_argument("--json", action="store_true", help="print the live status as JSON")
+
+
+def load_live(campaign: Path) -> dict[str, Any]:
+    """The campaign's live document plus ``campaign`` and ``live_age_s`` (None when nothing was written yet)."""
+    if not campaign.is_dir():
+        raise CampaignError(f"campaign directory {campaign} does not exist",
+                            "pass the directory printed by `supervise submit`")
+    path = campaign / LIVE_NAME
+    base: dict[str, Any] = {"campaign": str(campaign), "live_age_s": None, "job": None, "nodes": [], "ranks": [],
+                            "ranks_total": 0, "counters": {}, "events": []}
+    try:
+        text = path.read_text()
+        mtime = path.stat().st_mtime
+    except FileNotFoundError:
+        return base
+    except OSError as err:
+        raise CampaignError(f"cannot read {path}: {err.strerror}", "check the campaign directory's permissions") from None
+    try:
+        doc = json.loads(text)
+        if not isinstance(doc, dict) or not isinstance(doc.get("ranks"), list):
+            raise ValueError("not a live status document")
+    except ValueError as err:
+        raise CampaignError(f"{path} is not a valid live status file ({err})",
+                            "wait a second and retry; the supervisor rewrites it every second") from None
+    return {**base, **doc, "live_age_s": round(max(0.0, time.time() - mtime), 3)}
+
+
+def _fmt(value: Any, spec: str = "", none: str = "-") -> str:
+    if value is None:
+        return none
+    if isinstance(value, str):
+        return value
+    return format(value, spec)
+
+
+def render_table(doc: dict[str, Any]) -> str:
+    lines = [f"campaign {doc['campaign']}"]
+    age = doc["live_age_s"]
+    if age is None:
+        lines.append("no live data yet: the supervisor writes live.json once the job's agents report")
+        return "\n".join(lines)
+    note = " (stale: is the supervisor still running?)" if age > STALE_AFTER_S else ""
+    lines.append(f"job {doc.get('job')}  updated {age:.1f} s ago{note}  "
+                 f"nodes {len(doc['nodes'])}  ranks {doc.get('ranks_total', len(doc['ranks']))}")
+    shown = len(doc["ranks"])
+    if shown < doc.get("ranks_total", shown):
+        lines.append(f"showing the {shown} worst ranks")
+    header = f"{'RANK':>6} {'NODE':<12} {'PID':>8} {'STEP':>10} {'PHASE':<10} {'STEPS/S':>8} {'BEAT AGE':>9} STATE"
+    lines.append(header)
+    for r in doc["ranks"]:
+        rate = r.get("steps_per_s")
+        if rate is None:
+            rate = r.get("ewma_steps_per_s")
+        lines.append(f"{r['rank']:>6} {r['node']:<12.12} {r['pid']:>8} {r['step']:>10} {r['phase']:<10.10} "
+                     f"{_fmt(rate, '.2f'):>8} {_fmt(r.get('beat_age_s'), '.1f'):>9} {r['state']}")
+    stale = [n for n in doc["nodes"] if (n.get("staleness_s") or 0) > 5]
+    if stale:
+        lines.append("nodes without a recent summary: " + ", ".join(
+            f"{n['node']} ({n['staleness_s']:.0f} s)" for n in stale))
+    rejected = {k: v for k, v in doc.get("counters", {}).items() if k.startswith("rejected")}
+    if rejected:
+        lines.append("rejected frames: " + ", ".join(f"{k[9:]}={v}" for k, v in sorted(rejected.items())))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    doc = load_live(Path(args.campaign))
+    print(json.dumps(doc, indent=1) if args.json else render_table(doc))
+    return 0
