@@ -1,0 +1,178 @@
+"""The project's local Slurm cluster behaves like a real one: idempotent `up`, honest `status`, and a crashed node
+is noticed by slurmctld, its requeueable job reruns elsewhere, and the node can be revived."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm.localcluster import ClusterError, LocalCluster
+from slurm.localcluster.config import (
+    ClusterSpec,
+    Layout,
+    parse_version,
+    render_cgroup_conf,
+    render_slurm_conf,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli(cluster: LocalCluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the contract entry point `python -m slurm.localcluster` against ``cluster``."""
+    argv = [sys.executable, "-m", "slurm.localcluster", *args, "--root", str(cluster.root),
+            "--base-port", str(cluster.spec.base_port), "--nodes", str(len(cluster.node_names))]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def busy_nodes(cluster: LocalCluster) -> set[str]:
+    """Nodes that currently run or finish jobs of anyone (the cluster is shared with other tests)."""
+    lists = cluster.slurm("squeue", "-h", "-t", "RUNNING,COMPLETING", "-o", "%N").stdout.split()
+    nodes: set[str] = set()
+    for hostlist in lists:
+        nodes.update(cluster.slurm("scontrol", "show", "hostnames", hostlist).stdout.split())
+    return nodes
+
+
+def job_field(cluster: LocalCluster, job_id: str, field: str) -> str:
+    line = cluster.slurm("scontrol", "show", "job", "-o", job_id).stdout
+    for token in line.split():
+        if token.startswith(field + "="):
+            return token.split("=", 1)[1]
+    raise AssertionError(f"no {field} in {line!r}")
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+# ----- pure parts (no cluster needed) -------------------------------------------------------------------------
+def test_cgroup_conf_follows_the_slurm_version() -> None:
+    assert parse_version("slurm-wlm 22.05.8") == (22, 5, 8)
+    assert parse_version("slurm 24.11.5") == (24, 11, 5)
+    assert "CgroupPlugin" not in render_cgroup_conf((22, 5, 8))
+    assert "IgnoreSystemd=yes" in render_cgroup_conf((23, 11, 10))
+    assert "CgroupPlugin=disabled" in render_cgroup_conf((24, 11, 5))
+
+
+def test_slurm_conf_puts_every_node_on_its_own_port_under_root(tmp_path: Path) -> None:
+    spec = ClusterSpec(layout=Layout(tmp_path), hostname="h1", user="root", base_port=20000, nodes=3)
+    conf = render_slurm_conf(spec)
+    assert "SlurmctldHost=h1(127.0.0.1)" in conf
+    assert "SlurmctldPort=20000" in conf
+    assert "NodeName=node[1-3] NodeHostname=h1 NodeAddr=127.0.0.1 Port=[20001-20003]" in conf
+    assert f"AuthInfo=socket={tmp_path}/run/munge.socket,cred_expire=10" in conf
+    for line in conf.splitlines():
+        for word in line.split():
+            if "=/" in word:  # every path the daemons write lives under ROOT
+                path = "/" + word.split("=/", 1)[1]
+                assert path.startswith(str(tmp_path)), line
+
+
+def test_a_recorded_pid_that_is_not_our_daemon_counts_as_dead(tmp_path: Path) -> None:
+    """A recycled pid (here: this pytest process) must not be mistaken for a live slurmctld."""
+    cluster = LocalCluster(tmp_path, base_port=21000)
+    cluster.layout.run.mkdir(parents=True)
+    cluster.layout.pid_file("slurmctld").write_text(f"{os.getpid()}\n")
+    assert cluster.pid_of("slurmctld") is None
+
+
+def test_unknown_node_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match="unknown node 'node9'.*node1, node2"):
+        LocalCluster(tmp_path, base_port=21000, nodes=2).crash_node("node9")
+
+
+# ----- the real cluster --------------------------------------------------------------------------------------
+@pytest.mark.slurm
+def test_up_is_idempotent_and_status_reports_usable_nodes(slurm_cluster: LocalCluster) -> None:
+    before = slurm_cluster.pids()
+    assert all(before.values()), before
+    assert slurm_cluster.up(timeout=30) == []
+    assert slurm_cluster.pids() == before
+    status = slurm_cluster.status()
+    assert status["up"] is True
+    assert set(status["nodes"]) == set(slurm_cluster.node_names)
+    busy = busy_nodes(slurm_cluster)
+    for node, state in status["nodes"].items():
+        if node not in busy:
+            assert state == "IDLE", (node, state)
+
+
+@pytest.mark.slurm
+def test_cli_up_starts_nothing_new_and_ends_with_the_export_line(slurm_cluster: LocalCluster) -> None:
+    before = slurm_cluster.pids()
+    res = cli(slurm_cluster, "up")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[-1] == f"export SLURM_CONF={slurm_cluster.conf}"
+    assert not any(line.startswith("started") for line in lines), lines
+    assert slurm_cluster.pids() == before
+    status = cli(slurm_cluster, "status")
+    assert status.returncode == 0, status.stdout
+    assert f"cluster {slurm_cluster.root}: UP" in status.stdout
+
+
+@pytest.mark.slurm
+def test_up_restarts_only_the_dead_slurmd(crashable_cluster: LocalCluster) -> None:
+    cluster = crashable_cluster
+    victim = cluster.node_names[-1]
+    before = cluster.pids()
+    cluster.crash_node(victim)
+    assert cluster.pid_of(f"slurmd-{victim}") is None
+    assert cli(cluster, "status").returncode != 0
+    assert cluster.up(timeout=60) == [f"slurmd-{victim}"]
+    after = cluster.pids()
+    assert after[f"slurmd-{victim}"] not in (None, before[f"slurmd-{victim}"])
+    assert {k: v for k, v in after.items() if k != f"slurmd-{victim}"} == {
+        k: v for k, v in before.items() if k != f"slurmd-{victim}"}
+
+
+JOB = """#!/bin/bash
+srun bash -c 'echo $$ > {dir}/task.$SLURMD_NODENAME.${{SLURM_RESTART_COUNT:-0}}; exec sleep 600'
+"""
+
+
+@pytest.mark.slurm
+def test_crashed_node_requeues_its_job_elsewhere_and_revives(crashable_cluster: LocalCluster,
+                                                             tmp_path: Path) -> None:
+    cluster = crashable_cluster
+    script = tmp_path / "job.sh"
+    script.write_text(JOB.format(dir=tmp_path))
+    job = cluster.slurm("sbatch", "--parsable", "-N2", "--requeue", "-J", "lc-crash-test",
+                        "-o", str(tmp_path / "out.txt"), str(script)).stdout.strip()
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("task.*.0"))) == 2, 90, "both tasks of the first run")
+        nodes = sorted(p.name.split(".")[1] for p in tmp_path.glob("task.*.0"))
+        batch_host = job_field(cluster, job, "BatchHost")
+        victim = next(n for n in nodes if n != batch_host)  # lose a compute node, not the batch host
+        task_pid = int((tmp_path / f"task.{victim}.0").read_text())
+
+        res = cli(cluster, "crash-node", victim)
+        assert res.returncode == 0, res.stderr
+        assert not Path(f"/proc/{task_pid}").exists() or "Z" in Path(f"/proc/{task_pid}/stat").read_text().split()[2]
+        assert cluster.stepd_pids(victim) == set()
+
+        assert "NOT_RESPONDING" in cluster.wait_node_state(victim, {"NOT_RESPONDING"}, timeout=30)
+        assert "DOWN" in cluster.wait_node_state(victim, {"DOWN"}, timeout=30)
+        rerun = wait_for(lambda: list(tmp_path.glob("task.*.1")), 120, "the requeued run's tasks", interval=1)
+        assert victim not in {p.name.split(".")[1] for p in rerun}
+        assert job_field(cluster, job, "Restarts") == "1"
+        assert job_field(cluster, job, "JobState") == "RUNNING"
+
+        res = cli(cluster, "revive-node", victim)
+        assert res.returncode == 0, res.stderr
+        assert cluster.is_usable(cluster.node_states()[victim])
+    finally:
+        cluster.slurm("scancel", job, check=False)
