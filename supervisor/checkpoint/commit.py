@@ -283,12 +283,17 @@ def load(path: str | os.PathLike[str], state_dict: dict[str, Any]) -> Manifest:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    path = Path(path)
-    try:
-        manifest = parse_manifest((path / MANIFEST_NAME).read_bytes())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"cannot resume from {path}: {err}",
-                              "unset SUPERVISOR_RESUME_FROM or point it at a valid checkpoint") from err
+    manifest = read_manifest(path)
     distributed = dist.is_available() and dist.is_initialized()
     dcp.load(state_dict, checkpoint_id=str(path), no_dist=not distributed)
     return manifest
+
+
+def read_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """The manifest of the checkpoint at ``path``, or a CheckpointError saying why it cannot be resumed."""
+    path = Path(path)
+    try:
+        return parse_manifest((path / MANIFEST_NAME).read_bytes())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"cannot resume from {path}: {err}",
+                              "unset SUPERVISOR_RESUME_FROM or point it at a valid checkpoint") from err

@@ -1,0 +1,267 @@
+"""A small resumable DDP training program (torch, gloo, CPU) that shows the supervisor contract.
+
+    python examples/train_ddp.py --steps 100 --ckpt-dir /tmp/ckpt --ckpt-every 10 --seed 1
+    torchrun --nproc-per-node 2 examples/train_ddp.py ...      # or: srun -n 2 python examples/train_ddp.py ...
+
+Rank 0 prints exactly one ``step=N loss=X`` line per step (X is ``repr(float)``). A run resumes from
+``SUPERVISOR_RESUME_FROM`` when set (empty = fresh start), else from the newest valid checkpoint in
+``--ckpt-dir``, and then prints bitwise the same lines as an uninterrupted run: the data order (sampler
+epoch/offset), the model, the optimizer and every RNG (torch, python ``random``) come from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import random
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from supervisor.checkpoint.commit import CheckpointSaver, load, read_manifest, resume_path  # noqa: E402
+
+
+class _Unsupervised:
+    """Stand-in used only when ``supervisor.client`` is not importable: the real one is a no-op unsupervised."""
+
+    def step(self, i: int, loss: float | None = None) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        yield
+
+    def should_checkpoint(self) -> bool:
+        return False
+
+    def should_stop(self) -> bool:
+        return False
+
+
+def _client() -> object:
+    try:
+        from supervisor import client
+
+        for name in ("step", "phase", "should_checkpoint", "should_stop"):
+            getattr(client, name)
+        return client
+    except (ImportError, AttributeError):
+        return _Unsupervised()
+
+
+client = _client()
+_signalled = {"stop": False}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, required=True, help="train until this many steps are done")
+    p.add_argument("--ckpt-dir", required=True, help="checkpoint root (created if missing)")
+    p.add_argument("--ckpt-every", type=int, default=10, help="checkpoint every K steps (0: only at the end)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-time", type=float, default=0.0, help="sleep S seconds per step (simulate slow steps)")
+    p.add_argument("--model-mb", type=float, default=1.0, help="approximate model size in MiB (float32)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--dataset-size", type=int, default=1024)
+    p.add_argument("--async-save", action="store_true", help="block only while staging, write in background")
+    p.add_argument("--keep-last", type=int, default=3)
+    p.add_argument("--keep-every", type=int, default=0, help="also keep every checkpoint whose step divides by N")
+    p.add_argument("--die-at-step", type=int, default=0, help="(tests) SIGKILL every rank right after step N")
+    args = p.parse_args(argv)
+    if args.steps < 0 or args.ckpt_every < 0 or args.batch_size < 1 or args.model_mb <= 0:
+        p.error("--steps/--ckpt-every must be >= 0, --batch-size >= 1, --model-mb > 0")
+    return args
+
+
+# -- process group ---------------------------------------------------------------------------------------
+def _first_host(nodelist: str) -> str:
+    """First host of a Slurm hostlist (``node[03-05,7],gpu1`` -> ``node03``) without calling scontrol."""
+    depth, end = 0, len(nodelist)
+    for i, ch in enumerate(nodelist):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            end = i
+            break
+    head = nodelist[:end]
+    if "[" not in head:
+        return head
+    prefix, ranges = head.split("[", 1)
+    return prefix + ranges.rstrip("]").split(",")[0].split("-")[0]
+
+
+def init_distributed() -> tuple[int, int]:
+    """rank, world from torchrun (RANK/WORLD_SIZE) or an srun step (SLURM_PROCID), else a single process."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        rank, world, method = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://"
+    elif "SLURM_STEP_ID" in os.environ and "SLURM_PROCID" in os.environ:
+        rank = int(os.environ["SLURM_PROCID"])
+        world = int(os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS") or 1)
+        addr = os.environ.get("MASTER_ADDR")
+        if not addr:
+            addr = _first_host(os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", ""))
+            try:
+                addr = socket.gethostbyname(addr)
+            except OSError:
+                addr = "127.0.0.1"  # node names that are not DNS names (a one-host test cluster)
+        port = int(os.environ.get("MASTER_PORT") or 20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000)
+        method = f"tcp://{addr}:{port}"
+    else:
+        return 0, 1
+    if world > 1:
+        dist.init_process_group("gloo", init_method=method, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=300))
+    return rank, world
+
+
+# -- model and data ----------------------------------------------------------------------------------------
+IN_FEATURES = 32
+
+
+def build_model(model_mb: float) -> nn.Module:
+    hidden = max(8, int(math.sqrt(model_mb * (1 << 20) / 4)))
+    return nn.Sequential(nn.Linear(IN_FEATURES, hidden), nn.ReLU(), nn.Dropout(0.1),
+                         nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+
+def make_dataset(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, IN_FEATURES, generator=gen)
+    y = torch.sin(x.sum(dim=1, keepdim=True)) + 0.1 * torch.randn(n, 1, generator=gen)
+    return x, y
+
+
+def batch_indices(epoch: int, offset: int, *, n: int, batch: int, rank: int, world: int, seed: int) -> torch.Tensor:
+    """Indices of this rank's batch number ``offset`` in ``epoch``: a seeded permutation, split by rank."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    mine = perm[rank::world]
+    return mine[offset * batch:(offset + 1) * batch]
+
+
+# -- checkpoint state --------------------------------------------------------------------------------------
+def _python_rng_tensor() -> torch.Tensor:
+    version, internal, gauss = random.getstate()
+    return torch.tensor([version, *internal, -1 if gauss is None else 1], dtype=torch.int64)
+
+
+def _set_python_rng(t: torch.Tensor, gauss: torch.Tensor) -> None:
+    values = t.tolist()
+    random.setstate((values[0], tuple(values[1:-1]), None if values[-1] < 0 else float(gauss.item())))
+
+
+def checkpoint_state(model: nn.Module, opt: torch.optim.Optimizer, rank: int, step: int, epoch: int,
+                     offset: int) -> dict:
+    model_sd, optim_sd = get_state_dict(model, opt)
+    gauss = random.getstate()[2]
+    return {
+        "model": model_sd,
+        "optim": optim_sd,
+        "train": {"step": torch.tensor(step), "epoch": torch.tensor(epoch), "offset": torch.tensor(offset)},
+        f"rng_rank{rank}": {"torch": torch.get_rng_state(), "python": _python_rng_tensor(),
+                            "python_gauss": torch.tensor(0.0 if gauss is None else gauss, dtype=torch.float64)},
+    }
+
+
+def restore(path: Path, model: nn.Module, opt: torch.optim.Optimizer, rank: int, world: int) -> tuple[int, int, int]:
+    state = checkpoint_state(model, opt, rank, 0, 0, 0)
+    same_world = read_manifest(path).world_size == world
+    if not same_world:  # this rank's RNG streams are not in the checkpoint
+        del state[f"rng_rank{rank}"]
+    manifest = load(path, state)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if same_world:
+        rng = state[f"rng_rank{rank}"]
+        torch.set_rng_state(rng["torch"])
+        _set_python_rng(rng["python"], rng["python_gauss"])
+    else:
+        print(f"warning: checkpoint world size {manifest.world_size} != {world}: RNG streams restart",
+              file=sys.stderr)
+    train = state["train"]
+    return int(train["step"]), int(train["epoch"]), int(train["offset"])
+
+
+# -- loop --------------------------------------------------------------------------------------------------
+def agree(flags: list[bool], world: int) -> list[bool]:
+    """Every rank must take the same checkpoint/stop decision, or the collectives deadlock."""
+    if world == 1:
+        return flags
+    t = torch.tensor([int(f) for f in flags], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in t.tolist()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda *_: _signalled.__setitem__("stop", True))
+    rank, world = init_distributed()
+    torch.manual_seed(args.seed * 1000 + rank)
+    random.seed(args.seed * 1000 + rank)
+    with client.phase("init"):  # type: ignore[attr-defined]
+        x, y = make_dataset(args.dataset_size, args.seed)
+        steps_per_epoch = (args.dataset_size // world) // args.batch_size
+        if steps_per_epoch < 1:
+            raise SystemExit("error: --dataset-size too small for --batch-size x world size")
+        net = build_model(args.model_mb)
+        model: nn.Module = nn.parallel.DistributedDataParallel(net) if world > 1 else net
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        saver = CheckpointSaver(args.ckpt_dir, keep_last=args.keep_last, keep_every=args.keep_every,
+                                seeds={"seed": args.seed})
+        start, epoch, offset = 0, 0, 0
+        resume = resume_path(args.ckpt_dir)
+        if resume is not None:
+            start, epoch, offset = restore(resume, model, opt, rank, world)
+            if rank == 0:
+                print(f"resumed from {resume} at step {start}", file=sys.stderr, flush=True)
+    loss_fn = nn.MSELoss()
+    stop = False
+    for step in range(start + 1, args.steps + 1):
+        idx = batch_indices(epoch, offset, n=args.dataset_size, batch=args.batch_size, rank=rank, world=world,
+                            seed=args.seed)
+        offset += 1
+        if offset == steps_per_epoch:
+            epoch, offset = epoch + 1, 0
+        opt.zero_grad(set_to_none=True)
+        target = y[idx] + 0.001 * random.random()
+        loss = loss_fn(model(x[idx]), target)
+        loss.backward()
+        opt.step()
+        value = float(loss.item())
+        client.step(step, loss=value)  # type: ignore[attr-defined]
+        if rank == 0:
+            print(f"step={step} loss={value!r}", flush=True)
+        if args.step_time:
+            time.sleep(args.step_time)
+        want_ckpt, stop = agree([client.should_checkpoint(), client.should_stop() or _signalled["stop"]],  # type: ignore[attr-defined]
+                                world)
+        periodic = args.ckpt_every > 0 and step % args.ckpt_every == 0
+        if periodic or want_ckpt or stop or step == args.steps:
+            with client.phase("checkpoint"):  # type: ignore[attr-defined]
+                saver.save(checkpoint_state(model, opt, rank, step, epoch, offset), step,
+                           extra={"epoch": epoch, "offset": offset, "seed": args.seed}, async_save=args.async_save)
+        if args.die_at_step and step == args.die_at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if stop:
+            break
+    saver.close()
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 143 if stop and _signalled["stop"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
