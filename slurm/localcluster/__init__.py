@@ -8,13 +8,15 @@ its job steps like a lost machine would; ``revive_node`` brings it back.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import pwd
 import re
 import socket
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from slurm.localcluster import procs
@@ -74,6 +76,28 @@ def _write_if_changed(path: Path, text: str, mode: int) -> bool:
     os.chmod(tmp, mode)
     os.replace(tmp, path)
     return True
+
+
+@contextlib.contextmanager
+def _locked(root: Path, timeout: float) -> Iterator[None]:
+    """Serialise up/down/crash/revive on one ROOT: test sessions of several developers may call ``up`` at once,
+    and two of them starting the same daemon would fight over its port and pid file."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"another `python -m slurm.localcluster` holds {root / '.lock'} for more "
+                                       f"than {timeout:.0f} s (fix: wait for it, or check what is stuck)") from None
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)
 
 
 class LocalCluster:
@@ -239,6 +263,10 @@ class LocalCluster:
 
         Idempotent: live daemons are left alone. Returns the names of the daemons it started.
         """
+        with _locked(self.root, timeout):
+            return self._up(timeout)
+
+    def _up(self, timeout: float) -> list[str]:
         self.log = []
         deadline = time.monotonic() + timeout
         try:
@@ -346,6 +374,10 @@ class LocalCluster:
         """Simulate losing node ``name``: SIGKILL its slurmd and its slurmstepds with their process trees, so the
         job tasks on it die as on a real crash. Returns {"slurmd": [...], "killed": [all pids killed]}."""
         self._check_node(name)
+        with _locked(self.root, 30.0):
+            return self._crash_node(name)
+
+    def _crash_node(self, name: str) -> dict[str, list[int]]:
         slurmd = self.pid_of(f"slurmd-{name}")
         roots = ([slurmd] if slurmd is not None else []) + sorted(self.stepd_pids(name))
         try:
@@ -361,6 +393,10 @@ class LocalCluster:
         """Start node ``name``'s slurmd again if it is dead, resume the node if slurmctld marked it DOWN, and wait
         until it is usable. Returns True if a slurmd was started."""
         self._check_node(name)
+        with _locked(self.root, timeout):
+            return self._revive_node(name, timeout)
+
+    def _revive_node(self, name: str, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         started = False
         if self.pid_of(f"slurmd-{name}") is None:
@@ -372,6 +408,10 @@ class LocalCluster:
     def down(self, timeout: float = 20.0) -> list[str]:
         """Stop only the daemons this cluster recorded (SIGTERM all at once, SIGKILL stragglers) and any job steps
         left on its nodes. Returns the names of the daemons that were running."""
+        with _locked(self.root, timeout):
+            return self._down(timeout)
+
+    def _down(self, timeout: float) -> list[str]:
         self.log = []
         stepds = set().union(*(self.stepd_pids(n) for n in self.node_names))
         running = {name: pid for name, pid in self.pids().items() if pid is not None}
