@@ -49,7 +49,8 @@ class Validation:
 
 def step_from_name(name: str) -> int | None:
     """The step encoded in a directory name (``step_000100``, ``checkpoint-100``, ``iter_100``...), if any."""
-    match = re.search(r"(\d+)(?!.*\d)", name)
+    match = (re.search(r"(?:step|iter|iteration|checkpoint|ckpt)[_-]?(\d+)", name, re.IGNORECASE)
+             or re.search(r"(\d+)(?!.*\d)", name))
     return int(match.group(1)) if match else None
 
 
@@ -173,17 +174,18 @@ def _validate_dcp_structure(path: Path) -> Validation:
     try:
         data = meta_path.read_bytes()
     except OSError as err:
-        return Validation(path, INVALID, f"DCP .metadata unreadable ({err.strerror})", step, when)
+        return Validation(path, INVALID, f"no {MANIFEST_NAME}; DCP .metadata unreadable ({err.strerror})", step, when)
     if not data:
-        return Validation(path, INVALID, "DCP .metadata is empty", step, when)
+        return Validation(path, INVALID, f"no {MANIFEST_NAME}; DCP .metadata is empty", step, when)
     try:
         referenced = dcp_referenced_files(data)
     except Exception as err:  # any parse failure of a hostile/torn pickle is a defect, not a crash
-        return Validation(path, INVALID, f"DCP .metadata is not a readable pickle stream ({err})", step, when)
+        return Validation(path, INVALID, f"no {MANIFEST_NAME}; DCP .metadata is not a readable pickle stream ({err})",
+                          step, when)
     if not referenced:
         referenced = {p.name for p in path.glob("*.distcp")}
     if not referenced:
-        return Validation(path, INVALID, "DCP .metadata references no shard files", step, when)
+        return Validation(path, INVALID, f"no {MANIFEST_NAME}; DCP .metadata references no shard files", step, when)
     root_real = os.path.realpath(path)
     with os.scandir(path) as it:
         entries = {e.name: e for e in it}
@@ -192,10 +194,10 @@ def _validate_dcp_structure(path: Path) -> Validation:
         try:
             check_relative_path(rel)
         except ManifestError as err:
-            return Validation(path, INVALID, f"DCP .metadata: {err}", step, when)
+            return Validation(path, INVALID, f"no {MANIFEST_NAME}; DCP .metadata: {err}", step, when)
         resolved = _resolve_confined(root_real, path, rel, entries)
         if isinstance(resolved, str):
-            return Validation(path, INVALID, f"DCP shard {resolved}", step, when)
+            return Validation(path, INVALID, f"no {MANIFEST_NAME}; DCP shard {resolved}", step, when)
         total += os.stat(resolved).st_size
     return Validation(path, UNVERIFIED,
                       f"no {MANIFEST_NAME}: structural checks only (.metadata + {len(referenced)} shard files exist; "
