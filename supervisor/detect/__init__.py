@@ -28,6 +28,7 @@ from supervisor.detect.model import (
     NodeView,
     RankView,
     Snapshot,
+    snapshot_from_live,
 )
 from supervisor.detect.straggler import StragglerConfig, StragglerDetector, StragglerState
 from supervisor.detect.timeouts import LogHistogram, PhaseTimeouts, TimeoutConfig
@@ -62,6 +63,7 @@ __all__ = [
     "StragglerDetector",
     "StragglerState",
     "TimeoutConfig",
+    "snapshot_from_live",
 ]
 
 

@@ -120,3 +120,40 @@ def _opt_float(value: Any) -> float | None:
 
 def sorted_nodes(nodes: Sequence[str] | set[str]) -> tuple[str, ...]:
     return tuple(sorted(set(nodes)))
+
+
+def snapshot_from_live(live: Any, launch_age_s: float = 0.0) -> Snapshot:
+    """Adapt an aggregator snapshot (``supervisor.aggregator.Snapshot``: ``.nodes`` name -> view with
+    ``staleness_s``, ``.ranks`` views with ``beat_age_s``, ``ewma_s``...) without importing the aggregator.
+
+    A rank view's ``loss_step < 0`` means "no loss given" (the slot stores NaN then); without that field a
+    NaN loss cannot be told from "never given" and is reported as non-finite."""
+    by_node: dict[str, list[RankView]] = {name: [] for name in live.nodes}
+    for r in live.ranks:
+        signal = getattr(r, "exit_signal", None)
+        code = -int(signal) if signal else getattr(r, "exit_code", None)
+        ewma = getattr(r, "ewma_s", None)
+        loss = getattr(r, "loss", None)
+        if getattr(r, "loss_step", 0) < 0:  # the slot's "no loss ever given" (its loss field is then NaN)
+            loss = None
+        by_node.setdefault(r.node, []).append(
+            RankView(
+                rank=r.rank,
+                node=r.node,
+                pid=r.pid,
+                step=r.step,
+                phase=r.phase,
+                beat_age_s=r.beat_age_s,
+                iter_ewma_s=ewma if ewma is not None and ewma > 0 else None,
+                iter_min_s=getattr(r, "min_s", None) or None,
+                iter_max_s=getattr(r, "max_s", None) or None,
+                loss=loss,
+                proc_state=r.state,
+                exit_code=code,
+            )
+        )
+    nodes = tuple(
+        NodeView(name, live.nodes[name].staleness_s if name in live.nodes else float("inf"), tuple(views))
+        for name, views in sorted(by_node.items())
+    )
+    return Snapshot(nodes=nodes, launch_age_s=launch_age_s)

@@ -1,0 +1,381 @@
+"""Why did the training step stop? Evidence in, one :class:`Interruption` out. Pure.
+
+Every source (Slurm job and node state, signals the batch step got and when, ranks' SIGTERM flags, exit codes,
+detections, log lines, GPU health) is turned into *findings*; the finding with the highest priority names the
+class (a weak finding, confidence < 0.5, decides only when nothing credible was found). Priorities encode
+causality: an outside decision (preemption, time limit, cancel) explains everything
+that follows it; a dead node explains its peers' communication errors and hangs; a process that crashed
+*before* the others stalled explains the stall; communication errors are the usual *consequence* of some other
+failure, so they only win when nothing else is found. See docs/decisions.md for the table.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from supervisor import events as ev
+from supervisor.detect.model import (
+    GLOBAL_STALL,
+    NODE_SILENT,
+    NONFINITE_LOSS,
+    RANK_EXITED,
+    RANK_HANG,
+    RANK_STOPPED,
+    DetectionEvent,
+)
+
+# Higher wins. "killed" (an outside SIGKILL: OOM killer, an admin) is reported as class unknown, but it is a
+# root cause, so it outranks the communication errors it triggers on the peers.
+PRIORITY: dict[str, int] = {
+    ev.PREEMPTION: 100,
+    ev.TIMEOUT: 90,
+    ev.CANCELLED: 80,
+    ev.NODE_FAILURE: 70,
+    ev.HARDWARE: 60,
+    ev.NUMERICAL: 50,
+    ev.HANG: 40,
+    ev.APP_ERROR: 30,
+    "killed": 25,
+    ev.COMM_ERROR: 20,
+    ev.UNKNOWN: 10,
+}
+NO_BLAME = frozenset({ev.PREEMPTION, ev.TIMEOUT, ev.CANCELLED, ev.NUMERICAL, ev.APP_ERROR, ev.UNKNOWN, "killed"})
+
+SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
+                11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}  # fmt: skip
+_BAD_NODE_STATES = ("DOWN", "NOT_RESPONDING", "FAIL", "FAILING", "POWERED_DOWN", "POWER_DOWN", "NO_RESPOND")
+
+
+@dataclass(frozen=True)
+class LogSignature:
+    """A log-line pattern and the class it indicates. A named group ``node`` blames that node."""
+
+    name: str
+    pattern: re.Pattern[str]
+    cls: str
+    confidence: float = 0.8
+
+
+def _sig(name: str, regex: str, cls: str, confidence: float = 0.8) -> LogSignature:
+    return LogSignature(name, re.compile(regex), cls, confidence)
+
+
+# First match wins, so specific patterns come before general ones.
+DEFAULT_LOG_SIGNATURES: tuple[LogSignature, ...] = (
+    _sig("slurm-preempted", r"CANCELLED AT \S+ DUE TO PREEMPTION", ev.PREEMPTION, 0.95),
+    _sig("slurm-time-limit", r"CANCELLED AT \S+ DUE TO TIME LIMIT", ev.TIMEOUT, 0.95),
+    _sig("slurm-node-fail", r"CANCELLED AT \S+ DUE TO NODE FAILURE", ev.NODE_FAILURE, 0.9),
+    _sig("slurm-launch-failed", r"failed on node (?P<node>[\w.\-]+): Communication connection failure",
+         ev.NODE_FAILURE, 0.9),  # fmt: skip
+    _sig("slurm-node-failure", r"due to failure of node (?P<node>[\w.\-\[\],]+)", ev.NODE_FAILURE, 0.9),
+    _sig("slurm-comm-failure", r"Communication connection failure", ev.NODE_FAILURE, 0.6),
+    _sig("cuda-oom", r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError", ev.APP_ERROR, 0.9),
+    _sig("ecc", r"uncorrectable ECC|ECC error|DBE \(double bit error\)", ev.HARDWARE, 0.9),
+    _sig("xid", r"\bXid\b|NVRM: Xid|GPU has fallen off the bus", ev.HARDWARE, 0.9),
+    _sig("cuda-error", r"CUDA error|CUDA_ERROR_|cudaError", ev.HARDWARE, 0.6),
+    _sig("nccl-watchdog", r"Watchdog caught collective operation timeout", ev.COMM_ERROR, 0.8),
+    _sig("nccl", r"NCCL WARN|NCCL error|ncclSystemError|ncclRemoteError|ncclInternalError", ev.COMM_ERROR, 0.8),
+    _sig("peer-closed", r"Connection closed by peer|Connection reset by peer|Broken pipe", ev.COMM_ERROR, 0.7),
+    _sig("gloo", r"[Gg]loo.*(Connection|Timed out|timeout|Socket)", ev.COMM_ERROR, 0.8),
+    _sig("dist-network", r"DistNetworkError|DistBackendError|c10d.*(timed out|Socket Timeout)", ev.COMM_ERROR, 0.7),
+    _sig("segfault", r"Segmentation fault|Fatal Python error", ev.APP_ERROR, 0.8),
+    _sig("traceback", r"Traceback \(most recent call last\)", ev.APP_ERROR, 0.7),
+    _sig("python-exception", r"^(\w+\.)*\w*(Error|Exception)(: |$)", ev.APP_ERROR, 0.6),
+)
+
+
+def signatures_from_table(table: Mapping[str, str], base: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES
+                          ) -> tuple[LogSignature, ...]:  # fmt: skip
+    """User signatures ``{regex: class}`` placed before ``base`` (so users can override). Bad entries raise
+    ValueError naming the entry and the fix."""
+    extra = []
+    for i, (regex, cls) in enumerate(table.items()):
+        if cls not in ev.INTERRUPTION_CLASSES:
+            raise ValueError(
+                f"log_signatures[{regex!r}]: unknown class {cls!r}; use one of {', '.join(ev.INTERRUPTION_CLASSES)}"
+            )
+        try:
+            pattern = re.compile(regex)
+        except re.error as e:
+            raise ValueError(f"log_signatures[{regex!r}]: invalid regular expression ({e}); fix the pattern") from e
+        extra.append(LogSignature(f"user-{i}", pattern, cls, 0.85))
+    return (*extra, *base)
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """How one rank process ended. ``exit_code`` as the shell reports it (128+N for signal N) or ``signal``."""
+
+    node: str
+    rank: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    t: float | None = None
+
+    def signal_number(self) -> int | None:
+        if self.signal:
+            return self.signal
+        if self.exit_code is not None and self.exit_code < 0:
+            return -self.exit_code  # Python's returncode convention
+        if self.exit_code is not None and 128 < self.exit_code < 160:
+            return self.exit_code - 128
+        return None
+
+
+@dataclass(frozen=True)
+class LogLine:
+    text: str
+    node: str | None = None
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything known when the step stopped (or when a detection asks whether to stop it). All optional."""
+
+    job_state: str | None = None  # Slurm job state: RUNNING, PREEMPTED, TIMEOUT, NODE_FAIL, CANCELLED, ...
+    job_reason: str | None = None
+    end_time: float | None = None  # the job's EndTime (time limit), unix seconds
+    preempt_time: float | None = None
+    batch_signals: tuple[tuple[str, float], ...] = ()  # (signal name "USR1"/"TERM", unix time) seen by the batch step
+    signal_lead_s: float = 60.0  # T of --signal=B:USR1@T
+    sigterm_ranks: tuple[int, ...] = ()  # ranks whose client saw SIGTERM
+    rank_exits: tuple[RankExit, ...] = ()
+    node_states: Mapping[str, str] = field(default_factory=dict)  # allocation node -> Slurm state ("DOWN*", ...)
+    detections: tuple[tuple[float, DetectionEvent], ...] = ()  # (time, detection)
+    log_lines: tuple[LogLine, ...] = ()
+    gpu_faults: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # node -> problems found
+    supervisor_killed: bool = False  # the supervisor stopped the step itself: SIGTERM/SIGKILL exits are ours
+
+
+@dataclass(frozen=True)
+class Finding:
+    cls: str  # an interruption class, or "killed"
+    confidence: float
+    text: str
+    nodes: tuple[str, ...] = ()
+    group: str | None = None  # "node/rank" the finding belongs to, for consequence analysis
+    t: float | None = None
+
+
+@dataclass(frozen=True)
+class Interruption:
+    cls: str
+    blamed_nodes: tuple[str, ...]
+    confidence: float
+    evidence: tuple[str, ...]
+
+    def to_event(self, t: float) -> ev.Event:
+        return ev.interruption_event(t, self.cls, self.blamed_nodes, self.confidence, self.evidence)
+
+
+def node_state_is_bad(state: str) -> bool:
+    """Slurm node states as scontrol ("DOWN+NOT_RESPONDING"), sinfo ("down*", "idle*") or JSON print them."""
+    text = state.upper().strip()
+    parts = re.split(r"[+,\s]+", text.replace("*", ""))
+    return text.endswith("*") or any(part in _BAD_NODE_STATES for part in parts)
+
+
+def _group(node: str | None, rank: int | None) -> str | None:
+    if node is None and rank is None:
+        return None
+    return f"{node}/{rank}" if rank is not None else f"{node}/*"
+
+
+def _slurm_findings(e: Evidence) -> list[Finding]:
+    found = []
+    state = (e.job_state or "").upper()
+    reason = e.job_reason or ""
+    if "PREEMPT" in state or "PREEMPT" in reason.upper():
+        found.append(Finding(ev.PREEMPTION, 0.95, f"Slurm job state {state or '?'}, reason {reason or '-'}"))
+    if e.preempt_time:
+        found.append(Finding(ev.PREEMPTION, 0.9, f"Slurm set the job's preempt_time ({e.preempt_time:.0f})"))
+    if "TIMEOUT" in state or "DEADLINE" in state:
+        found.append(Finding(ev.TIMEOUT, 0.95, f"Slurm job state {state}"))
+    if "NODE_FAIL" in state or "BOOT_FAIL" in state:
+        found.append(Finding(ev.NODE_FAILURE, 0.9, f"Slurm job state {state}"))
+    match = re.search(r"failure of node[s]? (?P<node>[\w.\-\[\],]+)|failed on node (?P<n2>[\w.\-]+)", reason)
+    if match:
+        node = match.group("node") or match.group("n2")
+        found.append(Finding(ev.NODE_FAILURE, 0.9, f"Slurm reason: {reason}", _expand(node)))
+    if "OUT_OF_MEMORY" in state:
+        found.append(Finding(ev.APP_ERROR, 0.8, "Slurm job state OUT_OF_MEMORY (the program exceeded its memory)"))
+    if "CANCELLED" in state and not found and not e.supervisor_killed:
+        found.append(Finding(ev.CANCELLED, 0.9, f"Slurm job state {state} (cancelled by a user or an admin)"))
+    for name, t in e.batch_signals:
+        name = name.upper().removeprefix("SIG")
+        near_end = e.end_time is not None and e.end_time - t <= e.signal_lead_s + 90.0
+        if e.preempt_time:
+            found.append(Finding(ev.PREEMPTION, 0.9, f"batch step got SIG{name} with preempt_time set"))
+        elif name == "USR1" and near_end:
+            assert e.end_time is not None
+            found.append(Finding(ev.TIMEOUT, 0.9, f"batch step got SIGUSR1 {e.end_time - t:.0f}s before the time limit"))
+        elif name == "USR1":
+            found.append(Finding(ev.PREEMPTION, 0.5, "batch step got SIGUSR1 far from the time limit and no "
+                                 "preempt_time: taken as a preemption or a requested requeue"))  # fmt: skip
+        elif name == "TERM" and e.end_time is not None and t >= e.end_time:
+            found.append(Finding(ev.TIMEOUT, 0.8, "batch step got SIGTERM at the time limit"))
+        elif name == "TERM" and not e.supervisor_killed:
+            found.append(Finding(ev.CANCELLED, 0.6, "batch step got SIGTERM (scancel or requeue from outside)"))
+    if e.sigterm_ranks and not e.supervisor_killed:
+        ranks = ", ".join(str(r) for r in sorted(e.sigterm_ranks)[:8])
+        if e.preempt_time:
+            found.append(Finding(ev.PREEMPTION, 0.9, f"ranks {ranks} got SIGTERM with preempt_time set"))
+        else:
+            found.append(Finding(ev.PREEMPTION, 0.4, f"ranks {ranks} got SIGTERM from outside the supervisor; "
+                                 "Slurm did not say why: treated as a preemption"))  # fmt: skip
+    return found
+
+
+def _expand(expr: str) -> tuple[str, ...]:
+    try:
+        from slurm.hostlist import expand  # pure string helper
+
+        return tuple(expand(expr))
+    except (ImportError, ValueError):
+        return (expr,)
+
+
+def _exit_findings(e: Evidence) -> list[Finding]:
+    found = []
+    exits = list(e.rank_exits)
+    seen = {(x.node, x.rank) for x in exits}
+    for t, d in e.detections:  # rank_exited detections are exits too
+        if d.kind == RANK_EXITED:
+            code = None if d.value is None else int(d.value)
+            for rank, node in zip(d.ranks, d.nodes * len(d.ranks), strict=False):
+                if (node, rank) not in seen:
+                    exits.append(RankExit(node, rank, code, t=t))
+    for x in exits:
+        sig = x.signal_number()
+        who = f"rank {x.rank} on {x.node}" if x.rank is not None else f"a rank on {x.node}"
+        group = _group(x.node, x.rank)
+        if sig is not None:
+            name = SIGNAL_NAMES.get(sig, f"signal {sig}")
+            if e.supervisor_killed and sig in (9, 15):
+                continue
+            if sig == 7:
+                found.append(Finding(ev.HARDWARE, 0.5, f"{who} died of SIGBUS (memory or device error)",
+                                     (x.node,), group, x.t))  # fmt: skip
+            elif sig == 9:
+                found.append(Finding("killed", 0.6, f"{who} was killed by SIGKILL (OOM killer or an outside kill)",
+                                     (), group, x.t))  # fmt: skip
+            elif sig in (15, 2, 1):
+                found.append(Finding(ev.UNKNOWN, 0.3, f"{who} was terminated by {name}", (), group, x.t))
+            else:
+                found.append(Finding(ev.APP_ERROR, 0.8, f"{who} crashed with {name}", (), group, x.t))
+        elif x.exit_code:
+            found.append(Finding(ev.APP_ERROR, 0.6, f"{who} exited with code {x.exit_code}", (), group, x.t))
+    return found
+
+
+def _detection_findings(e: Evidence) -> list[Finding]:
+    found = []
+    for t, d in e.detections:
+        text = d.evidence[0] if d.evidence else d.kind
+        if d.kind == NODE_SILENT:
+            found.append(Finding(ev.NODE_FAILURE, 0.5, f"node agent silent: {text}", d.nodes, t=t))
+        elif d.kind == NONFINITE_LOSS:
+            found.append(Finding(ev.NUMERICAL, 0.9, text, (), t=t))
+        elif d.kind in (RANK_HANG, RANK_STOPPED):
+            found.append(Finding(ev.HANG, 0.9, text, d.nodes, t=t))
+        elif d.kind == GLOBAL_STALL:
+            found.append(Finding(ev.HANG, 0.7, text, (), t=t))
+    return found
+
+
+def _log_findings(e: Evidence, signatures: Sequence[LogSignature]) -> list[Finding]:
+    found = []
+    for line in e.log_lines:
+        for sig in signatures:
+            m = sig.pattern.search(line.text)
+            if m is None:
+                continue
+            nodes: tuple[str, ...] = ()
+            if "node" in sig.pattern.groupindex and m.group("node"):
+                nodes = _expand(m.group("node"))
+            elif sig.cls == ev.HARDWARE and line.node:
+                nodes = (line.node,)
+            where = f" [{line.node}{'' if line.rank is None else f' rank {line.rank}'}]" if line.node else ""
+            found.append(Finding(sig.cls, sig.confidence, f"log{where}: {line.text.strip()[:200]} ({sig.name})",
+                                 nodes, _group(line.node, line.rank)))  # fmt: skip
+            break
+    return found
+
+
+def _infrastructure_findings(e: Evidence) -> list[Finding]:
+    found = []
+    for node, state in sorted(e.node_states.items()):
+        if node_state_is_bad(state):
+            found.append(Finding(ev.NODE_FAILURE, 0.9, f"Slurm node {node} is {state}", (node,)))
+    for node, problems in sorted(e.gpu_faults.items()):
+        for problem in problems:
+            found.append(Finding(ev.HARDWARE, 0.9, f"GPU health on {node}: {problem}", (node,)))
+    return found
+
+
+def _drop_consequences(findings: list[Finding]) -> list[Finding]:
+    """Remove findings explained by another: app-level errors caused by communication failures on the same
+    rank (a gloo error surfaces as a Python traceback and exit 1), and hangs that began after a rank died."""
+    comm_groups = {f.group for f in findings if f.cls == ev.COMM_ERROR and f.group is not None}
+    comm_nodes = {g.split("/")[0] for g in comm_groups}
+    kept = []
+    for f in findings:
+        if f.cls == ev.APP_ERROR and f.group is not None:
+            node, rank = f.group.split("/")
+            if f.group in comm_groups or f"{node}/*" in comm_groups or (rank == "*" and node in comm_nodes):
+                continue
+        kept.append(f)
+    death_times = [f.t for f in kept if f.cls in (ev.APP_ERROR, "killed", ev.HARDWARE) and f.t is not None]
+    if death_times:
+        first_death = min(death_times)
+        kept = [f for f in kept if not (f.cls == ev.HANG and f.t is not None and f.t > first_death)]
+    return kept
+
+
+def _combine(confidences: Iterable[float]) -> float:
+    miss = 1.0
+    for c in confidences:
+        miss *= 1.0 - c
+    return round(min(0.99, 1.0 - miss), 3)
+
+
+def classify(e: Evidence, signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES) -> Interruption:
+    """One class, the nodes to blame, a confidence in [0, 1] and the evidence lines (the winner's first)."""
+    findings = (
+        _slurm_findings(e)
+        + _infrastructure_findings(e)
+        + _detection_findings(e)
+        + _exit_findings(e)
+        + _log_findings(e, signatures)
+    )
+    findings = _drop_consequences(findings)
+    top = max((PRIORITY[f.cls] for f in findings), default=0)
+    clean = bool(e.rank_exits) and all(x.exit_code == 0 and not x.signal for x in e.rank_exits)
+    if top <= PRIORITY[ev.APP_ERROR] and (clean or (not findings and (e.job_state or "").upper() == "COMPLETED")):
+        # every rank exited 0: log noise (a peer closing its socket at teardown) does not make a failure
+        reason = "every rank exited with code 0" if clean else f"Slurm job state {e.job_state}"
+        return Interruption(ev.COMPLETED, (), 0.95, (reason, *(f"(also: {f.text})" for f in findings[:8])))
+    if not findings:
+        return Interruption(ev.UNKNOWN, (), 0.1, ("no evidence explains the stop",))
+    credible = [f for f in findings if f.confidence >= 0.5] or findings  # weak hints decide only alone
+    top = max(PRIORITY[f.cls] for f in credible)
+    winners = [f for f in credible if PRIORITY[f.cls] == top]
+    cls = winners[0].cls
+    blamed: tuple[str, ...] = ()
+    if cls not in NO_BLAME:
+        blamed = tuple(sorted({n for f in winners if f.confidence >= 0.5 for n in f.nodes}))
+    if cls == ev.NODE_FAILURE and blamed:
+        # a silent agent alone is weak; Slurm's word on the same node confirms it
+        confirmed = {n for f in winners if f.confidence >= 0.9 for n in f.nodes}
+        blamed = tuple(sorted(confirmed)) if confirmed else blamed
+    others = sorted((f for f in findings if f not in winners), key=lambda f: -PRIORITY[f.cls])
+    evidence = [f.text for f in winners] + [f"(also: {f.text})" for f in others]
+    return Interruption(
+        cls="unknown" if cls == "killed" else cls,
+        blamed_nodes=blamed,
+        confidence=_combine(f.confidence for f in winners),
+        evidence=tuple(evidence[:24]),
+    )
