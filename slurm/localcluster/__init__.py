@@ -8,18 +8,16 @@ its job steps like a lost machine would; ``revive_node`` brings it back.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import pwd
 import re
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
-from slurm.localcluster import procs
+from slurm.localcluster import accounting, procs
 from slurm.localcluster.config import (
     DEFAULT_BASE_PORT,
     DEFAULT_NODES,
@@ -29,6 +27,7 @@ from slurm.localcluster.config import (
     render_cgroup_conf,
     render_slurm_conf,
 )
+from slurm.localcluster.files import locked, tail, write_if_changed
 from slurm.localcluster.install import InstallError, ensure_installed, find_program
 
 __all__ = ["ClusterError", "LocalCluster", "default_root"]
@@ -36,7 +35,6 @@ __all__ = ["ClusterError", "LocalCluster", "default_root"]
 # Node state words (scontrol's State=BASE+FLAG+...) under which a node can run jobs.
 USABLE_BASE_STATES = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}
 UNUSABLE_FLAGS = {"NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED"}
-LOG_TAIL_LINES = 15
 
 
 class ClusterError(RuntimeError):
@@ -49,55 +47,6 @@ def default_root() -> Path:
     if env:
         return Path(env).resolve()
     return Path(__file__).resolve().parents[2] / ".cluster"
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return f"({path} unreadable or missing)"
-    return "\n".join(f"  | {line}" for line in text[-lines:]) or f"({path} is empty)"
-
-
-def _write_if_changed(path: Path, text: str, mode: int) -> bool:
-    """Atomically replace ``path`` with ``text``; returns True if the content changed."""
-    try:
-        if path.read_text() == text:
-            os.chmod(path, mode)
-            return False
-    except FileNotFoundError:
-        pass
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-    return True
-
-
-@contextlib.contextmanager
-def _locked(root: Path, timeout: float) -> Iterator[None]:
-    """Serialise up/down/crash/revive on one ROOT: test sessions of several developers may call ``up`` at once,
-    and two of them starting the same daemon would fight over its port and pid file."""
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise ClusterError(f"another `python -m slurm.localcluster` holds {root / '.lock'} for more "
-                                       f"than {timeout:.0f} s (fix: wait for it, or check what is stuck)") from None
-                time.sleep(0.1)
-        yield
-    finally:
-        os.close(fd)
 
 
 class LocalCluster:
@@ -168,49 +117,60 @@ class LocalCluster:
         return parse_version(out.stdout + out.stderr)
 
     # ----- daemons ----------------------------------------------------------------------------------------------
-    def _daemon_table(self) -> dict[str, tuple[str, list[str]]]:
-        """name -> (program, argv after the program). The argv doubles as the identity check of a live pid."""
+    def accounting_active(self) -> bool:
+        """Accounting was asked for now, or an earlier ``up --accounting`` left its daemons recorded here."""
         lay = self.layout
-        table: dict[str, tuple[str, list[str]]] = {
+        return self.spec.accounting or lay.pid_file("slurmdbd").exists() or lay.pid_file("mariadbd").exists()
+
+    def _daemon_table(self) -> dict[str, tuple[str, list[str], list[str]]]:
+        """name -> (program, argv after the program, identity marks). The marks (argv words) tell our live daemon
+        from a recycled pid or another cluster's daemon running the same program."""
+        lay = self.layout
+        socket_arg = f"--socket={lay.munge_socket}"
+        table: dict[str, tuple[str, list[str], list[str]]] = {
             "munged": ("munged", [
-                f"--socket={lay.munge_socket}",
+                socket_arg,
                 f"--key-file={lay.munge_key}",
                 f"--pid-file={lay.pid_file('munged')}",
                 f"--log-file={lay.log_file('munged')}",
                 f"--seed-file={lay.munge_dir / 'munged.seed'}",
-            ]),
-            "slurmctld": ("slurmctld", ["-f", str(self.conf), "-i"]),
+            ], [socket_arg]),
         }
+        if self.accounting_active():
+            db_argv = accounting.mariadbd_argv(self.spec)
+            table["mariadbd"] = ("mariadbd", db_argv, [a for a in db_argv if a.startswith("--datadir=")])
+            table["slurmdbd"] = ("slurmdbd", [], [])  # its pid file under ROOT is the only identity it has
+        table["slurmctld"] = ("slurmctld", ["-f", str(self.conf), "-i"], ["-f", str(self.conf)])
         for node in self.node_names:
-            table[f"slurmd-{node}"] = ("slurmd", ["-f", str(self.conf), "-N", node])
+            argv = ["-f", str(self.conf), "-N", node]
+            table[f"slurmd-{node}"] = ("slurmd", argv, argv)
         return table
-
-    def _identity(self, name: str) -> tuple[Path, list[str]]:
-        program, argv = self._daemon_table()[name]
-        # munged's identity is its socket; Slurm daemons' is the config file (and node name for slurmd).
-        marks = [a for a in argv if a.startswith("--socket=")] if program == "munged" else [
-            a for a in argv if a not in ("-i",)
-        ]
-        return self._program(program), marks
 
     def pid_of(self, name: str) -> int | None:
         """Pid of the live daemon ``name`` (``munged``, ``slurmctld``, ``slurmd-nodeK``) of this cluster, or None."""
-        program, marks = self._identity(name)
-        return procs.alive_daemon(self.layout.pid_file(name), program, marks)
+        program, _argv, marks = self._daemon_table()[name]
+        return procs.alive_daemon(self.layout.pid_file(name), self._program(program), marks)
 
     def pids(self) -> dict[str, int | None]:
         return {name: self.pid_of(name) for name in self._daemon_table()}
 
     def _start(self, name: str, timeout: float) -> int:
-        """Start daemon ``name`` (it daemonizes itself and writes its pid file) and wait until it is alive."""
-        program, argv = self._daemon_table()[name]
+        """Start daemon ``name`` detached from us (it writes its own pid file) and wait until it is alive."""
+        program, argv, _marks = self._daemon_table()[name]
         log_file = self.layout.log_file(name)
         self.layout.pid_file(name).unlink(missing_ok=True)
-        res = subprocess.run([str(self._program(program)), *argv], env={**os.environ, **self.env},
-                             capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        cmd = [str(self._program(program)), *argv]
+        env = {**os.environ, **self.env}
+        if program == "mariadbd":  # does not daemonize itself: `setsid -f` detaches it so init becomes its parent
+            with open(log_file, "ab") as out:
+                res = subprocess.run([str(self._program("setsid")), "-f", *cmd], env=env, stdout=out, stderr=out,
+                                     stdin=subprocess.DEVNULL, timeout=timeout, text=True)
+        else:
+            res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                                 stdin=subprocess.DEVNULL)
         if res.returncode != 0:
             raise ClusterError(f"{name} failed to start (exit {res.returncode}): "
-                               f"{(res.stderr or res.stdout).strip()}\n{_tail(log_file)}")
+                               f"{(res.stderr or res.stdout or '').strip()}\n{tail(log_file)}")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             pid = self.pid_of(name)
@@ -219,7 +179,7 @@ class LocalCluster:
                 return pid
             time.sleep(0.05)
         raise ClusterError(f"{name} did not come up within {timeout:.0f} s; last lines of {log_file}:\n"
-                           f"{_tail(log_file)}")
+                           f"{tail(log_file)}")
 
     # ----- preparation -----------------------------------------------------------------------------------------
     def _prepare_files(self) -> None:
@@ -239,14 +199,16 @@ class LocalCluster:
                 os.fsync(f.fileno())
         os.chmod(lay.munge_key, 0o600)
         running = [name for name, pid in self.pids().items() if pid is not None and name != "munged"]
-        changed = _write_if_changed(lay.conf, render_slurm_conf(self.spec), 0o644)
+        changed = write_if_changed(lay.conf, render_slurm_conf(self.spec), 0o644)
         if changed and running:
             raise ClusterError(
                 f"the cluster in {lay.root} is running with other settings (ports/nodes) than requested "
                 "(fix: run `python -m slurm.localcluster down` with its old settings first, or use another --root)"
             )
-        _write_if_changed(lay.cgroup_conf, render_cgroup_conf(self.version()), 0o644)
-        _write_if_changed(lay.plugstack_conf, "", 0o644)
+        write_if_changed(lay.cgroup_conf, render_cgroup_conf(self.version()), 0o644)
+        write_if_changed(lay.plugstack_conf, "", 0o644)
+        if self.spec.accounting:
+            write_if_changed(accounting.dbd_conf(self.spec), accounting.dbd_conf_text(self.spec), 0o600)
 
     def _check_multiple_slurmd(self) -> None:
         out = self.slurm("scontrol", "show", "config").stdout
@@ -263,7 +225,7 @@ class LocalCluster:
 
         Idempotent: live daemons are left alone. Returns the names of the daemons it started.
         """
-        with _locked(self.root, timeout):
+        with locked(self.root, timeout, ClusterError):
             return self._up(timeout)
 
     def _up(self, timeout: float) -> list[str]:
@@ -275,10 +237,14 @@ class LocalCluster:
             raise ClusterError(str(e)) from e
         self._prepare_files()
         started: list[str] = []
-        for name in ("munged", "slurmctld"):
-            if self.pid_of(name) is None:
-                self._start(name, max(5.0, deadline - time.monotonic()))
-                started.append(name)
+        if self.pid_of("munged") is None:
+            self._start("munged", max(5.0, deadline - time.monotonic()))
+            started.append("munged")
+        if self.spec.accounting:
+            started += self._up_accounting(deadline)
+        if self.pid_of("slurmctld") is None:
+            self._start("slurmctld", max(5.0, deadline - time.monotonic()))
+            started.append("slurmctld")
         self._wait_ctld(deadline)
         to_start = [node for node in self.node_names if self.pid_of(f"slurmd-{node}") is None]
         if to_start:
@@ -291,6 +257,21 @@ class LocalCluster:
             self.log.append("already up: all daemons alive")
         return started
 
+    def _up_accounting(self, deadline: float) -> list[str]:
+        started = []
+        try:
+            if self.pid_of("mariadbd") is None:
+                accounting.initialise_db(self.spec, self._program("mariadb-install-db"))
+                self._start("mariadbd", max(5.0, deadline - time.monotonic()))
+                started.append("mariadbd")
+            accounting.grant_slurm_user(self.spec, self._program("mariadb"), max(5.0, deadline - time.monotonic()))
+        except RuntimeError as e:
+            raise ClusterError(f"{e}\n{tail(self.layout.log_file('mariadbd'))}") from e
+        if self.pid_of("slurmdbd") is None:
+            self._start("slurmdbd", max(5.0, deadline - time.monotonic()))
+            started.append("slurmdbd")
+        return started
+
     def _wait_ctld(self, deadline: float) -> None:
         while True:
             res = self.slurm("scontrol", "ping", check=False, timeout=10)
@@ -298,7 +279,7 @@ class LocalCluster:
                 return
             if time.monotonic() > deadline:
                 raise ClusterError(f"slurmctld does not answer `scontrol ping`: {res.stdout.strip()}\n"
-                                   f"{_tail(self.layout.log_file('slurmctld'))}")
+                                   f"{tail(self.layout.log_file('slurmctld'))}")
             time.sleep(0.1)
 
     def node_states(self) -> dict[str, str]:
@@ -336,8 +317,8 @@ class LocalCluster:
                 summary = ", ".join(f"{n}={states.get(n, 'MISSING')}" for n in bad)
                 raise ClusterError(
                     f"nodes not usable before the timeout: {summary}; last lines of "
-                    f"{self.layout.log_file('slurmd-' + bad[0])}:\n{_tail(self.layout.log / f'slurmd-{bad[0]}.log')}"
-                    f"\nlast lines of slurmctld.log:\n{_tail(self.layout.log_file('slurmctld'))}"
+                    f"{self.layout.log_file('slurmd-' + bad[0])}:\n{tail(self.layout.log / f'slurmd-{bad[0]}.log')}"
+                    f"\nlast lines of slurmctld.log:\n{tail(self.layout.log_file('slurmctld'))}"
                 )
             time.sleep(0.1)
 
@@ -374,7 +355,7 @@ class LocalCluster:
         """Simulate losing node ``name``: SIGKILL its slurmd and its slurmstepds with their process trees, so the
         job tasks on it die as on a real crash. Returns {"slurmd": [...], "killed": [all pids killed]}."""
         self._check_node(name)
-        with _locked(self.root, 30.0):
+        with locked(self.root, 30.0, ClusterError):
             return self._crash_node(name)
 
     def _crash_node(self, name: str) -> dict[str, list[int]]:
@@ -393,7 +374,7 @@ class LocalCluster:
         """Start node ``name``'s slurmd again if it is dead, resume the node if slurmctld marked it DOWN, and wait
         until it is usable. Returns True if a slurmd was started."""
         self._check_node(name)
-        with _locked(self.root, timeout):
+        with locked(self.root, timeout, ClusterError):
             return self._revive_node(name, timeout)
 
     def _revive_node(self, name: str, timeout: float) -> bool:
@@ -408,20 +389,19 @@ class LocalCluster:
     def down(self, timeout: float = 20.0) -> list[str]:
         """Stop only the daemons this cluster recorded (SIGTERM all at once, SIGKILL stragglers) and any job steps
         left on its nodes. Returns the names of the daemons that were running."""
-        with _locked(self.root, timeout):
+        with locked(self.root, timeout, ClusterError):
             return self._down(timeout)
 
     def _down(self, timeout: float) -> list[str]:
         self.log = []
         stepds = set().union(*(self.stepd_pids(n) for n in self.node_names))
         running = {name: pid for name, pid in self.pids().items() if pid is not None}
-        slurm_pids = [pid for name, pid in running.items() if name != "munged"]
-        killed = procs.terminate(slurm_pids, timeout)
+        last = ("munged", "mariadbd")  # slurm daemons may still talk to these while shutting down
+        killed = procs.terminate([pid for name, pid in running.items() if name not in last], timeout)
         if stepds:
             procs.freeze_and_kill(stepds)
             self.log.append(f"killed {len(stepds)} slurmstepd process tree(s)")
-        if "munged" in running:  # last: slurmd/slurmctld may still talk to it while shutting down
-            killed += procs.terminate([running["munged"]], timeout)
+        killed += procs.terminate([pid for name, pid in running.items() if name in last], timeout)
         for name, pid in running.items():
             self.log.append(f"stopped {name} (pid {pid}){' with SIGKILL' if pid in killed else ''}")
             self.layout.pid_file(name).unlink(missing_ok=True)
