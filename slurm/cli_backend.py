@@ -30,8 +30,6 @@ from slurm.hostlist import compress, validate_job_id, validate_node_name
 from slurm.model import JobInfo, JobRun, NodeInfo
 from slurm.parse import (
     ParseError,
-    json_errors,
-    load_json,
     parse_nodes_json,
     parse_sacct_json,
     parse_scontrol_jobs,
@@ -133,6 +131,7 @@ class CliSlurmClient:
         self.policy = policy or RetryPolicy()
         self._sleep = sleep
         self._clock = clock
+        self._version: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------------------------ plumbing
 
@@ -189,30 +188,42 @@ class CliSlurmClient:
 
     # ------------------------------------------------------------------------------------ queries
 
-    def job(self, job_id: str | int) -> JobInfo | None:
-        """The job's current state, or None when slurmctld does not know it (ended > MinJobAge ago)."""
-        jid = validate_job_id(job_id)
-        argv = ["squeue", "--json", f"--jobs={jid}"]
-        try:
-            result = self.run(argv)
-        except UnknownJob:
-            return None
-        except SlurmCommandError as exc:
-            if not _json_unsupported(exc.stderr):
-                raise
-            return self._job_scontrol(jid)
-        try:
-            jobs = parse_squeue_json(result.stdout)
-        except (ParseError, ValueError) as exc:
-            if _json_unsupported(result.stderr + result.stdout):
-                return self._job_scontrol(jid)
-            raise SlurmOutputError(argv, str(exc)) from None
-        errors = json_errors(_safe_json(result.stdout))
-        if any("invalid job id" in e.lower() for e in errors):
-            return None
-        return _pick_job(jobs, jid)
+    def slurm_version(self) -> tuple[int, int] | None:
+        """(major, minor) of the Slurm client tools, cached; None if ``sinfo -V`` prints nothing usable."""
+        if self._version is None:
+            try:
+                text = self.version()
+                major, minor = text.split(".")[:2]
+                self._version = (int(major), int(minor))
+            except (ValueError, SlurmCommandError):
+                self._version = (0, 0)
+        return None if self._version == (0, 0) else self._version
 
-    def _job_scontrol(self, jid: str) -> JobInfo | None:
+    def job(self, job_id: str | int) -> JobInfo | None:
+        """The job's current state, or None when slurmctld does not know it (ended > MinJobAge ago).
+
+        One single-job RPC: ``scontrol show job --json J`` on Slurm >= 23.02, ``scontrol show job -o J``
+        before (22.05's ``squeue --json`` ignores ``--jobs`` and dumps the whole queue).
+        """
+        jid = validate_job_id(job_id)
+        version = self.slurm_version()
+        if version is not None and version >= (23, 2):
+            argv = ["scontrol", "show", "job", "--json", jid]
+            try:
+                result = self.run(argv)
+                return _pick_job(parse_squeue_json(result.stdout), jid)
+            except UnknownJob:
+                return None
+            except SlurmCommandError as exc:
+                if not _json_unsupported(exc.stderr):
+                    raise
+            except (ParseError, ValueError):
+                pass  # fall back to the text form below
+        return self.job_via_scontrol(jid)
+
+    def job_via_scontrol(self, job_id: str | int) -> JobInfo | None:
+        """The job from ``scontrol show job -o`` (no JSON support needed)."""
+        jid = validate_job_id(job_id)
         argv = ["scontrol", "show", "job", "-o", jid]
         try:
             result = self.run(argv)
@@ -223,9 +234,19 @@ class CliSlurmClient:
         except (ParseError, ValueError) as exc:
             raise SlurmOutputError(argv, str(exc)) from None
 
-    def job_via_scontrol(self, job_id: str | int) -> JobInfo | None:
-        """Same as ``job`` but from ``scontrol show job -o`` (no JSON support needed)."""
-        return self._job_scontrol(validate_job_id(job_id))
+    def jobs(self, job_ids: Iterable[str | int] | None = None, name: str | None = None) -> list[JobInfo]:
+        """Jobs in the queue from ``squeue --json``, filtered here by id and/or job name (22.05 ignores
+        squeue's own filters in JSON mode). Finished jobs older than MinJobAge are absent."""
+        wanted = {validate_job_id(j) for j in job_ids} if job_ids is not None else None
+        argv = ["squeue", "--json"]
+        result = self.run(argv)
+        try:
+            found = parse_squeue_json(result.stdout)
+        except (ParseError, ValueError) as exc:
+            raise SlurmOutputError(argv, str(exc)) from None
+        return [
+            j for j in found if (wanted is None or j.job_id in wanted) and (name is None or j.name == name)
+        ]
 
     def nodes(self, names: Iterable[str] | None = None) -> list[NodeInfo]:
         """State of the given nodes (default: all), from ``sinfo --json`` or ``scontrol show node -o``."""
@@ -356,16 +377,9 @@ def _json_unsupported(message: str) -> bool:
     )
 
 
-def _safe_json(output: str) -> Mapping[str, object]:
-    try:
-        return load_json(output)
-    except ParseError:
-        return {}
-
-
 def _pick_job(jobs: list[JobInfo], jid: str) -> JobInfo | None:
-    """The record for ``jid`` (squeue may also list other tasks of an array or het job)."""
+    """The record for ``jid``: never "the first one", since 22.05 lists every job whatever was asked."""
     for job in jobs:
         if job.job_id == jid:
             return job
-    return jobs[0] if len(jobs) == 1 else None
+    return None

@@ -168,8 +168,8 @@ def exit_status(value: Any) -> tuple[int | None, int | None]:
     if isinstance(value, Mapping):
         code = number(value.get("return_code"))
         sig = value.get("signal")
-        signal = number(sig.get("id") if isinstance(sig, Mapping) else sig)
-        return code, (signal or None) if signal is not None else None
+        signal = number(sig.get("id") if isinstance(sig, Mapping) else sig) or None
+        return (0 if code is None and signal else code), signal
     if isinstance(value, str):
         m = re.fullmatch(r"\s*([0-9]+)(?::([0-9]+))?\s*", value)
         if not m:
@@ -179,9 +179,7 @@ def exit_status(value: Any) -> tuple[int | None, int | None]:
     n = number(value)
     if n is None:
         return None, None
-    if n & 0x7F:  # wait status: killed by a signal
-        return None, n & 0x7F
-    return (n >> 8) & 0xFF, None
+    return (n >> 8) & 0xFF, (n & 0x7F) or None  # a raw wait status, as 22.05's JSON reports it
 
 
 def load_json(output: str) -> dict[str, Any]:

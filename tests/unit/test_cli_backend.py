@@ -1,0 +1,401 @@
+"""CLI backend logic with recorded Slurm outputs: argv construction, retry policy, error typing.
+
+The runner is replaced by a replay of real outputs (tests/unit/fixtures/slurm); the same code runs against
+the real cluster in tests/integration/test_slurm_adapter.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from slurm.cli_backend import CliSlurmClient, RunResult, signal_name, subprocess_runner
+from slurm.client import SlurmClient, get_client
+from slurm.errors import (
+    AccountingUnavailable,
+    BackendUnavailable,
+    InvalidJobId,
+    InvalidNodeName,
+    SlurmCommandError,
+    SlurmCommandMissing,
+    SlurmOutputError,
+    SlurmUnreachable,
+    UnknownJob,
+)
+from slurm.retry import NO_RETRY, Failure, RetryPolicy, classify_failure, should_retry
+from supervisor.errors import SlurmRejected, SlurmUnavailable, UsageError
+
+FIX = Path(__file__).parent / "fixtures" / "slurm"
+UNREACHABLE = "squeue: error: Unable to contact slurm controller (connect failure)"
+TIMED_OUT = "scontrol: error: Socket timed out on send/recv operation"
+INVALID_JOB = "slurm_load_jobs error: Invalid job id specified"
+
+
+class Replay:
+    """A runner that answers from a script of (argv prefix, result-or-exception) and records every call."""
+
+    def __init__(self, *answers: tuple[Sequence[str], RunResult | BaseException]) -> None:
+        self.answers = list(answers)
+        self.calls: list[tuple[list[str], str | None, float, Mapping[str, str]]] = []
+
+    def __call__(
+        self, argv: Sequence[str], *, input_text: str | None, timeout: float, env: Mapping[str, str]
+    ) -> RunResult:
+        self.calls.append((list(argv), input_text, timeout, env))
+        for i, (prefix, answer) in enumerate(self.answers):
+            if list(argv[: len(prefix)]) == list(prefix):
+                del self.answers[i]
+                if isinstance(answer, BaseException):
+                    raise answer
+                return answer
+        raise AssertionError(f"unexpected command {argv}")
+
+    @property
+    def argvs(self) -> list[list[str]]:
+        return [c[0] for c in self.calls]
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def clock(self) -> float:
+        return self.now
+
+
+def ok(stdout: str = "") -> RunResult:
+    return RunResult(0, stdout, "")
+
+
+def err(stderr: str, code: int = 1) -> RunResult:
+    return RunResult(code, "", stderr)
+
+
+def client(replay: Replay, policy: RetryPolicy | None = None, fake: FakeTime | None = None) -> CliSlurmClient:
+    fake = fake or FakeTime()
+    return CliSlurmClient(
+        env={"SLURM_CONF": "/x/slurm.conf"}, runner=replay, policy=policy, sleep=fake.sleep, clock=fake.clock
+    )
+
+
+V22 = (["sinfo", "-V"], ok("slurm 22.05.8\n"))
+V24 = (["sinfo", "-V"], ok("slurm 24.11.5\n"))
+
+
+# ------------------------------------------------------------------------------------------- classification
+
+
+@pytest.mark.parametrize(
+    ("stderr", "failure"),
+    [
+        (UNREACHABLE, Failure.NOT_SENT),
+        ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
+         Failure.NOT_SENT),
+        ("error: Connection refused", Failure.NOT_SENT),
+        (TIMED_OUT, Failure.MAYBE_SENT),
+        ("slurm_receive_msg: Zero Bytes were transmitted or received", Failure.MAYBE_SENT),
+        ("sbatch: error: Slurm temporarily unable to accept job, sleeping and retrying", Failure.MAYBE_SENT),
+        (INVALID_JOB, Failure.UNKNOWN_JOB),
+        ("scancel: error: Kill job error on job id 999999: Invalid job id specified", Failure.UNKNOWN_JOB),
+        ((FIX / "22.05" / "sacct_disabled.stderr").read_text(), Failure.ACCOUNTING_DISABLED),
+        ("Job is no longer pending execution for job 1", Failure.PERMANENT),
+        ("sbatch: error: invalid partition specified: nope", Failure.PERMANENT),
+        ("scontrol: error: Invalid node state specified", Failure.PERMANENT),
+        ("Access/permission denied", Failure.PERMANENT),
+    ],
+)  # fmt: skip
+def test_classify_failure(stderr: str, failure: Failure) -> None:
+    assert classify_failure(1, stderr) is failure
+
+
+def test_own_timeout_is_maybe_sent() -> None:
+    assert classify_failure(None, "", timed_out=True) is Failure.MAYBE_SENT
+
+
+def test_retry_only_what_is_safe_to_repeat() -> None:
+    assert should_retry(Failure.NOT_SENT, idempotent=False)
+    assert should_retry(Failure.MAYBE_SENT, idempotent=True)
+    assert not should_retry(Failure.MAYBE_SENT, idempotent=False)
+    for failure in (Failure.PERMANENT, Failure.UNKNOWN_JOB, Failure.ACCOUNTING_DISABLED):
+        assert not should_retry(failure, idempotent=True)
+
+
+def test_backoff_is_exponential_and_capped() -> None:
+    policy = RetryPolicy(initial_s=0.5, max_s=4.0)
+    assert [policy.backoff(i) for i in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    with pytest.raises(ValueError):
+        RetryPolicy(budget_s=-1)
+
+
+# ------------------------------------------------------------------------------------------- retries
+
+
+def test_transient_failures_are_retried_with_backoff_then_succeed() -> None:
+    fake = FakeTime()
+    replay = Replay((["scontrol"], err(UNREACHABLE)), (["scontrol"], err(TIMED_OUT)), (["scontrol"], ok("done")))
+    result = client(replay, fake=fake).run(["scontrol", "ping"])
+    assert result.stdout == "done"
+    assert len(replay.calls) == 3
+    assert fake.sleeps == [0.5, 1.0]
+
+
+def test_budget_bounds_the_retries() -> None:
+    fake = FakeTime()
+    replay = Replay(*[(["squeue"], err(UNREACHABLE)) for _ in range(50)])
+    policy = RetryPolicy(budget_s=10.0, initial_s=1.0, max_s=4.0)
+    with pytest.raises(SlurmUnreachable) as info:
+        client(replay, policy, fake).run(["squeue", "--json"])
+    assert sum(fake.sleeps) <= 10.0
+    assert fake.sleeps == [1.0, 2.0, 4.0]
+    assert info.value.attempts == len(replay.calls) == 4
+    assert info.value.argv == ["squeue", "--json"]
+    assert "Unable to contact slurm controller" in info.value.problem
+    assert isinstance(info.value, SlurmUnavailable) and info.value.exit_code == 4
+
+
+def test_each_attempt_has_a_timeout_capped_by_the_budget() -> None:
+    fake = FakeTime()
+    replay = Replay((["squeue"], subprocess.TimeoutExpired(["squeue"], 5)), (["squeue"], ok("{}")))
+    client(replay, RetryPolicy(budget_s=12.0, call_timeout_s=30.0), fake).run(["squeue"])
+    timeouts = [c[2] for c in replay.calls]
+    assert timeouts[0] == 12.0 and 1.0 <= timeouts[1] <= 12.0
+
+
+def test_no_retry_policy_tries_once() -> None:
+    replay = Replay((["squeue"], err(UNREACHABLE)))
+    with pytest.raises(SlurmUnreachable):
+        client(replay, NO_RETRY).run(["squeue"])
+    assert len(replay.calls) == 1
+    assert replay.calls[0][2] == NO_RETRY.call_timeout_s
+
+
+def test_permanent_errors_are_not_retried_and_carry_argv_and_message() -> None:
+    replay = Replay((["scontrol"], err("Job is no longer pending execution for job 7")))
+    with pytest.raises(SlurmCommandError) as info:
+        client(replay).update_excluded_nodes("7", ["node2"])
+    assert len(replay.calls) == 1
+    assert info.value.argv == ["scontrol", "update", "JobId=7", "ExcNodeList=node2"]
+    assert info.value.returncode == 1 and "no longer pending" in info.value.stderr
+    assert isinstance(info.value, SlurmRejected) and info.value.exit_code == 5
+
+
+def test_a_timed_out_submit_is_not_repeated() -> None:
+    """sbatch may have queued the job before timing out: retrying could submit it twice."""
+    replay = Replay((["sbatch"], subprocess.TimeoutExpired(["sbatch"], 30)))
+    with pytest.raises(SlurmUnreachable) as info:
+        client(replay).submit("#!/bin/bash\ntrue\n", ["--job-name=x"])
+    assert len(replay.calls) == 1
+    assert "may or may not have been applied" in info.value.problem
+
+
+def test_an_unreached_submit_is_retried() -> None:
+    replay = Replay((["sbatch"], err(UNREACHABLE)), (["sbatch"], ok("42\n")))
+    assert client(replay).submit("#!/bin/bash\ntrue\n") == "42"
+    assert len(replay.calls) == 2
+
+
+def test_missing_command() -> None:
+    replay = Replay((["sacct"], FileNotFoundError("sacct")))
+    with pytest.raises(SlurmCommandMissing) as info:
+        client(replay).history("5")
+    assert "sacct" in info.value.problem
+
+
+# ------------------------------------------------------------------------------------------- queries
+
+
+def test_job_on_22_05_uses_one_scontrol_rpc() -> None:
+    text = (FIX / "22.05" / "scontrol_running_restart1.txt").read_text()
+    replay = Replay(V22, (["scontrol", "show", "job", "-o", "1"], ok(text)))
+    job = client(replay).job(1)
+    assert job is not None and job.restart_count == 1 and job.nodes == ("node2", "node3")
+    assert replay.argvs[-1] == ["scontrol", "show", "job", "-o", "1"]
+
+
+def test_job_on_24_11_uses_scontrol_json() -> None:
+    text = (FIX / "24.11" / "squeue.json").read_text()
+    replay = Replay(V24, (["scontrol", "show", "job", "--json", "102"], ok(text)))
+    job = client(replay).job("102")
+    assert job is not None and job.is_pending and job.excluded_nodes == ("node1", "node4")
+
+
+def test_job_picks_the_asked_job_never_the_first() -> None:
+    text = (FIX / "24.11" / "squeue.json").read_text()
+    replay = Replay(V24, (["scontrol"], ok(text)))
+    assert client(replay).job("999") is None
+
+
+def test_unknown_job_is_none_not_a_crash() -> None:
+    replay = Replay(V22, (["scontrol", "show", "job"], err(INVALID_JOB)))
+    assert client(replay).job("999999") is None
+
+
+def test_job_json_unsupported_falls_back_to_text() -> None:
+    text = (FIX / "22.05" / "scontrol_running.txt").read_text()
+    replay = Replay(
+        V24,
+        (["scontrol", "show", "job", "--json"], err("scontrol: error: unable to find serializer plugin for mime type application/json")),
+        (["scontrol", "show", "job", "-o"], ok(text)),
+    )
+    job = client(replay).job("1")
+    assert job is not None and job.source == "scontrol"
+
+
+def test_jobs_filters_the_whole_queue_itself() -> None:
+    replay = Replay((["squeue", "--json"], ok((FIX / "22.05" / "squeue_finished.json").read_text())))
+    jobs = client(replay).jobs(job_ids=["3", "4"])
+    assert [j.job_id for j in jobs] == ["3", "4"]
+    replay = Replay((["squeue", "--json"], ok((FIX / "22.05" / "squeue_finished.json").read_text())))
+    assert [j.job_id for j in client(replay).jobs(name="engA-fail")] == ["3"]
+
+
+def test_nodes_from_sinfo_json_and_fallback() -> None:
+    replay = Replay((["sinfo", "--json"], ok((FIX / "22.05" / "sinfo_drain.json").read_text())))
+    (node,) = client(replay).nodes(["node4"])
+    assert node.is_drain and node.reason == "engA capture: maint Foo=bar test"
+    replay = Replay(
+        (["sinfo", "--json"], ok("not json")),
+        (["scontrol", "show", "node", "-o"], ok((FIX / "22.05" / "scontrol_nodes_drain.txt").read_text())),
+    )
+    assert client(replay).node("node3") is not None
+    assert replay.argvs[-1] == ["scontrol", "show", "node", "-o"]
+
+
+def test_history_without_accounting() -> None:
+    replay = Replay((["sacct"], err((FIX / "22.05" / "sacct_disabled.stderr").read_text())))
+    with pytest.raises(AccountingUnavailable) as info:
+        client(replay).history("1")
+    assert "slurmdbd" in info.value.fix
+    assert replay.argvs == [["sacct", "--json", "--duplicates", "--jobs=1"]]
+
+
+def test_history_parses_runs() -> None:
+    replay = Replay((["sacct"], ok((FIX / "24.11" / "sacct.json").read_text())))
+    assert [r.state for r in client(replay).history("101")] == ["REQUEUED", "COMPLETED"]
+
+
+# ------------------------------------------------------------------------------------------- actions
+
+
+def test_submit_passes_the_script_on_stdin() -> None:
+    replay = Replay((["sbatch"], ok("123;localcluster\n")))
+    script = "#!/bin/bash\nsrun true\n"
+    job_id = client(replay).submit(script, ["--nodes=2", "--job-name=camp"])
+    assert job_id == "123"
+    argv, stdin, _timeout, env = replay.calls[0]
+    assert argv == ["sbatch", "--parsable", "--nodes=2", "--job-name=camp"]
+    assert stdin == script
+    assert env["SLURM_CONF"] == "/x/slurm.conf"
+
+
+@pytest.mark.parametrize("options", [["script.sh"], ["--nodes=2", "x"], [""]])
+def test_submit_rejects_positional_arguments(options: list[str]) -> None:
+    replay = Replay()
+    with pytest.raises(UsageError):
+        client(replay).submit("#!/bin/bash\n", options)
+    assert replay.calls == []
+
+
+def test_submit_rejects_a_script_without_shebang_and_bad_output() -> None:
+    with pytest.raises(UsageError):
+        client(Replay()).submit("srun true\n")
+    with pytest.raises(SlurmOutputError):
+        client(Replay((["sbatch"], ok("Submitted batch job 5\n")))).submit("#!/bin/sh\n")
+
+
+@pytest.mark.parametrize(
+    ("call", "argv"),
+    [
+        (lambda c: c.requeue("5"), ["scontrol", "requeue", "5"]),
+        (lambda c: c.requeue_hold(5), ["scontrol", "requeuehold", "5"]),
+        (lambda c: c.release("5"), ["scontrol", "release", "5"]),
+        (lambda c: c.hold("5_2"), ["scontrol", "hold", "5_2"]),
+        (lambda c: c.cancel("5"), ["scancel", "5"]),
+        (lambda c: c.signal("5", "SIGUSR1", target="batch"), ["scancel", "--signal=USR1", "--batch", "5"]),
+        (lambda c: c.signal("5", 12), ["scancel", "--signal=USR2", "5"]),
+        (lambda c: c.update_excluded_nodes("5", ["node3", "node1", "node2"]),
+         ["scontrol", "update", "JobId=5", "ExcNodeList=node[1-3]"]),
+        (lambda c: c.update_excluded_nodes("5", []), ["scontrol", "update", "JobId=5", "ExcNodeList="]),
+        (lambda c: c.drain(["node2"], "supervise: hang (job 5)"),
+         ["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=supervise: hang (job 5)"]),
+        (lambda c: c.resume(["node2", "node1"]), ["scontrol", "update", "NodeName=node[1-2]", "State=RESUME"]),
+    ],
+)  # fmt: skip
+def test_action_argv(call, argv: list[str]) -> None:  # type: ignore[no-untyped-def]
+    replay = Replay(([argv[0]], ok()))
+    call(client(replay))
+    assert replay.argvs == [argv]
+    assert "--full" not in argv
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda c: c.requeue("5; reboot"), InvalidJobId),
+        (lambda c: c.cancel("--all"), InvalidJobId),
+        (lambda c: c.drain(["node1", "-x"], "r"), InvalidNodeName),
+        (lambda c: c.drain(["node1"], "two\nlines"), UsageError),
+        (lambda c: c.drain([], "r"), UsageError),
+        (lambda c: c.signal("5", "NOPE"), UsageError),
+        (lambda c: c.signal("5", "USR1", target="all"), UsageError),
+        (lambda c: c.run(["squeue", "a\0b"]), UsageError),
+    ],
+)
+def test_bad_input_never_reaches_slurm(call, error: type[Exception]) -> None:  # type: ignore[no-untyped-def]
+    replay = Replay()
+    with pytest.raises(error):
+        call(client(replay))
+    assert replay.calls == []
+
+
+def test_unknown_job_on_an_action_is_typed() -> None:
+    replay = Replay((["scontrol"], err("Invalid job id specified for job 999999")))
+    with pytest.raises(UnknownJob):
+        client(replay).requeue("999999")
+
+
+def test_signal_names() -> None:
+    assert signal_name("usr1") == "USR1" and signal_name("SIGTERM") == "TERM" and signal_name(9) == "KILL"
+
+
+# ------------------------------------------------------------------------------------------- factory, runner
+
+
+def test_get_client_defaults_to_cli_and_satisfies_the_protocol() -> None:
+    c = get_client("auto", env={"SLURM_CONF": "/nonexistent"})
+    assert c.backend_name == "cli"
+    assert isinstance(c, SlurmClient)
+
+
+def test_get_client_pyslurm_without_pyslurm_is_a_clear_error() -> None:
+    try:
+        import pyslurm  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("pyslurm is installed here")
+    with pytest.raises(BackendUnavailable) as info:
+        get_client("pyslurm")
+    assert "pyslurm" in info.value.problem and info.value.fix
+
+
+def test_get_client_rejects_unknown_backends() -> None:
+    with pytest.raises(UsageError):
+        get_client("rest")
+
+
+def test_subprocess_runner_times_out_and_captures_output() -> None:
+    result = subprocess_runner(["sh", "-c", "echo out; echo err >&2; exit 3"], input_text=None, timeout=10, env={})
+    assert (result.returncode, result.stdout, result.stderr) == (3, "out\n", "err\n")
+    echoed = subprocess_runner(["cat"], input_text="script", timeout=10, env={})
+    assert echoed.stdout == "script"
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess_runner(["sleep", "5"], input_text=None, timeout=0.2, env={})
