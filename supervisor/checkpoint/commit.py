@@ -90,9 +90,9 @@ class CheckpointSaver:
             return None
         try:
             return job.result()
-        except CheckpointError:
+        except (CheckpointError, KeyboardInterrupt, SystemExit):
             raise
-        except Exception as err:
+        except BaseException as err:  # DCP's CheckpointException derives from BaseException
             raise CheckpointError(f"checkpoint save failed: {_describe(err)}",
                                   "free disk space or fix the checkpoint directory; the previous checkpoint "
                                   "is still valid") from err
@@ -126,10 +126,18 @@ class CheckpointSaver:
         try:
             metadata = dcp.save(state, storage_writer=writer, process_group=self.group,
                                 no_dist=not self.distributed)
-        except Exception:
+        except BaseException as err:  # DCP's CheckpointException derives from BaseException
+            # torch's writer often hides ENOSPC behind "unexpected pos": judge by the free space left.
+            free, need = _free_bytes(tmp), _nbytes(state)
             # DCP reports a write failure on every rank, so no rank still writes here: free the space.
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
+            if free is not None and (free < need or "No space left" in str(err)):
+                raise CheckpointError(
+                    f"checkpoint save of step {step} failed: disk full ({free / 2**20:.1f} MiB free on "
+                    f"{self.root}, the state needs {need / 2**20:.1f} MiB)",
+                    "free disk space or lower retention (keep_last); the previous checkpoint is still valid",
+                ) from err
             raise
         _fault_point("after_shards")
         files = sorted({info.relative_path for info in metadata.storage_data.values()} | {DCP_METADATA})
@@ -234,9 +242,29 @@ def _stage(obj: Any) -> Any:
     return obj
 
 
+def _free_bytes(path: Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _nbytes(obj: Any) -> int:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_nbytes(v) for v in obj)
+    return 0
+
+
 def _describe(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    first = text[0] if text else err.__class__.__name__
+    text = [line for line in str(err).strip().splitlines() if line.strip()]
+    # DCP's CheckpointException text is per-rank tracebacks: the last line is the real error.
+    first = (text[-1].strip() if "Traceback" in str(err) else text[0]) if text else err.__class__.__name__
     if "No space left" in str(err):
         return f"disk full (No space left on device): {first}"
     return first
