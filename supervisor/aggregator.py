@@ -24,10 +24,10 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from supervisor import wire
 from supervisor.secret import create_secret, ensure_private_dir
@@ -55,8 +55,10 @@ class _Node:
     pending_mono_ns: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class RankView:
+class RankView(NamedTuple):
+    """One rank as last reported (a NamedTuple: 131k of them are built per snapshot)."""
+
+
     node: str
     rank: int
     pid: int
@@ -70,6 +72,7 @@ class RankView:
     min_s: float
     max_s: float
     loss: float
+    loss_step: int  # -1: the rank never gave a loss (``loss`` is then a meaningless NaN)
     beats: int
     cpu_s: float
     cpu_frac: float | None  # CPU seconds per wall second over the rate window (progress of a silent rank)
@@ -79,8 +82,7 @@ class RankView:
     exit_signal: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class NodeView:
+class NodeView(NamedTuple):
     node: str
     staleness_s: float  # our clock since the last summary arrived
     ranks: int
@@ -100,13 +102,18 @@ class Snapshot:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _phase_name(code: int) -> str:
+def _phase_names() -> tuple[str, ...]:
     try:
-        from supervisor.client.slot import PHASES  # tiny stdlib module; optional until it exists
+        from supervisor.client.slot import PHASES  # tiny stdlib module
 
-        return PHASES[code] if code < len(PHASES) else f"phase{code}"
+        return tuple(PHASES)
     except (ImportError, AttributeError):
-        return f"phase{code}"
+        return ()
+
+
+PHASE_NAMES = _phase_names()
+_PHASE = PHASE_NAMES + tuple(f"phase{i}" for i in range(len(PHASE_NAMES), 256))
+_STATE = tuple(wire.STATES) + tuple(f"state{i}" for i in range(len(wire.STATES), 256))
 
 
 class LiveTable:
@@ -170,30 +177,34 @@ class LiveTable:
                             (st.recv_wall_ns - st.sent_wall_ns) / 1e9, _addr_text(st.addr))
                 for n, st in self.nodes.items()}
 
-    def rank_views(self) -> list[RankView]:
+    def rank_views(self, nodes: Iterable[str] | None = None) -> list[RankView]:
+        """Decode the last frame of every node (or of ``nodes``): the only per-rank work, a few us per rank.
+        Pass slices of node names to spread a big table's decoding between receive bursts."""
         now = self._mono()
         out: list[RankView] = []
-        append = out.append
-        for st in self.nodes.values():
-            since = now - st.recv_mono
-            base: dict[int, wire.RankEntry] = {}
+        append, unpack, no_beat, unknown = out.append, wire.RANK.iter_unpack, wire.NO_BEAT, wire.EXIT_UNKNOWN
+        isfinite = math.isfinite
+        states = self.nodes.values() if nodes is None else [self.nodes[n] for n in nodes if n in self.nodes]
+        for st in states:
+            node, since = st.node, now - st.recv_mono
+            base: dict[int, tuple[Any, ...]] = {}
             span = 0.0
             if st.base_body is not None:
                 span = (st.sent_mono_ns - st.base_mono_ns) / 1e9
-                base = {e.rank: e for e in wire.iter_ranks(st.base_body)}
-            for e in wire.iter_ranks(st.body):
+                base = {t[0]: t for t in unpack(st.base_body)}
+            for (rank, pid, step, phase, state, rflags, cflags, age, ewma, mn, mx, loss, loss_step, beats, ecode,
+                 esig, cpu) in unpack(st.body):
                 rate = cpu_frac = None
-                b = base.get(e.rank)
-                if b is not None and span > 0 and b.pid == e.pid and e.step >= b.step:
-                    rate = (e.step - b.step) / span
-                    cpu_frac = max(0.0, e.cpu_s - b.cpu_s) / span
+                b = base.get(rank)
+                if b is not None and span > 0 and b[1] == pid and step >= b[2]:
+                    rate = (step - b[2]) / span
+                    cpu_frac = max(0.0, cpu - b[16]) / span
                 append(RankView(
-                    st.node, e.rank, e.pid, e.step, _phase_name(e.phase),
-                    wire.STATES[e.state] if e.state < len(wire.STATES) else f"state{e.state}",
-                    None if e.beat_age_ms == wire.NO_BEAT else e.beat_age_ms / 1000.0 + since,
-                    rate, 1.0 / e.ewma_s if e.ewma_s > 0 and math.isfinite(e.ewma_s) else None,
-                    e.ewma_s, e.min_s, e.max_s, e.loss, e.beats, e.cpu_s, cpu_frac, e.rank_flags, e.control_flags,
-                    None if e.exit_code == wire.EXIT_UNKNOWN else e.exit_code, e.exit_signal or None))
+                    node, rank, pid, step, _PHASE[phase], _STATE[state],
+                    None if age == no_beat else age / 1000.0 + since, rate,
+                    1.0 / ewma if ewma > 0 and isfinite(ewma) else None, ewma, mn, mx, loss, loss_step, beats, cpu,
+                    cpu_frac,
+                    rflags, cflags, None if ecode == unknown else ecode, esig or None))
         return out
 
     def snapshot(self) -> Snapshot:
@@ -212,26 +223,35 @@ def _num(x: float | None, digits: int = 3) -> float | None:
     return round(x, digits)
 
 
-def live_document(snap: Snapshot, *, max_rank_rows: int = 4096) -> dict[str, Any]:
-    """The ``live.json`` content: every node, and every rank up to ``max_rank_rows`` (worst ranks first
-    beyond that, so a 131k-rank job still writes a small file that shows what matters)."""
-    ranks = snap.ranks
-    if len(ranks) > max_rank_rows:
-        def badness(r: RankView) -> tuple[int, float]:
-            return (int(r.state in _ABNORMAL_NAMES), r.beat_age_s or 0.0)
+def _worst(items: list[Any], limit: int, abnormal: Callable[[Any], bool], age: Callable[[Any], float]) -> list[Any]:
+    """Everything if it fits, else abnormal items first, then the oldest."""
+    if len(items) <= limit:
+        return items
+    bad = [x for x in items if abnormal(x)]
+    if len(bad) >= limit:
+        return heapq.nlargest(limit, bad, key=age)
+    good = [x for x in items if not abnormal(x)]
+    return bad + heapq.nlargest(limit - len(bad), good, key=age)
 
-        ranks = heapq.nlargest(max_rank_rows, ranks, key=badness)
+
+def live_document(snap: Snapshot, *, max_rank_rows: int = 4096, max_node_rows: int = 2048) -> dict[str, Any]:
+    """The ``live.json`` content: every rank and node up to the row limits, beyond them the worst first
+    (abnormal states, oldest beats, stalest nodes), so a 131k-rank job still writes a small file that
+    shows what matters."""
+    ranks = _worst(snap.ranks, max_rank_rows, lambda r: r.state in _ABNORMAL_NAMES, lambda r: r.beat_age_s or 0.0)
+    nodes = _worst(list(snap.nodes.values()), max_node_rows, lambda n: False, lambda n: n.staleness_s)
     rows = []
     for r in sorted(ranks, key=lambda r: r.rank):
-        d = asdict(r)
+        d = r._asdict()
         for k in ("beat_age_s", "steps_per_s", "ewma_steps_per_s", "ewma_s", "min_s", "max_s", "cpu_s", "cpu_frac"):
             d[k] = _num(d[k])
         d["loss"] = _num(r.loss, 6) if math.isfinite(r.loss) else repr(r.loss)
         rows.append(d)
     return {
         "schema": LIVE_SCHEMA, "job": snap.job, "written_wall": snap.taken_wall,
-        "nodes": [{**asdict(n), "staleness_s": _num(n.staleness_s), "lag_s": _num(n.lag_s)}
-                  for n in sorted(snap.nodes.values(), key=lambda n: n.node)],
+        "nodes_total": len(snap.nodes),
+        "nodes": [{"node": n.node, "staleness_s": _num(n.staleness_s), "ranks": n.ranks, "frames": n.frames,
+                   "seq": n.seq, "lag_s": _num(n.lag_s), "addr": n.addr} for n in sorted(nodes, key=lambda n: n.node)],
         "ranks_total": len(snap.ranks), "ranks": rows, "counters": snap.counters, "events": snap.events[-50:],
     }
 
@@ -244,7 +264,7 @@ def write_private_json(path: Path, doc: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as fh:
-        json.dump(doc, fh, separators=(",", ":"), allow_nan=False)
+        fh.write(json.dumps(doc, separators=(",", ":"), allow_nan=False))  # one C-encoder pass, one write
     os.replace(tmp, path)
 
 
@@ -255,7 +275,7 @@ class AggregatorServer:
     """
 
     def __init__(self, campaign: str | os.PathLike[str], job: str, *, bind: tuple[str, int] = ("127.0.0.1", 0),
-                 secret: bytes | None = None, live_interval_s: float = 1.0, keepalive_interval_s: float = 2.0,
+                 secret: bytes | None = None, live_interval_s: float = 1.0, keepalive_interval_s: float = 5.0,
                  rate_window_s: float = 3.0, max_rank_rows: int = 4096, rcvbuf: int = 32 << 20) -> None:
         self.campaign = ensure_private_dir(campaign)
         self.key = wire.derive_key(secret if secret is not None else create_secret(self.campaign))
@@ -278,6 +298,9 @@ class AggregatorServer:
         self.instance = secrets.randbits(64)
         self.seq = 0
         self._next_live = self._next_keepalive = 0.0
+        self._live_job: Iterator[None] | None = None
+        self._live_cost = 0.0
+        self._keepalive_queue: list[str] = []
         self.live_write_s = 0.0  # cost of the last live.json write, for benches
 
     @property
@@ -307,21 +330,51 @@ class AggregatorServer:
         return n
 
     def poll(self, timeout: float) -> int:
-        """Wait up to ``timeout`` s for frames, feed them, then do due housekeeping."""
-        ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
+        """Wait up to ``timeout`` s for frames, feed them, then do one slice of due housekeeping.
+
+        Housekeeping (keepalives, the live.json snapshot) is cut into slices of a few ms so a 16k-node
+        table never stops the receive loop long enough to overflow the socket buffer.
+        """
+        busy = self._live_job is not None or bool(self._keepalive_queue)
+        ready, _, _ = select.select([self.sock], [], [], 0.0 if busy else max(0.0, timeout))
         n = self.drain() if ready else 0
         now = time.monotonic()
-        if now >= self._next_keepalive:
+        if now >= self._next_keepalive and not self._keepalive_queue:
             self._next_keepalive = now + self.keepalive_interval_s
-            for node in list(self.table.nodes):
+            self._keepalive_queue = list(self.table.nodes)
+        if self._keepalive_queue:
+            batch, self._keepalive_queue = self._keepalive_queue[-256:], self._keepalive_queue[:-256]
+            for node in batch:
                 self.send(node, [wire.Command(wire.CMD_KEEPALIVE)])
-        if now >= self._next_live:
-            self.write_live()
-            # Keep writing under ~10% of a core even for huge tables.
-            self._next_live = time.monotonic() + max(self.live_interval_s, 10 * self.live_write_s)
+        if self._live_job is None and now >= self._next_live:
+            self._live_job, self._live_cost = self._live_steps(), 0.0
+        if self._live_job is not None:
+            t0 = time.perf_counter()
+            try:
+                next(self._live_job)
+                self._live_cost += time.perf_counter() - t0
+            except StopIteration:
+                self._live_cost += time.perf_counter() - t0
+                self._live_job, self.live_write_s = None, self._live_cost
+                # Keep the live file's cost under ~10% of a core even for huge tables.
+                self._next_live = time.monotonic() + max(self.live_interval_s, 10 * self.live_write_s)
         return n
 
+    def _live_steps(self, chunk: int = 256) -> Iterator[None]:
+        table = self.table
+        names = list(table.nodes)
+        ranks: list[RankView] = []
+        for i in range(0, len(names), chunk):
+            ranks.extend(table.rank_views(names[i:i + chunk]))
+            yield
+        snap = Snapshot(time.time(), self.job, table.node_views(), ranks, dict(table.counters), list(table.events))
+        yield
+        doc = live_document(snap, max_rank_rows=self.max_rank_rows)
+        yield
+        write_private_json(self.campaign / LIVE_NAME, doc)
+
     def write_live(self) -> Snapshot:
+        """Snapshot and write live.json now, in one go."""
         t0 = time.perf_counter()
         snap = self.table.snapshot()
         write_private_json(self.campaign / LIVE_NAME, live_document(snap, max_rank_rows=self.max_rank_rows))

@@ -39,9 +39,10 @@ KINDS = (KIND_SUMMARY, KIND_CONTROL, KIND_EVENT)
 # magic, version, kind, item count, sender instance, seq, send wall ns, send monotonic ns, len(job), len(node)
 HEADER = struct.Struct("<4sBBHQQqQBB")
 
-# One rank, 64 bytes: rank, pid, step, phase, state, rank flags, control flags, beat age ms,
-# iteration EWMA / min / max seconds, last loss, beats, exit code, exit signal, (pad), cpu seconds.
-RANK = struct.Struct("<IIqBBBBIfffdQhBxd")
+# One rank, 72 bytes: rank, pid, step, phase, state, rank flags, control flags, beat age ms,
+# iteration EWMA / min / max seconds, last loss, step of that loss (-1: no loss ever given, then the loss
+# is NaN and means nothing), beats, exit code, exit signal, (pad), cpu seconds.
+RANK = struct.Struct("<IIqBBBBIfffdqQhBxd")
 MAX_RANKS = (MAX_FRAME - HEADER.size - 2 * MAX_NAME - MAC_LEN) // RANK.size
 
 # One control command, 16 bytes: command, (pad), rank (ALL_RANKS = every rank), argument.
@@ -90,6 +91,7 @@ class RankEntry(NamedTuple):
     min_s: float
     max_s: float
     loss: float
+    loss_step: int
     beats: int
     exit_code: int
     exit_signal: int
@@ -153,7 +155,8 @@ def pack_rank(entry: RankEntry) -> bytes:
         e.rank & 0xFFFFFFFF, e.pid & 0xFFFFFFFF, max(-(2**63), min(e.step, 2**63 - 1)), e.phase & 0xFF,
         e.state & 0xFF, e.rank_flags & 0xFF, e.control_flags & 0xFF,
         e.beat_age_ms if e.beat_age_ms == NO_BEAT else _clamp_u32(e.beat_age_ms),
-        _f32(e.ewma_s), _f32(e.min_s), _f32(e.max_s), float(e.loss), e.beats & 0xFFFFFFFFFFFFFFFF,
+        _f32(e.ewma_s), _f32(e.min_s), _f32(e.max_s), float(e.loss),
+        max(-(2**63), min(e.loss_step, 2**63 - 1)), e.beats & 0xFFFFFFFFFFFFFFFF,
         max(-32768, min(e.exit_code, 32767)), e.exit_signal & 0xFF, float(e.cpu_s),
     )
 

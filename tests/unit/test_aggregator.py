@@ -32,7 +32,7 @@ class Clock:
 
 def entry(rank: int, step: int, *, pid: int = 500, age_ms: int = 100, cpu: float = 0.0,
           state: int = wire.ST_RUNNING, ewma: float = 0.5, loss: float = 1.0) -> wire.RankEntry:
-    return wire.RankEntry(rank, pid, step, 1, state, 0, 0, age_ms, ewma, 0.4, 0.6, loss, step, -1, 0, cpu)
+    return wire.RankEntry(rank, pid, step, 1, state, 0, 0, age_ms, ewma, 0.4, 0.6, loss, step, step, -1, 0, cpu)
 
 
 def frame(seq: int, mono_s: float, ranks: list[wire.RankEntry], node: str = "n1", clock: Clock | None = None) -> bytes:

@@ -20,7 +20,7 @@ def _write_live(campaign: Path) -> None:
     now = time.time_ns()
     for seq, (mono, step) in enumerate([(0, 0), (1, 10), (2, 20)], start=1):
         ranks = [wire.RankEntry(r, 100 + r, step + r, 1, wire.ST_RUNNING if r else wire.ST_STOPPED, 0, 0, 50,
-                                0.1, 0.1, 0.1, float("nan") if r else 0.5, step, -1, 0, 1.0) for r in (0, 1)]
+                                0.1, 0.1, 0.1, float("nan") if r else 0.5, step, step, -1, 0, 1.0) for r in (0, 1)]
         table.feed(wire.encode_summary(KEY, instance=1, seq=seq, wall_ns=now, mono_ns=mono * 10**9, job="77",
                                        node="node1", ranks=ranks))
     write_private_json(campaign / "live.json", live_document(table.snapshot()))

@@ -18,7 +18,7 @@ NOW = 1_700_000_000 * 10**9
 
 def entry(rank: int, **kw: object) -> wire.RankEntry:
     base = dict(rank=rank, pid=1000 + rank, step=42, phase=1, state=wire.ST_RUNNING, rank_flags=0,
-                control_flags=0, beat_age_ms=120, ewma_s=0.5, min_s=0.25, max_s=1.0, loss=2.5, beats=43,
+                control_flags=0, beat_age_ms=120, ewma_s=0.5, min_s=0.25, max_s=1.0, loss=2.5, loss_step=42, beats=43,
                 exit_code=wire.EXIT_UNKNOWN, exit_signal=0, cpu_s=12.25)
     base.update(kw)
     return wire.RankEntry(**base)  # type: ignore[arg-type]
@@ -41,8 +41,8 @@ def test_summary_round_trip_preserves_every_field_including_nan_loss() -> None:
 
 
 def test_a_node_of_eight_ranks_fits_in_a_small_datagram() -> None:
-    assert wire.RANK.size == 64
-    assert len(summary(ranks=[entry(r) for r in range(8)])) < 640
+    assert wire.RANK.size == 72
+    assert len(summary(ranks=[entry(r) for r in range(8)])) < 700
 
 
 def test_out_of_range_values_are_clamped_not_fatal() -> None:
