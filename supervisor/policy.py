@@ -1,0 +1,346 @@
+"""What to do about an interruption: tiered response, recovery path, budgets, backoff. Pure.
+
+``decide(interruption, history, allocation, config)`` returns the actions in the order the supervisor loop
+executes them. The budgets exist because the seed incident's opposite is just as costly: a supervisor that
+restarts a deterministic bug forever burns the allocation. A class's budget counts its interruptions since the
+last *progress* (a checkpoint committed at a newer step), so a rare transient fault never exhausts it while a
+crash that recurs before the next checkpoint does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Any
+
+from supervisor import events as ev
+from supervisor.classify import Interruption
+
+# Action kinds (the journal's "action" events carry these).
+ALERT = "alert"  # tier L1: log; L2+: also the alert hook (webhook/command)
+CHECKPOINT_NOW = "checkpoint_now"  # ask ranks to checkpoint at the next step boundary
+STOP_STEP = "stop_step"  # L3: ask ranks to checkpoint (params.checkpoint) and exit; kill after params.grace_s
+DUMP_STACKS = "dump_stacks"  # L4: save every rank's stacks before killing
+KILL_STEP = "kill_step"  # L4: kill the training step now
+MARK_SUSPECT = "mark_suspect"  # strike the nodes in the ledger
+DRAIN = "drain"  # operator mode only: scontrol update nodename=... state=drain
+BACKOFF = "backoff"  # wait params.seconds before the recovery action
+RESTART_IN_ALLOCATION = "restart_in_allocation"  # relaunch the step in this allocation (params.exclude)
+REQUEUE = "requeue"  # scontrol requeue this job, excluding params.exclude
+AWAIT_REQUEUE = "await_requeue"  # Slurm itself requeues the job (preemption, node failure): let it
+HOLD = "hold"  # requeue held: an operator must release it
+STOP = "stop"  # end the campaign (params.state: stopped|failed), with a message saying why and what to do
+FINISH = "finish"  # the run completed
+
+FAULT_CLASSES = frozenset(ev.INTERRUPTION_CLASSES) - {ev.PREEMPTION, ev.TIMEOUT, ev.CANCELLED}
+_UNLIMITED = None
+
+DEFAULT_BUDGETS: Mapping[str, int | None] = MappingProxyType(
+    {
+        ev.PREEMPTION: _UNLIMITED,
+        ev.TIMEOUT: _UNLIMITED,
+        ev.CANCELLED: 0,
+        ev.NODE_FAILURE: 5,
+        ev.HARDWARE: 3,
+        ev.HANG: 3,
+        ev.COMM_ERROR: 3,
+        ev.APP_ERROR: 2,
+        ev.NUMERICAL: 0,
+        ev.UNKNOWN: 3,
+    }
+)
+DEFAULT_TIERS: Mapping[str, str] = MappingProxyType(
+    {
+        ev.PREEMPTION: "L1",
+        ev.TIMEOUT: "L1",
+        ev.CANCELLED: "L1",
+        ev.NODE_FAILURE: "L2",
+        ev.HARDWARE: "L4",
+        ev.HANG: "L4",
+        ev.COMM_ERROR: "L2",
+        ev.APP_ERROR: "L2",
+        ev.NUMERICAL: "L3",
+        ev.UNKNOWN: "L2",
+    }
+)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Documented defaults (docs/decisions.md, "Policy"); every value is validated on construction."""
+
+    budgets: Mapping[str, int | None] = field(default_factory=lambda: DEFAULT_BUDGETS)  # restarts allowed per class since progress; None: no limit
+    tiers: Mapping[str, str] = field(default_factory=lambda: DEFAULT_TIERS)
+    max_fault_restarts: int = 20  # all fault classes together within restart_window_s: a crash loop stops
+    restart_window_s: float = 3600.0
+    backoff_base_s: float = 5.0  # the first restart is immediate; then base, base*factor, ... up to max
+    backoff_factor: float = 2.0
+    backoff_max_s: float = 300.0
+    stop_grace_s: float = 120.0  # L3: how long ranks get to checkpoint and exit before the step is killed
+    checkpoint_on_numerical: bool = False  # never save NaN weights over good ones by default
+    on_budget_exhausted: str = "stop"  # "stop" the campaign, or "hold" it queued for an operator
+    operator_mode: bool = False  # may drain nodes (needs Slurm operator rights)
+
+    def __post_init__(self) -> None:
+        budgets = dict(DEFAULT_BUDGETS)
+        for cls, value in self.budgets.items():
+            if cls not in ev.INTERRUPTION_CLASSES:
+                raise ValueError(f"policy.budgets: unknown class {cls!r}; use one of {', '.join(ev.INTERRUPTION_CLASSES)}")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"policy.budgets.{cls} must be a whole number >= 0 or null (no limit), got {value!r}")
+            budgets[cls] = value
+        tiers = dict(DEFAULT_TIERS)
+        for cls, tier in self.tiers.items():
+            if cls not in ev.INTERRUPTION_CLASSES:
+                raise ValueError(f"policy.tiers: unknown class {cls!r}; use one of {', '.join(ev.INTERRUPTION_CLASSES)}")
+            if tier not in ev.TIERS:
+                raise ValueError(f"policy.tiers.{cls} must be one of {', '.join(ev.TIERS)}, got {tier!r}")
+            tiers[cls] = tier
+        object.__setattr__(self, "budgets", MappingProxyType(budgets))
+        object.__setattr__(self, "tiers", MappingProxyType(tiers))
+        _positive(self, "restart_window_s", "backoff_max_s", "stop_grace_s")
+        _non_negative(self, "backoff_base_s")
+        if isinstance(self.max_fault_restarts, bool) or not isinstance(self.max_fault_restarts, int) or \
+                self.max_fault_restarts < 1:  # fmt: skip
+            raise ValueError(f"policy.max_fault_restarts must be a whole number >= 1, got {self.max_fault_restarts!r}")
+        if not (isinstance(self.backoff_factor, (int, float)) and self.backoff_factor >= 1):
+            raise ValueError(f"policy.backoff_factor must be >= 1, got {self.backoff_factor!r} (try 2)")
+        if self.backoff_max_s < self.backoff_base_s:
+            raise ValueError(
+                f"policy.backoff_max_s ({self.backoff_max_s}) must be >= policy.backoff_base_s ({self.backoff_base_s})"
+            )
+        if self.on_budget_exhausted not in ("stop", "hold"):
+            raise ValueError(f"policy.on_budget_exhausted must be 'stop' or 'hold', got {self.on_budget_exhausted!r}")
+        for name in ("checkpoint_on_numerical", "operator_mode"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"policy.{name} must be true or false, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> PolicyConfig:
+        """From a config file's ``policy`` table; unknown keys are errors (a typo must not silently do nothing)."""
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ValueError(f"policy.{key}: unknown setting; known settings: {', '.join(sorted(known))}")
+        return cls(**dict(data))
+
+
+def _positive(config: PolicyConfig, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"policy.{name} must be a positive number of seconds, got {value!r}")
+
+
+def _non_negative(config: PolicyConfig, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"policy.{name} must be a number of seconds >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str
+    tier: str | None = None
+    target: tuple[str, ...] = ()  # nodes, or ranks as text
+    reason: str = ""
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_event(self, t: float) -> ev.Event:
+        return ev.action_event(t, self.kind, self.tier, self.target, self.reason, self.params)
+
+
+@dataclass(frozen=True)
+class History:
+    """What the campaign has been through, folded from the journal (see :meth:`fold`)."""
+
+    streaks: Mapping[str, int] = field(default_factory=dict)  # interruptions per class since progress
+    totals: Mapping[str, int] = field(default_factory=dict)
+    fault_times: tuple[float, ...] = ()
+    faults_since_progress: int = 0
+    best_step: int | None = None  # newest committed checkpoint step
+
+    def record(self, interruption_class: str, t: float) -> History:
+        if interruption_class == ev.COMPLETED:
+            return self
+        streaks = dict(self.streaks)
+        streaks[interruption_class] = streaks.get(interruption_class, 0) + 1
+        totals = dict(self.totals)
+        totals[interruption_class] = totals.get(interruption_class, 0) + 1
+        fault = interruption_class in FAULT_CLASSES
+        return replace(
+            self,
+            streaks=streaks,
+            totals=totals,
+            fault_times=self.fault_times + ((t,) if fault else ()),
+            faults_since_progress=self.faults_since_progress + (1 if fault else 0),
+        )
+
+    def progress(self, step: int) -> History:
+        """A checkpoint committed at ``step``: only a newer step than before counts as progress."""
+        if self.best_step is not None and step <= self.best_step:
+            return self
+        return replace(self, streaks={}, faults_since_progress=0, best_step=step)
+
+    def faults_within(self, window_s: float, now: float) -> int:
+        return sum(1 for t in self.fault_times if now - t <= window_s)
+
+    @classmethod
+    def fold(cls, events: Iterable[Mapping[str, Any]]) -> History:
+        history = cls()
+        for e in events:
+            if e.get("type") == ev.INTERRUPTION and e.get("class") in ev.OUTCOMES:
+                history = history.record(str(e["class"]), float(e.get("t", 0.0)))
+            elif e.get("type") == ev.CHECKPOINT_COMMITTED and isinstance(e.get("step"), int):
+                history = history.progress(int(e["step"]))
+        return history
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Where the campaign stands in Slurm right now."""
+
+    nodes: tuple[str, ...]  # nodes of the current allocation
+    needed: int  # nodes the training step needs
+    excluded: frozenset[str] = frozenset()  # the ledger's excluded nodes
+    step_running: bool = False  # the training step is still up (something to checkpoint, dump, kill)
+    slurm_requeues: bool = False  # Slurm is already requeueing the job (preemption, node failure with --requeue)
+
+
+@dataclass(frozen=True)
+class Decision:
+    actions: tuple[Action, ...]
+    state: str  # campaign state afterwards: running | pending | completed | failed | held | stopped
+    message: str  # one line for the user
+
+
+def backoff_seconds(faults_since_progress: int, config: PolicyConfig) -> float:
+    """0 for the first fault since progress, then base, base*factor, ... capped at max."""
+    if faults_since_progress <= 1:
+        return 0.0
+    exponent = min(faults_since_progress - 2, 64)
+    return float(min(config.backoff_max_s, config.backoff_base_s * config.backoff_factor**exponent))
+
+
+def _tier_actions(cls: str, tier: str, i: Interruption, alloc: Allocation, config: PolicyConfig) -> list[Action]:
+    why = f"{cls}: {i.evidence[0] if i.evidence else 'no evidence'}"
+    actions = [Action(ALERT, tier, i.blamed_nodes, why, {"class": cls, "confidence": i.confidence})]
+    if tier == "L3" and alloc.step_running:
+        checkpoint = cls != ev.NUMERICAL or config.checkpoint_on_numerical
+        actions.append(Action(STOP_STEP, tier, (), why, {"checkpoint": checkpoint, "grace_s": config.stop_grace_s}))
+    if tier == "L4":
+        if alloc.step_running:
+            actions.append(Action(DUMP_STACKS, tier, (), why))
+            actions.append(Action(KILL_STEP, tier, (), why))
+        if i.blamed_nodes:
+            actions.append(Action(MARK_SUSPECT, tier, i.blamed_nodes, why))
+    elif i.blamed_nodes and cls in (ev.NODE_FAILURE, ev.HARDWARE):
+        actions.append(Action(MARK_SUSPECT, tier, i.blamed_nodes, why))
+    if config.operator_mode and i.blamed_nodes and cls in (ev.NODE_FAILURE, ev.HARDWARE):
+        actions.append(Action(DRAIN, tier, i.blamed_nodes, f"supervisor: {cls}"))
+    return actions
+
+
+def _over_budget(cls: str, history: History, config: PolicyConfig, now: float) -> str | None:
+    budget = config.budgets.get(cls)
+    streak = history.streaks.get(cls, 0)  # already includes this interruption
+    if budget is not None and streak > budget:
+        if budget == 0:
+            return f"{cls} is not restarted by policy (budget 0)"
+        return f"{cls} happened {streak} times without progress (budget: {budget} restarts)"
+    recent = history.faults_within(config.restart_window_s, now)
+    if cls in FAULT_CLASSES and recent > config.max_fault_restarts:
+        return f"{recent} faults within {config.restart_window_s:.0f}s (limit {config.max_fault_restarts}): a crash loop"
+    return None
+
+
+_ADVICE = {
+    ev.APP_ERROR: "the program itself fails: fix the error in the logs, then resubmit (training resumes from the "
+    "last valid checkpoint)",
+    ev.NUMERICAL: "the loss became NaN/Inf: the bad state was not checkpointed; lower the learning rate or check the "
+    "data, then resubmit (it resumes from the last good checkpoint)",
+    ev.HANG: "the program keeps hanging: read the saved stack dumps in the campaign dir",
+    ev.CANCELLED: "the job was cancelled from outside",
+}
+
+
+def decide(
+    interruption: Interruption,
+    history: History,
+    allocation: Allocation,
+    config: PolicyConfig | None = None,
+    now: float = 0.0,
+) -> Decision:
+    """``history`` must not yet include ``interruption`` (it is recorded here)."""
+    config = config or PolicyConfig()
+    cls = interruption.cls
+    if cls == ev.COMPLETED:
+        return Decision((Action(FINISH, None, (), "the run completed"),), "completed", "training completed")
+    history = history.record(cls, now)
+    tier = config.tiers[cls]
+    actions = _tier_actions(cls, tier, interruption, allocation, config)
+    exclude = sorted(set(interruption.blamed_nodes) | set(allocation.excluded))
+    if cls == ev.CANCELLED:
+        actions.append(Action(STOP, None, (), "cancelled from outside", {"state": "stopped"}))
+        return Decision(tuple(actions), "stopped", "the job was cancelled from outside; the campaign is stopped")
+    exhausted = _over_budget(cls, history, config, now)
+    if exhausted:
+        advice = _ADVICE.get(cls, "look at the report and the logs, then resubmit")
+        message = f"stopping: {exhausted}; {advice}"
+        if allocation.step_running and not any(a.kind in (STOP_STEP, KILL_STEP) for a in actions):
+            checkpoint = cls != ev.NUMERICAL or config.checkpoint_on_numerical
+            actions.append(Action(STOP_STEP, "L3", (), message,
+                                  {"checkpoint": checkpoint, "grace_s": config.stop_grace_s}))  # fmt: skip
+        first = actions[0]  # the tier's alert: raise it to at least L3 and say why the campaign stops
+        actions[0] = replace(first, tier=max(first.tier or "L3", "L3"), reason=f"{first.reason}; {message}")
+        if config.on_budget_exhausted == "hold":
+            actions.append(Action(HOLD, None, tuple(exclude), message, {"exclude": exclude}))
+            return Decision(tuple(actions), "held", message)
+        actions.append(Action(STOP, None, (), message, {"state": "failed"}))
+        return Decision(tuple(actions), "failed", message)
+    if cls == ev.PREEMPTION:
+        if allocation.step_running:
+            actions.append(Action(CHECKPOINT_NOW, None, (), "preempted: save before the grace time ends"))
+        actions.append(Action(AWAIT_REQUEUE, None, (), "Slurm requeues a preempted job", {"exclude": exclude}))
+        return Decision(tuple(actions), "pending", "preempted: checkpointing; Slurm will requeue the job")
+    if cls == ev.TIMEOUT:
+        if allocation.step_running:
+            actions.append(Action(CHECKPOINT_NOW, None, (), "time limit near: save, then requeue"))
+        actions.append(Action(REQUEUE, None, tuple(exclude), "time limit: continue in a new allocation",
+                              {"exclude": exclude, "after_checkpoint": allocation.step_running}))  # fmt: skip
+        return Decision(tuple(actions), "pending", "time limit reached: checkpointing and requeueing")
+    wait = backoff_seconds(history.faults_since_progress, config)
+    if wait > 0:
+        actions.append(Action(BACKOFF, None, (), f"fault {history.faults_since_progress} since progress",
+                              {"seconds": wait}))  # fmt: skip
+    # Nodes blamed for a node failure or hardware fault are never reused; other suspects (a hang's or comm
+    # error's node, the ledger's excluded nodes) are left out only while the allocation has spares.
+    hard = set(interruption.blamed_nodes) if cls in (ev.NODE_FAILURE, ev.HARDWARE) else set()
+    usable = [n for n in allocation.nodes if n not in exclude]
+    if len(usable) < allocation.needed:
+        usable = [n for n in allocation.nodes if n not in hard]
+    if allocation.slurm_requeues:
+        actions.append(Action(AWAIT_REQUEUE, None, tuple(exclude), f"{cls}: Slurm requeues the job",
+                              {"exclude": exclude}))  # fmt: skip
+        return Decision(tuple(actions), "pending", f"{cls}: Slurm is requeueing the job")
+    if len(usable) >= allocation.needed:
+        excluded_here = [n for n in allocation.nodes if n not in usable]
+        actions.append(Action(RESTART_IN_ALLOCATION, None, tuple(usable), f"{cls}: relaunch in this allocation",
+                              {"exclude": excluded_here, "nodes": usable}))  # fmt: skip
+        return Decision(tuple(actions), "running", f"{cls}: restarting in the same allocation")
+    actions.append(Action(REQUEUE, None, tuple(exclude), f"{cls}: not enough healthy nodes here, requeue",
+                          {"exclude": exclude, "after_checkpoint": False}))  # fmt: skip
+    return Decision(tuple(actions), "pending", f"{cls}: requeueing without {', '.join(exclude) or 'any exclusion'}")
+
+
+def respond_to_warning(kind: str, nodes: tuple[str, ...], evidence: str, config: PolicyConfig | None = None
+                       ) -> tuple[Action, ...]:  # fmt: skip
+    """Warnings (stragglers, loss spikes) do not interrupt the run: an L2 alert with the suggested action."""
+    suggestion = {
+        "straggler": "if it persists, drain or exclude the node at the next restart",
+        "loss_spike": "watch the loss; roll back to an earlier checkpoint if it does not recover",
+    }.get(kind, "look at the live status")
+    return (Action(ALERT, "L2", nodes, evidence, {"warning": kind, "suggested_action": suggestion}),)
