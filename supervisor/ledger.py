@@ -1,0 +1,129 @@
+"""Suspect-node ledger: strikes that fade, folded from the journal. Pure.
+
+A node's score is the sum of its strikes, each halving every ``half_life_s``:
+``score(now) = sum(w_i * 2 ** (-(now - t_i) / half_life_s))``. Stored per node as (score at t, t), so memory
+is O(nodes) and an update is O(1). A node whose score is at or above ``threshold`` is excluded when the job is
+requeued. With the defaults a node failure (weight 2) keeps a node out for one half-life (6 h), while one hang
+(weight 0.5) does not exclude it; three hangs in a short time do. An operator can forgive a node (journal event
+``node_forgiven``), which clears its score.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from supervisor import events as ev
+
+DEFAULT_WEIGHTS: Mapping[str, float] = MappingProxyType(
+    {
+        ev.NODE_FAILURE: 2.0,
+        ev.HARDWARE: 2.0,
+        ev.HANG: 0.5,
+        ev.COMM_ERROR: 0.5,
+        ev.UNKNOWN: 0.25,
+        "straggler": 0.25,
+    }
+)
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    half_life_s: float = 6 * 3600.0
+    threshold: float = 1.0
+    weights: Mapping[str, float] = field(default_factory=lambda: DEFAULT_WEIGHTS)  # class (or "straggler") -> strike
+
+    def __post_init__(self) -> None:
+        for name in ("half_life_s", "threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"ledger.{name} must be a positive number, got {value!r}")
+        known = (*ev.INTERRUPTION_CLASSES, "straggler")
+        merged = dict(DEFAULT_WEIGHTS)
+        for key, weight in self.weights.items():
+            if key not in known:
+                raise ValueError(f"ledger.weights: unknown key {key!r}; use one of {', '.join(known)}")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
+                raise ValueError(f"ledger.weights.{key} must be a number >= 0, got {weight!r}")
+            merged[key] = float(weight)
+        object.__setattr__(self, "weights", MappingProxyType(merged))
+
+
+@dataclass
+class NodeRecord:
+    score: float  # as of ``t``
+    t: float
+    strikes: int = 0
+    last_reason: str = ""
+
+
+class Ledger:
+    def __init__(self, config: LedgerConfig | None = None) -> None:
+        self.config = config or LedgerConfig()
+        self.nodes: dict[str, NodeRecord] = {}
+
+    def _decay(self, score: float, dt: float) -> float:
+        return score * 2.0 ** (-max(0.0, dt) / self.config.half_life_s)
+
+    def score(self, node: str, now: float) -> float:
+        record = self.nodes.get(node)
+        return 0.0 if record is None else self._decay(record.score, now - record.t)
+
+    def strike(self, node: str, weight: float, t: float, reason: str = "") -> None:
+        if weight <= 0:
+            return
+        record = self.nodes.get(node)
+        if record is None:
+            self.nodes[node] = NodeRecord(weight, t, 1, reason)
+        elif t >= record.t:
+            self.nodes[node] = NodeRecord(self._decay(record.score, t - record.t) + weight, t, record.strikes + 1, reason)
+        else:  # an older event arriving late: age it to the record's time instead
+            record.score += self._decay(weight, record.t - t)
+            record.strikes += 1
+
+    def forgive(self, node: str, t: float) -> None:
+        record = self.nodes.get(node)
+        if record is not None:
+            self.nodes[node] = NodeRecord(0.0, max(t, record.t), record.strikes, "forgiven by an operator")
+
+    def excluded_nodes(self, now: float) -> frozenset[str]:
+        return frozenset(n for n in self.nodes if self.score(n, now) >= self.config.threshold)
+
+    def table(self, now: float) -> list[dict[str, Any]]:
+        """Rows for ``supervise nodes``: worst first."""
+        rows = [
+            {
+                "node": node,
+                "score": round(self.score(node, now), 4),
+                "excluded": self.score(node, now) >= self.config.threshold,
+                "strikes": record.strikes,
+                "last_strike_t": record.t,
+                "last_reason": record.last_reason,
+            }
+            for node, record in self.nodes.items()
+        ]
+        return sorted(rows, key=lambda r: (-r["score"], r["node"]))
+
+    def apply(self, event: Mapping[str, Any]) -> None:
+        """Fold one journal event in (unknown events are ignored)."""
+        kind = event.get("type")
+        t = float(event.get("t", 0.0))
+        if kind == ev.INTERRUPTION:
+            weight = self.config.weights.get(str(event.get("class")), 0.0)
+            for node in event.get("blamed_nodes", ()):
+                self.strike(str(node), weight, t, str(event.get("class")))
+        elif kind == ev.DETECTION and event.get("kind") == "straggler":
+            for node in event.get("nodes", ()):
+                self.strike(str(node), self.config.weights.get("straggler", 0.0), t, "straggler")
+        elif kind == ev.NODE_FORGIVEN and event.get("node"):
+            self.forgive(str(event["node"]), t)
+
+    @classmethod
+    def fold(cls, events: Iterable[Mapping[str, Any]], config: LedgerConfig | None = None) -> Ledger:
+        ledger = cls(config)
+        for event in events:
+            ledger.apply(event)
+        return ledger

@@ -1,0 +1,90 @@
+"""Suspect-node ledger: decaying strikes folded from the journal."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from supervisor import events as ev
+from supervisor.detect import STRAGGLER, DetectionEvent
+from supervisor.ledger import Ledger, LedgerConfig
+
+H = 3600.0
+
+
+def test_a_node_failure_excludes_the_node_for_one_half_life():
+    ledger = Ledger.fold([ev.interruption_event(0.0, ev.NODE_FAILURE, ["node2"], 0.9, ["down"])], LedgerConfig(H))
+    assert ledger.score("node2", 0.0) == 2.0
+    assert ledger.excluded_nodes(H - 1) == {"node2"}
+    assert ledger.excluded_nodes(H + 1) == frozenset()
+    assert ledger.score("node2", 2 * H) == pytest.approx(0.5)
+
+
+def test_one_hang_does_not_exclude_but_repeated_hangs_do():
+    events = [ev.interruption_event(t, ev.HANG, ["node3"], 0.9, ["x"]) for t in (0.0, 60.0, 120.0)]
+    ledger = Ledger.fold(events[:1], LedgerConfig(H))
+    assert ledger.excluded_nodes(0.0) == frozenset()
+    ledger = Ledger.fold(events, LedgerConfig(H))
+    assert ledger.excluded_nodes(130.0) == {"node3"}
+
+
+def test_preemption_and_app_errors_never_strike():
+    events = [
+        ev.interruption_event(0.0, ev.PREEMPTION, [], 0.9, ["x"]),
+        {"type": "interruption", "t": 0.0, "class": ev.APP_ERROR, "blamed_nodes": ["node1"]},
+    ]
+    assert Ledger.fold(events).nodes == {}
+
+
+def test_an_operator_forgives_and_later_strikes_count_again():
+    events = [
+        ev.interruption_event(0.0, ev.HARDWARE, ["node1"], 0.9, ["xid"]),
+        ev.node_forgiven(10.0, "node1"),
+    ]
+    ledger = Ledger.fold(events, LedgerConfig(H))
+    assert ledger.score("node1", 11.0) == 0.0 and ledger.excluded_nodes(11.0) == frozenset()
+    ledger.apply(ev.interruption_event(20.0, ev.NODE_FAILURE, ["node1"], 0.9, ["down"]))
+    assert ledger.excluded_nodes(21.0) == {"node1"}
+
+
+def test_stragglers_strike_lightly_and_table_lists_worst_first():
+    det = DetectionEvent(STRAGGLER, (5,), ("node4",))
+    events = [ev.detection_event(det, 0.0), ev.interruption_event(0.0, ev.NODE_FAILURE, ["node2"], 0.9, ["x"])]
+    rows = Ledger.fold(events).table(0.0)
+    assert [(r["node"], r["score"], r["excluded"]) for r in rows] == [("node2", 2.0, True), ("node4", 0.25, False)]
+
+
+_strikes = st.lists(
+    st.tuples(st.floats(0, 1e6), st.sampled_from(["node1", "node2"]), st.floats(0, 5)), max_size=30
+)
+
+
+@given(strikes=_strikes, a=st.floats(0, 2e6), gap=st.floats(0, 1e6))
+def test_scores_decay_monotonically_between_strikes(strikes, a, gap):
+    ledger = Ledger(LedgerConfig(H))
+    for t, node, w in sorted(strikes):
+        ledger.strike(node, w, t)
+    last = max((t for t, _, _ in strikes), default=0.0)
+    t1 = last + a
+    for node in ("node1", "node2"):
+        assert 0.0 <= ledger.score(node, t1 + gap) <= ledger.score(node, t1) + 1e-12
+
+
+@given(strikes=_strikes)
+def test_order_of_arrival_does_not_change_scores(strikes):
+    ordered, shuffled = Ledger(LedgerConfig(H)), Ledger(LedgerConfig(H))
+    for t, node, w in sorted(strikes):
+        ordered.strike(node, w, t)
+    for t, node, w in reversed(sorted(strikes)):
+        shuffled.strike(node, w, t)
+    now = 2e6
+    for node in ("node1", "node2"):
+        assert shuffled.score(node, now) == pytest.approx(ordered.score(node, now), rel=1e-9, abs=1e-12)
+
+
+def test_bad_config_names_the_key():
+    with pytest.raises(ValueError, match="ledger.half_life_s"):
+        LedgerConfig(half_life_s=0)
+    with pytest.raises(ValueError, match="unknown key 'hangs'"):
+        LedgerConfig(weights={"hangs": 1.0})
