@@ -1,0 +1,66 @@
+"""The decision core end to end, as the supervisor loop uses it: detect -> classify -> decide -> journal,
+then history and ledger recomputed from the journal file alone."""
+
+from __future__ import annotations
+
+from supervisor import events as ev
+from supervisor import journal
+from supervisor.classify import Evidence, RankExit, classify
+from supervisor.detect import (
+    RANK_STOPPED,
+    DetectConfig,
+    Detector,
+    NodeView,
+    RankView,
+    Snapshot,
+    TimeoutConfig,
+)
+from supervisor.journal import Journal
+from supervisor.ledger import Ledger
+from supervisor.policy import DUMP_STACKS, KILL_STEP, RESTART_IN_ALLOCATION, Allocation, History, decide
+
+NODE_OF = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+
+
+def snapshot(t, stopped_rank=None, stopped_at=None):
+    views = []
+    for r, node in NODE_OF.items():
+        frozen = stopped_rank == r and stopped_at is not None and t >= stopped_at
+        last = stopped_at if frozen else float(int(t))
+        views.append(
+            RankView(r, node, 100 + r, int(last), "step", t - last, iter_ewma_s=1.0, iter_max_s=1.05,
+                     proc_state="T" if frozen else "S")
+        )  # fmt: skip
+    return Snapshot(tuple(NodeView(n, 0.1, tuple(v for v in views if v.node == n)) for n in ("node1", "node2")))
+
+
+def test_a_sigstopped_rank_goes_from_detection_to_a_journaled_restart(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    detector = Detector(DetectConfig(timeouts=TimeoutConfig(step_floor_s=2.0, warmup_samples=10)))
+    with Journal(path, clock=lambda: 0.0) as j:
+        j.append(ev.campaign_started(0.0, "c1", ["python", "train.py"], "42"))
+        j.append(ev.attempt_started(0.0, "42", 0, ["node1", "node2", "node3"], None))
+        found, t = [], 0.0
+        while not found:
+            t += 0.25
+            assert t < 60, "the stopped rank was never detected"
+            found = detector.observe(snapshot(t, stopped_rank=3, stopped_at=30.0), t)
+        assert [d.kind for d in found] == [RANK_STOPPED] and t - 30.0 <= detector.config.hang.stopped_grace_s + 0.25
+        for d in found:
+            j.append(ev.detection_event(d, t))
+        history = History.fold(journal.read(path))
+        evidence = Evidence(detections=tuple((t, d) for d in found), rank_exits=(RankExit("node2", 3, signal=9),),
+                            supervisor_killed=True)  # fmt: skip
+        interruption = classify(evidence)
+        j.append(interruption.to_event(t))
+        decision = decide(interruption, history, Allocation(("node1", "node2", "node3"), 2, step_running=True), now=t)
+        for action in decision.actions:
+            j.append(action.to_event(t))
+    events = journal.read(path)
+    kinds = [e["kind"] for e in journal.of_type(events, ev.ACTION)]
+    assert kinds.index(DUMP_STACKS) < kinds.index(KILL_STEP) < kinds.index(RESTART_IN_ALLOCATION)
+    restart = journal.last_of_type(events, ev.ACTION)
+    assert restart is not None and restart["params"]["exclude"] == ["node2"]
+    assert History.fold(events).streaks == {ev.HANG: 1}
+    ledger = Ledger.fold(events)
+    assert 0 < ledger.score("node2", t) < ledger.config.threshold  # suspect, not yet excluded on requeue
