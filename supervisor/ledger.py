@@ -51,6 +51,14 @@ class LedgerConfig:
             merged[key] = float(weight)
         object.__setattr__(self, "weights", MappingProxyType(merged))
 
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> LedgerConfig:
+        """From a config file's ``[ledger]`` table; unknown keys are errors."""
+        for key in data:
+            if key not in ("half_life_s", "threshold", "weights"):
+                raise ValueError(f"ledger.{key}: unknown setting; known settings: half_life_s, threshold, weights")
+        return cls(**dict(data))
+
 
 @dataclass
 class NodeRecord:

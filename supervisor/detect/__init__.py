@@ -8,7 +8,9 @@ Nothing here reads a clock, a file or a socket.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from supervisor.detect.hang import HangConfig, HangDetector, HangState
 from supervisor.detect.loss import LossConfig, LossDetector, LossState
@@ -45,6 +47,7 @@ __all__ = [
     "RANK_STOPPED",
     "STRAGGLER",
     "WARNING_KINDS",
+    "CONFIG_KEYS",
     "DetectConfig",
     "DetectionEvent",
     "Detector",
@@ -67,12 +70,37 @@ __all__ = [
 ]
 
 
+# Flat ``[detect]`` keys of the config file -> (part, field). Straggler and loss keys carry a prefix.
+_PARTS = {"timeouts": TimeoutConfig, "hang": HangConfig, "straggler": StragglerConfig, "loss": LossConfig}
+_PREFIX = {"timeouts": "", "hang": "", "straggler": "straggler_", "loss": "loss_"}
+CONFIG_KEYS: dict[str, tuple[str, str]] = {
+    _PREFIX[part] + f.name: (part, f.name) for part, cls in _PARTS.items() for f in fields(cls)
+}
+
+
 @dataclass(frozen=True)
 class DetectConfig:
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     hang: HangConfig = field(default_factory=HangConfig)
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> DetectConfig:
+        """From the config file's flat ``[detect]`` table; unknown keys and wrong types raise ValueError naming
+        the key."""
+        chosen: dict[str, dict[str, Any]] = {part: {} for part in _PARTS}
+        for key, value in data.items():
+            if key not in CONFIG_KEYS:
+                raise ValueError(f"detect.{key}: unknown setting; known settings: {', '.join(sorted(CONFIG_KEYS))}")
+            part, name = CONFIG_KEYS[key]
+            default = getattr(_PARTS[part](), name)
+            number_ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if (isinstance(default, int) and not isinstance(value, int)) or isinstance(value, bool) or not number_ok:
+                kind = "a whole number" if isinstance(default, int) else "a number"
+                raise ValueError(f"detect.{key} must be {kind}, got {value!r}")
+            chosen[part][name] = value
+        return cls(**{part: _PARTS[part](**values) for part, values in chosen.items()})  # type: ignore[arg-type]
 
 
 class Detector:

@@ -78,3 +78,20 @@ def test_checkpoint_allowance_is_generous_until_learned():
 def test_bad_timeout_config_names_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         TimeoutConfig(**kwargs)
+
+
+def test_detect_config_from_the_flat_config_table():
+    from supervisor.detect import DetectConfig
+
+    config = DetectConfig.from_mapping({"step_floor_s": 3, "node_silence_s": 20.0, "straggler_factor": 2.0,
+                                        "loss_window": 30})  # fmt: skip
+    assert config.timeouts.step_floor_s == 3 and config.hang.node_silence_s == 20.0
+    assert config.straggler.factor == 2.0 and config.loss.window == 30
+    with pytest.raises(ValueError, match="detect.step_flor_s: unknown setting"):
+        DetectConfig.from_mapping({"step_flor_s": 3})
+    with pytest.raises(ValueError, match="detect.loss_window must be a whole number"):
+        DetectConfig.from_mapping({"loss_window": 2.5})
+    with pytest.raises(ValueError, match="detect.step_k must be a number"):
+        DetectConfig.from_mapping({"step_k": "3"})
+    with pytest.raises(ValueError, match="detect.step_floor_s"):
+        DetectConfig.from_mapping({"step_floor_s": -1})

@@ -88,3 +88,10 @@ def test_bad_config_names_the_key():
         LedgerConfig(half_life_s=0)
     with pytest.raises(ValueError, match="unknown key 'hangs'"):
         LedgerConfig(weights={"hangs": 1.0})
+
+
+def test_ledger_config_from_mapping():
+    config = LedgerConfig.from_mapping({"half_life_s": 60, "weights": {ev.HANG: 1.0}})
+    assert config.half_life_s == 60 and config.weights[ev.HANG] == 1.0 and config.weights[ev.NODE_FAILURE] == 2.0
+    with pytest.raises(ValueError, match="ledger.halflife: unknown setting"):
+        LedgerConfig.from_mapping({"halflife": 1})
