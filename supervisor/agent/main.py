@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from supervisor import wire
-from supervisor.agent import SLOT_DIR_ENV, slot_dir_for
+from supervisor.agent import SLOT_DIR_ENV, expand_slot_dir, slot_dir_for
 from supervisor.agent.sampler import RankSlots
 from supervisor.agent.stacks import StackDumps
 from supervisor.client.slot import check_slot_dir
@@ -200,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node", default=os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
                    help="node name reported (default: $SLURMD_NODENAME or the short hostname)")
     p.add_argument("--secret-file", help="default: CAMPAIGN/secret")
-    p.add_argument("--slot-dir", help=f"default: ${SLOT_DIR_ENV} or /dev/shm/supervisor-JOBID-UID")
+    p.add_argument("--slot-dir", help=f"default: ${SLOT_DIR_ENV} or /dev/shm/supervisor-JOBID-UID; "
+                   "{node}, {job} and {uid} are replaced (several slurmd on one host need a dir per node)")
     p.add_argument("--sample-interval", type=float, default=0.25, help="seconds between slot samples")
     p.add_argument("--report-interval", type=float, default=1.0, help="seconds between summaries")
     p.add_argument("--supervisor-timeout", type=float, default=30.0,
@@ -229,7 +230,8 @@ def agent_from_args(args: argparse.Namespace) -> Agent:
         raise UsageError("intervals and timeouts must be positive", "pass values > 0")
     supervisor = _parse_hostport(args.supervisor) if args.supervisor else _supervisor_from_campaign(campaign)
     key = wire.derive_key(load_secret(args.secret_file or campaign / "secret"))
-    slot_dir = Path(args.slot_dir or os.environ.get(SLOT_DIR_ENV) or slot_dir_for(args.job_id))
+    slot_dir = expand_slot_dir(args.slot_dir or os.environ.get(SLOT_DIR_ENV) or str(slot_dir_for(args.job_id)),
+                               job=args.job_id, node=args.node)
     ensure_private_dir(slot_dir)
     try:
         check_slot_dir(slot_dir)
