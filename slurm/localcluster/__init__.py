@@ -198,13 +198,14 @@ class LocalCluster:
                 f.flush()
                 os.fsync(f.fileno())
         os.chmod(lay.munge_key, 0o600)
-        running = [name for name, pid in self.pids().items() if pid is not None and name != "munged"]
-        changed = write_if_changed(lay.conf, render_slurm_conf(self.spec), 0o644)
-        if changed and running:
+        conf = render_slurm_conf(self.spec)
+        running = [name for name, pid in self.pids().items() if pid is not None and name.startswith("slurm")]
+        if running and lay.conf.exists() and lay.conf.read_text() != conf:
             raise ClusterError(
-                f"the cluster in {lay.root} is running with other settings (ports/nodes) than requested "
+                f"the cluster in {lay.root} is running with other settings (ports/nodes/accounting) than requested "
                 "(fix: run `python -m slurm.localcluster down` with its old settings first, or use another --root)"
             )
+        write_if_changed(lay.conf, conf, 0o644)
         write_if_changed(lay.cgroup_conf, render_cgroup_conf(self.version()), 0o644)
         write_if_changed(lay.plugstack_conf, "", 0o644)
         if self.spec.accounting:
@@ -230,11 +231,11 @@ class LocalCluster:
 
     def _up(self, timeout: float) -> list[str]:
         self.log = []
-        deadline = time.monotonic() + timeout
         try:
             ensure_installed(self.spec.accounting, self.log)
         except InstallError as e:
             raise ClusterError(str(e)) from e
+        deadline = time.monotonic() + timeout  # installing packages (minutes on a slow mirror) does not count
         self._prepare_files()
         started: list[str] = []
         if self.pid_of("munged") is None:
@@ -270,6 +271,10 @@ class LocalCluster:
         if self.pid_of("slurmdbd") is None:
             self._start("slurmdbd", max(5.0, deadline - time.monotonic()))
             started.append("slurmdbd")
+        # slurmctld exits ("no TRES from the database") if slurmdbd is not answering yet when it starts.
+        if not procs.wait_port("127.0.0.1", self.spec.dbd_port, deadline):
+            raise ClusterError(f"slurmdbd does not listen on port {self.spec.dbd_port}:\n"
+                               f"{tail(self.layout.log_file('slurmdbd'))}")
         return started
 
     def _wait_ctld(self, deadline: float) -> None:
@@ -277,9 +282,10 @@ class LocalCluster:
             res = self.slurm("scontrol", "ping", check=False, timeout=10)
             if res.returncode == 0 and "UP" in res.stdout:
                 return
-            if time.monotonic() > deadline:
-                raise ClusterError(f"slurmctld does not answer `scontrol ping`: {res.stdout.strip()}\n"
-                                   f"{tail(self.layout.log_file('slurmctld'))}")
+            dead = self.pid_of("slurmctld") is None
+            if dead or time.monotonic() > deadline:
+                why = "slurmctld exited" if dead else "slurmctld does not answer `scontrol ping`"
+                raise ClusterError(f"{why}; last lines of its log:\n{tail(self.layout.log_file('slurmctld'))}")
             time.sleep(0.1)
 
     def node_states(self) -> dict[str, str]:

@@ -40,7 +40,8 @@ def mariadbd_argv(spec: ClusterSpec) -> list[str]:
         f"--pid-file={lay.pid_file('mariadbd')}",
         f"--log-error={lay.log_file('mariadbd')}",
         f"--user={spec.user}",
-        "--innodb-buffer-pool-size=16M",
+        "--innodb-buffer-pool-size=32M",
+        "--innodb-lock-wait-timeout=900",
         "--skip-name-resolve",
     ]
 

@@ -145,6 +145,7 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
             "AccountingStorageType=accounting_storage/slurmdbd",
             "AccountingStorageHost=127.0.0.1",
             f"AccountingStoragePort={spec.dbd_port}",
+            f"AccountingStoragePass={lay.munge_socket}",  # slurmctld -> slurmdbd auth uses our munged too
             "JobAcctGatherType=jobacct_gather/linux",
         ]
     else:

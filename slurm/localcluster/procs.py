@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -156,3 +157,15 @@ def terminate(pids: Iterable[int], timeout: float = 15.0) -> list[int]:
             killed.append(p.pid)
     wait_gone(procs, 5.0)
     return killed
+
+
+def wait_port(host: str, port: int, deadline: float) -> bool:
+    """True once something accepts TCP connections on ``host:port``; False if ``deadline`` (monotonic) passes."""
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)

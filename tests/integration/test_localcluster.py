@@ -4,8 +4,12 @@ is noticed by slurmctld, its requeueable job reruns elsewhere, and the node can 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -176,3 +180,59 @@ def test_crashed_node_requeues_its_job_elsewhere_and_revives(crashable_cluster: 
         assert cluster.is_usable(cluster.node_states()[victim])
     finally:
         cluster.slurm("scancel", job, check=False)
+
+
+def free_port_range(count: int, start: int = 20000, stop: int = 30000) -> int:
+    """First port P such that P..P+count-1 are all free on this host (other developers run clusters too)."""
+    for base in range(start, stop, count):
+        try:
+            socks = []
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("0.0.0.0", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no free port range")
+
+
+@pytest.mark.slurm
+def test_fresh_cluster_with_accounting_from_nothing_to_down() -> None:
+    """A brand-new ROOT comes up (private munge key, 0700 secrets), sacct sees a finished job, and `down` leaves
+    no daemon of that cluster behind."""
+    root = Path(tempfile.mkdtemp(prefix="lc-", dir="/tmp"))  # short: unix socket paths must fit in 108 bytes
+    cluster = LocalCluster(root, base_port=free_port_range(2 + 3), nodes=2, accounting=True)
+    try:
+        started = cluster.up(timeout=120)
+        assert set(started) == {"munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd-node1", "slurmd-node2"}
+        assert stat.S_IMODE(cluster.layout.munge_key.stat().st_mode) == 0o600
+        assert cluster.layout.munge_key.stat().st_size == 1024
+        for secret_dir in (cluster.layout.munge_dir, cluster.layout.state, root / "db"):
+            assert stat.S_IMODE(secret_dir.stat().st_mode) == 0o700, secret_dir
+        assert stat.S_IMODE((root / "etc" / "slurmdbd.conf").stat().st_mode) == 0o600
+
+        job = cluster.slurm("sbatch", "--parsable", "-N2", "--wrap", "srun true").stdout.strip()
+        wait_for(lambda: "COMPLETED" in cluster.slurm("sacct", "-n", "-X", "-j", job, "-o", "State").stdout,
+                 60, f"sacct to show job {job} COMPLETED")
+
+        pids = cluster.pids()
+        assert cluster.down() == sorted(pids)
+        assert all(pid is None for pid in cluster.pids().values())
+        for pid in pids.values():
+            assert pid is not None and not procs_alive(pid)
+        assert cluster.status()["up"] is False
+    finally:
+        cluster.down()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def procs_alive(pid: int) -> bool:
+    """Alive and not a zombie (init may reap late here)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
