@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slurm.localcluster import ClusterError, LocalCluster
 from slurm.localcluster.config import (
@@ -236,3 +238,14 @@ def procs_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+@given(nodes=st.integers(min_value=1, max_value=64), base=st.integers(min_value=1024, max_value=60000))
+def test_node_ports_are_distinct_consecutive_and_clear_of_slurmctld(nodes: int, base: int) -> None:
+    spec = ClusterSpec(layout=Layout(Path("/c")), hostname="h", user="root", base_port=base, nodes=nodes)
+    ports = [spec.node_port(n) for n in spec.node_names]
+    assert ports == list(range(base + 1, base + nodes + 1))
+    assert spec.ctld_port not in ports and spec.dbd_port not in ports and spec.db_port not in ports
+    node_line = next(line for line in render_slurm_conf(spec).splitlines() if "NodeAddr" in line)
+    expected = f"Port={base + 1}" if nodes == 1 else f"Port=[{base + 1}-{base + nodes}]"
+    assert node_line.endswith(expected)
