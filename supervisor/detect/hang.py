@@ -53,7 +53,7 @@ class RankTrack:
     """What the detector remembers about one rank process between snapshots."""
 
     step: int | None
-    step_seen_t: float  # when the current step value was first seen
+    step_seen_t: float  # when the rank beat for the current step (now - beat age), else when first seen
     first_step: int | None  # the step the process reported first (a resumed run does not start at 0)
     phase: str | None
     phase_seen_t: float
@@ -79,20 +79,21 @@ class HangDetector:
 
     def _learn(self, view: RankView, now: float) -> RankTrack:
         key = (view.rank, view.pid)
+        beat_t = now - view.beat_age_s if view.beat_age_s is not None else now
         track = self.state.tracks.get(key)
         if track is None:
-            track = RankTrack(view.step, now, view.step, view.phase, now)
+            track = RankTrack(view.step, beat_t, view.step, view.phase, now)
             self.state.tracks[key] = track
             return track
         if view.step is not None and track.step is not None and view.step > track.step:
-            if track.phase == STEP and view.phase == STEP:
-                per_step = (now - track.step_seen_t) / (view.step - track.step)
-                sample = view.iter_max_s if view.iter_max_s is not None and view.iter_max_s > 0 else per_step
-                if track.step != track.first_step:  # the first step includes compile and warm caches
-                    self.timeouts.observe(STEP, sample)
-            track.step, track.step_seen_t = view.step, now
+            # Beat times (now - beat age) are exact, so a sample is the true mean time per step between the
+            # two beats, free of snapshot jitter. (The client's recent max would repeat one outlier for
+            # ~100 steps and pin p99 to it.)
+            if track.phase == STEP and view.phase == STEP and track.step != track.first_step:
+                self.timeouts.observe(STEP, max(0.0, beat_t - track.step_seen_t) / (view.step - track.step))
+            track.step, track.step_seen_t = view.step, beat_t
         elif view.step is not None and track.step is None:
-            track.step, track.step_seen_t, track.first_step = view.step, now, view.step
+            track.step, track.step_seen_t, track.first_step = view.step, beat_t, view.step
         if view.phase != track.phase:
             if track.phase not in (None, STEP, "init"):
                 self.timeouts.observe(track.phase, now - track.phase_seen_t)
