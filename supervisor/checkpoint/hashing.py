@@ -13,9 +13,8 @@ from __future__ import annotations
 import hashlib
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 DEFAULT_ALGORITHM = "crc32"
 CHUNK_BYTES = 1 << 20
@@ -40,7 +39,7 @@ _FACTORIES: dict[str, Callable[[], object]] = {
 ALGORITHMS = tuple(_FACTORIES)
 
 
-def hash_file(path: Path, algorithm: str = DEFAULT_ALGORITHM) -> tuple[int, str]:
+def hash_file(path: str | os.PathLike[str], algorithm: str = DEFAULT_ALGORITHM) -> tuple[int, str]:
     """Return ``(bytes read, hex digest)`` of ``path``, streaming through one reused buffer."""
     try:
         hasher = _FACTORIES[algorithm]()
@@ -65,7 +64,7 @@ def default_threads() -> int:
 
 
 def hash_files(
-    paths: list[Path], algorithm: str = DEFAULT_ALGORITHM, threads: int | None = None
+    paths: Sequence[str | os.PathLike[str]], algorithm: str = DEFAULT_ALGORITHM, threads: int | None = None
 ) -> list[tuple[int, str]]:
     """Hash many files in parallel threads; results are in the order of ``paths``.
 
@@ -85,8 +84,8 @@ def hash_files(
     return results
 
 
-def _size_or_zero(path: Path) -> int:
+def _size_or_zero(path: str | os.PathLike[str]) -> int:
     try:
-        return path.stat().st_size
+        return os.stat(path).st_size
     except OSError:
         return 0

@@ -23,6 +23,7 @@ from supervisor.checkpoint.validate import (
     INVALID,
     VALID,
     Validation,
+    step_from_name,
     validate_checkpoint,
 )
 
@@ -98,20 +99,19 @@ class CheckpointStore:
         previous one. Adopted DCP directories ("unverified") count as usable unless ``allow_unverified``
         is False. Incomplete temp dirs are never chosen and never moved (a save may be in progress).
         """
-        quick = sorted((validate_checkpoint(p, False) for p in self._candidates()),
-                       key=lambda v: _newest_first(CheckpointInfo.from_validation(v)))
-        for v in quick:
-            if v.status == INCOMPLETE or (v.status != VALID and not (allow_unverified and v.usable)):
-                if v.status == INVALID and quarantine:
+        # Validate lazily, newest first by the step in the name: the common case reads one checkpoint.
+        for path in sorted(self._candidates(), key=_name_order):
+            if path.name.startswith(INCOMPLETE_PREFIX):
+                continue
+            v = validate_checkpoint(path, False)
+            if v.status == VALID and full:
+                v = validate_checkpoint(path, True)
+            if v.status == INVALID:
+                if quarantine:
                     self._try_quarantine(v.path, v.reason)
                 continue
-            if full and v.status == VALID:
-                v = validate_checkpoint(v.path, full=True)
-                if v.status == INVALID:
-                    if quarantine:
-                        self._try_quarantine(v.path, v.reason)
-                    continue
-            return CheckpointInfo.from_validation(v)
+            if v.status == VALID or (allow_unverified and v.usable):
+                return CheckpointInfo.from_validation(v)
         return None
 
     # -- quarantine ------------------------------------------------------------------------------------
@@ -174,6 +174,11 @@ class CheckpointStore:
         if doomed:
             fsync_path(self.root)
         return doomed
+
+
+def _name_order(path: Path) -> tuple[int, str]:
+    step = step_from_name(path.name)
+    return (-(step if step is not None else -1), path.name)
 
 
 def _newest_first(info: CheckpointInfo) -> tuple[int, float, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickletools
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,48 +102,53 @@ def _read_manifest(path: Path) -> Manifest:
     return parse_manifest(data)
 
 
-def _resolve_confined(root_real: str, path: Path, rel: str, entries: dict[str, os.DirEntry[str]]) -> Path | str:
-    """Return the file's path, or a reason string if it is missing, not a regular file, or escapes."""
-    entry = entries.get(rel) if "/" not in rel else None
-    if entry is not None and not entry.is_symlink():
-        return Path(entry.path)  # the common, fast case: a plain file directly in the directory
-    candidate = path / rel
-    if not candidate.exists() and not candidate.is_symlink():
-        return f"file {rel!r} is missing"
+def _resolve_confined(root_real: str, path: Path, rel: str) -> str:
+    """Resolve a listed path that is not a plain file in the directory (nested, or a symlink), confined.
+
+    Returns the real path, or raises ManifestError saying why the file is unusable.
+    """
+    candidate = os.path.join(path, rel)
+    if not os.path.lexists(candidate):
+        raise ManifestError(f"file {rel!r} is missing")
     real = os.path.realpath(candidate)
     if not real.startswith(root_real + os.sep):
-        return f"file {rel!r} resolves outside the checkpoint directory (symlink escape)"
-    return Path(real)
+        raise ManifestError(f"file {rel!r} resolves outside the checkpoint directory (symlink escape)")
+    return real
 
 
-def _check_files_quick(path: Path, manifest: Manifest) -> tuple[str, list[Path]]:
+def _stat_listed(root_real: str, path: Path, rel: str, entries: dict[str, os.DirEntry[str]]
+                 ) -> tuple[str, os.stat_result]:
+    entry = entries.get(rel)  # names with "/" are never direct entries
+    if entry is not None and not entry.is_symlink():
+        return entry.path, entry.stat(follow_symlinks=False)  # the common, fast case: a plain file here
+    real = _resolve_confined(root_real, path, rel)
+    try:
+        return real, os.stat(real)
+    except OSError as err:
+        raise ManifestError(f"file {rel!r} cannot be read ({err.strerror})") from None
+
+
+def _check_files_quick(path: Path, manifest: Manifest) -> tuple[str, list[str]]:
     root_real = os.path.realpath(path)
     with os.scandir(path) as it:
         entries = {e.name: e for e in it}
-    files: list[Path] = []
+    files: list[str] = []
     for entry in manifest.files:
-        resolved = _resolve_confined(root_real, path, entry.path, entries)
-        if isinstance(resolved, str):
-            return resolved, []
         try:
-            st = os.stat(resolved)
+            real, st = _stat_listed(root_real, path, entry.path, entries)
+        except ManifestError as err:
+            return str(err), []
         except OSError as err:
             return f"file {entry.path!r} cannot be read ({err.strerror})", []
-        if not _is_regular(st.st_mode):
+        if not stat.S_ISREG(st.st_mode):
             return f"file {entry.path!r} is not a regular file", []
         if st.st_size != entry.size:
             return f"file {entry.path!r} has {st.st_size} bytes, manifest says {entry.size}", []
-        files.append(resolved)
+        files.append(real)
     return "", files
 
 
-def _is_regular(mode: int) -> bool:
-    import stat
-
-    return stat.S_ISREG(mode)
-
-
-def _check_hashes(files: list[Path], manifest: Manifest, threads: int | None) -> str:
+def _check_hashes(files: list[str], manifest: Manifest, threads: int | None) -> str:
     try:
         results = hash_files(files, manifest.hash_algorithm, threads)
     except OSError as err:
@@ -193,12 +199,10 @@ def _validate_dcp_structure(path: Path) -> Validation:
     for rel in sorted(referenced):
         try:
             check_relative_path(rel)
+            _real, st = _stat_listed(root_real, path, rel, entries)
         except ManifestError as err:
-            return Validation(path, INVALID, f"no {MANIFEST_NAME}; DCP .metadata: {err}", step, when)
-        resolved = _resolve_confined(root_real, path, rel, entries)
-        if isinstance(resolved, str):
-            return Validation(path, INVALID, f"no {MANIFEST_NAME}; DCP shard {resolved}", step, when)
-        total += os.stat(resolved).st_size
+            return Validation(path, INVALID, f"no {MANIFEST_NAME}; DCP shard {err}", step, when)
+        total += st.st_size
     return Validation(path, UNVERIFIED,
                       f"no {MANIFEST_NAME}: structural checks only (.metadata + {len(referenced)} shard files exist; "
                       "sizes and hashes not verifiable)", step, when, total)
