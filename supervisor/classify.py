@@ -148,6 +148,7 @@ class Evidence:
     log_lines: tuple[LogLine, ...] = ()
     gpu_faults: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # node -> problems found
     supervisor_killed: bool = False  # the supervisor stopped the step itself: SIGTERM/SIGKILL exits are ours
+    allocation_nodes: tuple[str, ...] = ()  # the step's nodes (tells "every agent silent" from "one node gone")
 
 
 @dataclass(frozen=True)
@@ -273,9 +274,14 @@ def _exit_findings(e: Evidence) -> list[Finding]:
 
 def _detection_findings(e: Evidence) -> list[Finding]:
     found = []
+    silent = {n for _, d in e.detections if d.kind == NODE_SILENT for n in d.nodes}
+    everyone_silent = len(e.allocation_nodes) > 1 and set(e.allocation_nodes) <= silent
+    if everyone_silent:  # all nodes at once is far likelier our own link or the agents' step than every node
+        found.append(Finding(ev.UNKNOWN, 0.5, f"all {len(e.allocation_nodes)} node agents are silent: the "
+                             "supervisor's network or the agent step failed, not (only) the nodes"))  # fmt: skip
     for t, d in e.detections:
         text = d.evidence[0] if d.evidence else d.kind
-        if d.kind == NODE_SILENT:
+        if d.kind == NODE_SILENT and not everyone_silent:
             found.append(Finding(ev.NODE_FAILURE, 0.5, f"node agent silent: {text}", d.nodes, t=t))
         elif d.kind == NONFINITE_LOSS:
             found.append(Finding(ev.NUMERICAL, 0.9, text, (), t=t))

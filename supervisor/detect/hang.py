@@ -175,8 +175,19 @@ class HangDetector:
             if view.beat_age_s is None:
                 continue  # no client in this program: only liveness is supervised
             beating.append((view, track))
+        # Ranks waiting for a peer's long phase (rank 0 saving a checkpoint while the others sit in a barrier)
+        # are silent in the step phase: while some rank is busy in a longer phase within its allowance, the
+        # step-phase ranks get that allowance too.
+        limits = []
+        for view, track in beating:
             first_done = track.step is not None and track.step != track.first_step
-            limit = self.timeouts.timeout(view.phase, first_done)
+            limits.append(self.timeouts.timeout(view.phase, first_done))
+        busy = [lim for (v, _), lim in zip(beating, limits, strict=True) if v.phase != STEP and v.beat_age_s is not None and v.beat_age_s <= lim]
+        wait_limit = max(busy, default=0.0)
+        for (view, _), limit in zip(beating, limits, strict=True):
+            if view.phase == STEP:
+                limit = max(limit, wait_limit)
+            assert view.beat_age_s is not None
             if view.beat_age_s > limit:
                 hung.append((view, view.beat_age_s, limit))
         events.extend(self._hang_events(beating, hung, current))

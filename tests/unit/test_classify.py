@@ -232,3 +232,11 @@ def test_invariants(e, preempt):
     if any(node_state_is_bad(s) for s in e.node_states.values()) and not preempt and result.cls != ev.CANCELLED:
         assert result.cls == ev.NODE_FAILURE
         assert {n for n, s in e.node_states.items() if node_state_is_bad(s)} <= set(result.blamed_nodes)
+
+
+def test_every_agent_silent_at_once_blames_no_node():
+    silent = tuple((3.0, DetectionEvent(NODE_SILENT, (), (n,))) for n in ("node1", "node2"))
+    result = classify(Evidence(detections=silent, allocation_nodes=("node1", "node2")))
+    assert result.cls == ev.UNKNOWN and result.blamed_nodes == ()
+    confirmed = classify(Evidence(detections=silent, allocation_nodes=("node1", "node2"), node_states={"node2": "DOWN"}))
+    assert confirmed.cls == ev.NODE_FAILURE and confirmed.blamed_nodes == ("node2",)

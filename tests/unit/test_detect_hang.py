@@ -213,3 +213,18 @@ def test_a_slow_first_step_and_rare_outliers_do_not_inflate_the_timeout():
 
     assert [e.kind for _, e in run(det, cl, 0, 300, durations=durations)] == []
     assert 3.0 <= det.timeouts.timeout("step") <= 3.0 * 1.08  # p99 is still the 1 s steps (one bucket up)
+
+
+def test_ranks_waiting_for_a_peers_checkpoint_are_not_hung_but_a_stuck_checkpoint_is():
+    det = Detector(DetectConfig(timeouts=TimeoutConfig(step_floor_s=2.0, warmup_samples=20, checkpoint_allowance_s=60)))
+    cl = Cluster()
+    run(det, cl, 0, 30)
+
+    def table(t, saver_phase="checkpoint"):
+        views = [RankView(0, "node1", 1000, 30, saver_phase, t - 30.0, proc_state="S")]
+        views += [RankView(r, NODES[r], 1000 + r, 30, "step", t - 30.0, proc_state="S") for r in (1, 2, 3)]
+        return Snapshot(tuple(NodeView(n, 0.0, tuple(v for v in views if v.node == n)) for n in ("node1", "node2")))
+
+    assert [e for t in range(30, 90) for e in det.observe(table(float(t)), float(t))] == []
+    late = det.observe(table(91.0), 91.0)
+    assert [e.kind for e in late] == [GLOBAL_STALL]  # the checkpoint itself overran its allowance
