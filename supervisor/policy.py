@@ -40,7 +40,7 @@ _UNLIMITED = None
 DEFAULT_BUDGETS: Mapping[str, int | None] = MappingProxyType(
     {
         ev.PREEMPTION: _UNLIMITED,
-        ev.TIMEOUT: _UNLIMITED,
+        ev.TIMEOUT: 3,  # time limits in a row without a new checkpoint: checkpoints fail or never happen
         ev.CANCELLED: 0,
         ev.NODE_FAILURE: 5,
         ev.HARDWARE: 3,
@@ -78,6 +78,7 @@ class PolicyConfig:
     backoff_base_s: float = 5.0  # the first restart is immediate; then base, base*factor, ... up to max
     backoff_factor: float = 2.0
     backoff_max_s: float = 300.0
+    max_restarts_in_allocation: int = 3  # relaunches in one allocation before falling back to a requeue
     stop_grace_s: float = 120.0  # L3: how long ranks get to checkpoint and exit before the step is killed
     checkpoint_on_numerical: bool = False  # never save NaN weights over good ones by default
     on_budget_exhausted: str = "stop"  # "stop" the campaign, or "hold" it queued for an operator
@@ -105,6 +106,11 @@ class PolicyConfig:
         if isinstance(self.max_fault_restarts, bool) or not isinstance(self.max_fault_restarts, int) or \
                 self.max_fault_restarts < 1:  # fmt: skip
             raise ValueError(f"policy.max_fault_restarts must be a whole number >= 1, got {self.max_fault_restarts!r}")
+        if isinstance(self.max_restarts_in_allocation, bool) or not isinstance(self.max_restarts_in_allocation, int) \
+                or self.max_restarts_in_allocation < 0:  # fmt: skip
+            raise ValueError(
+                f"policy.max_restarts_in_allocation must be a whole number >= 0, got {self.max_restarts_in_allocation!r}"
+            )
         if not (isinstance(self.backoff_factor, (int, float)) and self.backoff_factor >= 1):
             raise ValueError(f"policy.backoff_factor must be >= 1, got {self.backoff_factor!r} (try 2)")
         if self.backoff_max_s < self.backoff_base_s:
@@ -208,6 +214,7 @@ class Allocation:
     excluded: frozenset[str] = frozenset()  # the ledger's excluded nodes
     step_running: bool = False  # the training step is still up (something to checkpoint, dump, kill)
     slurm_requeues: bool = False  # Slurm is already requeueing the job (preemption, node failure with --requeue)
+    restarts_here: int = 0  # relaunches of the training step already done in this allocation
 
 
 @dataclass(frozen=True)
@@ -264,6 +271,8 @@ _ADVICE = {
     "data, then resubmit (it resumes from the last good checkpoint)",
     ev.HANG: "the program keeps hanging: read the saved stack dumps in the campaign dir",
     ev.CANCELLED: "the job was cancelled from outside",
+    ev.TIMEOUT: "no new checkpoint was committed between time limits: checkpoint more often, raise --time, or "
+    "check that checkpoints succeed",
 }
 
 
@@ -326,12 +335,14 @@ def decide(
         actions.append(Action(AWAIT_REQUEUE, None, tuple(exclude), f"{cls}: Slurm requeues the job",
                               {"exclude": exclude}))  # fmt: skip
         return Decision(tuple(actions), "pending", f"{cls}: Slurm is requeueing the job")
-    if len(usable) >= allocation.needed:
+    if len(usable) >= allocation.needed and allocation.restarts_here < config.max_restarts_in_allocation:
         excluded_here = [n for n in allocation.nodes if n not in usable]
         actions.append(Action(RESTART_IN_ALLOCATION, None, tuple(usable), f"{cls}: relaunch in this allocation",
                               {"exclude": excluded_here, "nodes": usable}))  # fmt: skip
         return Decision(tuple(actions), "running", f"{cls}: restarting in the same allocation")
-    actions.append(Action(REQUEUE, None, tuple(exclude), f"{cls}: not enough healthy nodes here, requeue",
+    why = "not enough healthy nodes here" if len(usable) < allocation.needed else (
+        f"{allocation.restarts_here} restarts in this allocation already")
+    actions.append(Action(REQUEUE, None, tuple(exclude), f"{cls}: {why}, requeue",
                           {"exclude": exclude, "after_checkpoint": False}))  # fmt: skip
     return Decision(tuple(actions), "pending", f"{cls}: requeueing without {', '.join(exclude) or 'any exclusion'}")
 

@@ -230,3 +230,16 @@ def test_from_mapping_rejects_typos_and_keeps_defaults():
         PolicyConfig.from_mapping({"operator_mod": True})
     config = PolicyConfig.from_mapping({"budgets": {ev.HANG: 1}})
     assert config.budgets[ev.HANG] == 1 and config.budgets[ev.APP_ERROR] == 2
+
+
+def test_too_many_restarts_in_one_allocation_fall_back_to_requeue():
+    alloc = Allocation(("node1", "node2", "node3"), 2, restarts_here=3)
+    d = decide(interruption(ev.HANG, ["node2"]), History(), alloc)
+    assert d.actions[-1].kind == REQUEUE and "3 restarts" in d.actions[-1].reason
+
+
+def test_time_limits_without_progress_stop_with_advice():
+    history = History().record(ev.TIMEOUT, 1).record(ev.TIMEOUT, 2).record(ev.TIMEOUT, 3)
+    d = decide(interruption(ev.TIMEOUT), history, ALLOC)
+    assert d.state == "failed" and "checkpoint" in d.message
+    assert decide(interruption(ev.TIMEOUT), history.progress(10), ALLOC).state == "pending"
