@@ -34,6 +34,7 @@ __all__ = ["ClusterError", "LocalCluster", "default_root"]
 
 # Node state words (scontrol's State=BASE+FLAG+...) under which a node can run jobs.
 USABLE_BASE_STATES = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}
+CRASH_HOLD_S = 600.0
 UNUSABLE_FLAGS = {"NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED"}
 
 
@@ -247,16 +248,40 @@ class LocalCluster:
             self._start("slurmctld", max(5.0, deadline - time.monotonic()))
             started.append("slurmctld")
         self._wait_ctld(deadline)
-        to_start = [node for node in self.node_names if self.pid_of(f"slurmd-{node}") is None]
+        held = self.crashed_nodes()
+        for node in held:
+            self.log.append(f"{node} left down: crashed on purpose by crash-node (revive-node brings it back)")
+        to_start = [n for n in self.node_names if n not in held and self.pid_of(f"slurmd-{n}") is None]
         if to_start:
             self._check_multiple_slurmd()
         for node in to_start:
             self._start(f"slurmd-{node}", max(5.0, deadline - time.monotonic()))
             started.append(f"slurmd-{node}")
-        self._wait_nodes_usable(self.node_names, deadline, restarted=set(to_start))
+        self._wait_nodes_usable([n for n in self.node_names if n not in held], deadline, restarted=set(to_start))
+        for node, state in self.node_states().items():
+            if "DRAIN" in state.split("+"):
+                self.log.append(f"warning: {node} is {state}: it takes no new jobs until "
+                                f"`scontrol update nodename={node} state=resume`")
         if not started:
-            self.log.append("already up: all daemons alive")
+            self.log.append("already up: no daemon needed starting")
         return started
+
+    def _crash_marker(self, node: str) -> Path:
+        return self.layout.run / f"crashed-{node}"
+
+    def crashed_nodes(self) -> list[str]:
+        """Nodes that crash-node took down less than CRASH_HOLD_S ago: ``up`` (e.g. another test session's
+        fixture) must not revive them behind the back of the test that crashed them. Older marks are ignored, so a
+        test that died before reviving its node does not keep the node down forever."""
+        held = []
+        for node in self.node_names:
+            try:
+                age = time.time() - self._crash_marker(node).stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if age < CRASH_HOLD_S:
+                held.append(node)
+        return held
 
     def _up_accounting(self, deadline: float) -> list[str]:
         started = []
@@ -374,6 +399,7 @@ class LocalCluster:
         leftover = self.stepd_pids(name)
         if leftover:
             raise ClusterError(f"crash-node {name}: slurmstepd processes still alive: {sorted(leftover)}")
+        self._crash_marker(name).touch()
         return {"slurmd": [slurmd] if slurmd is not None else [], "killed": killed}
 
     def revive_node(self, name: str, timeout: float = 60.0) -> bool:
@@ -384,6 +410,7 @@ class LocalCluster:
             return self._revive_node(name, timeout)
 
     def _revive_node(self, name: str, timeout: float) -> bool:
+        self._crash_marker(name).unlink(missing_ok=True)
         deadline = time.monotonic() + timeout
         started = False
         if self.pid_of(f"slurmd-{name}") is None:
@@ -408,6 +435,8 @@ class LocalCluster:
             procs.freeze_and_kill(stepds)
             self.log.append(f"killed {len(stepds)} slurmstepd process tree(s)")
         killed += procs.terminate([pid for name, pid in running.items() if name in last], timeout)
+        for node in self.node_names:
+            self._crash_marker(node).unlink(missing_ok=True)
         for name, pid in running.items():
             self.log.append(f"stopped {name} (pid {pid}){' with SIGKILL' if pid in killed else ''}")
             self.layout.pid_file(name).unlink(missing_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -130,19 +131,35 @@ def test_cli_up_starts_nothing_new_and_ends_with_the_export_line(slurm_cluster: 
     assert f"cluster {slurm_cluster.root}: UP" in status.stdout
 
 
+def quiet_nodes(cluster: LocalCluster, count: int) -> list[str]:
+    """``count`` nodes, preferring ones without jobs: other test sessions share this cluster."""
+    busy = busy_nodes(cluster)
+    ordered = [n for n in reversed(cluster.node_names) if n not in busy] + [
+        n for n in reversed(cluster.node_names) if n in busy]
+    return ordered[:count]
+
+
 @pytest.mark.slurm
-def test_up_restarts_only_the_dead_slurmd(crashable_cluster: LocalCluster) -> None:
+def test_up_restarts_a_dead_slurmd_but_leaves_a_deliberately_crashed_node_down(
+        crashable_cluster: LocalCluster) -> None:
     cluster = crashable_cluster
-    victim = cluster.node_names[-1]
+    died, crashed = quiet_nodes(cluster, 2)
     before = cluster.pids()
-    cluster.crash_node(victim)
-    assert cluster.pid_of(f"slurmd-{victim}") is None
+    victim_pid = before[f"slurmd-{died}"]
+    assert victim_pid is not None
+    os.kill(victim_pid, signal.SIGKILL)  # an unexpected death: `up` must heal it
+    wait_for(lambda: cluster.pid_of(f"slurmd-{died}") is None, 10, f"slurmd of {died} to die")
+    cluster.crash_node(crashed)  # a test's deliberate crash: another session's `up` must not undo it
     assert cli(cluster, "status").returncode != 0
-    assert cluster.up(timeout=60) == [f"slurmd-{victim}"]
+
+    assert cluster.up(timeout=60) == [f"slurmd-{died}"]
     after = cluster.pids()
-    assert after[f"slurmd-{victim}"] not in (None, before[f"slurmd-{victim}"])
-    assert {k: v for k, v in after.items() if k != f"slurmd-{victim}"} == {
-        k: v for k, v in before.items() if k != f"slurmd-{victim}"}
+    assert after[f"slurmd-{died}"] not in (None, victim_pid)
+    assert after[f"slurmd-{crashed}"] is None
+    untouched = set(before) - {f"slurmd-{died}", f"slurmd-{crashed}"}
+    assert {k: after[k] for k in untouched} == {k: before[k] for k in untouched}
+    assert cluster.revive_node(crashed, timeout=60) is True
+    assert cluster.status()["up"] is True
 
 
 JOB = """#!/bin/bash
@@ -156,7 +173,8 @@ def test_crashed_node_requeues_its_job_elsewhere_and_revives(crashable_cluster: 
     cluster = crashable_cluster
     script = tmp_path / "job.sh"
     script.write_text(JOB.format(dir=tmp_path))
-    job = cluster.slurm("sbatch", "--parsable", "-N2", "--requeue", "-J", "lc-crash-test",
+    # --exclusive: the node we crash runs nothing of other test sessions sharing this cluster
+    job = cluster.slurm("sbatch", "--parsable", "-N2", "--exclusive", "--requeue", "-J", "lc-crash-test",
                         "-o", str(tmp_path / "out.txt"), str(script)).stdout.strip()
     try:
         wait_for(lambda: len(list(tmp_path.glob("task.*.0"))) == 2, 90, "both tasks of the first run")
