@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -15,18 +16,30 @@ from slurm.localcluster import ClusterError, LocalCluster, default_root
 from slurm.localcluster.config import DEFAULT_BASE_PORT, DEFAULT_NODES
 
 
+def _add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """The options are accepted before or after the command; after it, they must not reset the values given
+    before it to their defaults (an argparse pitfall), hence SUPPRESS defaults on the subcommands."""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument("--root", default=default(None),
+                        help=f"cluster directory (default: $SUPERVISOR_CLUSTER_DIR or {default_root()})")
+    parser.add_argument("--base-port", type=int, default=default(DEFAULT_BASE_PORT),
+                        help=f"slurmctld port P; slurmd use P+1..P+N (default {DEFAULT_BASE_PORT})")
+    parser.add_argument("--nodes", type=int, default=default(DEFAULT_NODES),
+                        help=f"number of nodes (default {DEFAULT_NODES})")
+    parser.add_argument("--accounting", action="store_true", default=default(False),
+                        help="also run slurmdbd + MariaDB so that sacct works (installs them if missing)")
+    parser.add_argument("--timeout", type=float, default=default(60.0), help="seconds to wait (default 60)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--root", default=None,
-                        help=f"cluster directory (default: $SUPERVISOR_CLUSTER_DIR or {default_root()})")
-    common.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
-                        help="slurmctld port P; slurmd use P+1..P+N (default %(default)s)")
-    common.add_argument("--nodes", type=int, default=DEFAULT_NODES, help="number of nodes (default %(default)s)")
-    common.add_argument("--accounting", action="store_true",
-                        help="also run slurmdbd + MariaDB so that sacct works (installs them if missing)")
-    common.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default %(default)s)")
-    parser = argparse.ArgumentParser(prog="python -m slurm.localcluster", parents=[common],
+    _add_common(common, suppress=True)
+    parser = argparse.ArgumentParser(prog="python -m slurm.localcluster",
                                      description="A real multi-node Slurm cluster on this host, under one directory.")
+    _add_common(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sub.add_parser("up", parents=[common], help="start what is not running; wait until all nodes are usable")
     sub.add_parser("down", parents=[common], help="stop the daemons this cluster recorded (and leftover job steps)")
@@ -66,7 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(line)
         elif args.command == "status":
             st = cluster.status()
-            print(json.dumps(st, indent=2)) if args.json else _print_status(st)
+            if args.json:
+                print(json.dumps(st, indent=2))
+            else:
+                _print_status(st)
             return 0 if st["up"] else 3
         elif args.command == "crash-node":
             killed = cluster.crash_node(args.node)
@@ -81,6 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 0
 
 
