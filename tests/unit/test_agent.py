@@ -1,0 +1,122 @@
+"""Agent parts in-process: slot sampling against real slots and processes, and control-frame handling."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from supervisor import wire
+from supervisor.agent import expand_slot_dir
+from supervisor.agent.main import Agent
+from supervisor.agent.procwatch import ProcWatch
+from supervisor.agent.sampler import RankSlots
+from supervisor.client.slot import FLAG_STOP, SlotWriter
+
+KEY = wire.derive_key(b"a" * 32)
+
+
+def slot_dir(tmp: Path) -> Path:
+    d = tmp / "slots"
+    d.mkdir(mode=0o700, exist_ok=True)
+    return d
+
+
+def test_sampler_reports_a_live_rank_with_its_step_age_and_cpu(tmp_path: Path) -> None:
+    d = slot_dir(tmp_path)
+    w = SlotWriter.create(d, 5, 1, 8)
+    for i in range(4):
+        w.beat(i, 0.5)
+    slots = RankSlots(d)
+    slots.scan()
+    (e,) = slots.sample()
+    assert (e.rank, e.pid, e.step, e.loss, e.loss_step, e.beats) == (5, os.getpid(), 3, 0.5, 3, 4)
+    assert e.state in (wire.ST_RUNNING, wire.ST_SLEEPING)
+    assert e.beat_age_ms < 5000 and e.cpu_s > 0
+    slots.close()
+    w.close()
+
+
+def test_sampler_sees_a_dead_rank_as_gone_then_follows_its_restart(tmp_path: Path) -> None:
+    d = slot_dir(tmp_path)
+    code = ("import sys; from supervisor.client.slot import SlotWriter; "
+            "w = SlotWriter.create(sys.argv[1], 2, 0, 4); w.beat(7, None)")
+    subprocess.run([sys.executable, "-c", code, str(d)], check=True, timeout=60)
+    slots = RankSlots(d)
+    slots.scan()
+    (e,) = slots.sample()
+    assert e.state == wire.ST_GONE and e.step == 7 and e.loss_step == -1
+    w = SlotWriter.create(d, 2, 0, 4)  # the rank restarts (here: in this process) and reuses its slot
+    w.beat(0, None)
+    slots.scan()
+    (e,) = slots.sample()
+    assert e.pid == os.getpid() and e.state in (wire.ST_RUNNING, wire.ST_SLEEPING) and e.step == 0
+    os.unlink(d / "rank-2.slot")
+    slots.scan()
+    assert slots.sample() == []
+    slots.close()
+    w.close()
+
+
+def test_procwatch_does_not_mistake_a_recycled_pid_for_the_rank() -> None:
+    me = psutil.Process().create_time()
+    assert ProcWatch().sample(os.getpid(), started_by=me + 0.5)[0] in (wire.ST_RUNNING, wire.ST_SLEEPING)
+    # A slot whose rank was alive long before this process existed: this pid is someone else now.
+    assert ProcWatch().sample(os.getpid(), started_by=me - 100)[0] == wire.ST_GONE
+    assert ProcWatch().sample(0)[0] == wire.ST_NO_PID
+
+
+def _agent(tmp: Path) -> Agent:
+    return Agent(job="9", node="n1", key=KEY, supervisor=("127.0.0.1", 9), slot_dir=slot_dir(tmp),
+                 campaign=tmp, keep_slot_dir=True)
+
+
+def _control(seq: int, cmds: list[wire.Command], *, node: str = "n1", key: bytes = KEY) -> bytes:
+    return wire.encode_control(key, instance=11, seq=seq, wall_ns=time.time_ns(), mono_ns=0, job="9", node=node,
+                               commands=cmds)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=1500))
+def test_agent_counts_garbage_and_never_raises(tmp_path: Path, data: bytes) -> None:
+    agent = _agent(tmp_path)
+    try:
+        agent.handle(data)
+        assert agent.counters["control_ok"] == 0
+        assert sum(v for k, v in agent.counters.items() if k.startswith("rejected_")) == 1
+    finally:
+        agent.close()
+
+
+def test_agent_obeys_only_fresh_frames_for_its_node(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    w = SlotWriter.create(agent.slot_dir, 0, 0, 1)
+    w.beat(1, None)
+    try:
+        agent.slots.scan()
+        agent.slots.sample()
+        agent.handle(_control(1, [wire.Command(wire.CMD_SET_FLAGS, 0, wire.flags_arg(FLAG_STOP))], node="n2"))
+        agent.handle(_control(1, [wire.Command(wire.CMD_SET_FLAGS, 0, wire.flags_arg(FLAG_STOP))],
+                              key=wire.derive_key(b"z" * 32)))
+        assert not w.should_stop()
+        frame = _control(2, [wire.Command(wire.CMD_SET_FLAGS, 0, wire.flags_arg(FLAG_STOP))])
+        agent.handle(frame)
+        assert w.should_stop()
+        agent.handle(frame)  # replayed
+        agent.handle(_control(3, [wire.Command(wire.CMD_EXIT)]))
+        assert agent.stop_reason == "the supervisor asked the agent to exit"
+        assert dict(agent.counters) == {"rejected_node": 1, "rejected_mac": 1, "control_ok": 2, "rejected_replay": 1}
+    finally:
+        agent.close()
+        w.close()
+
+
+def test_slot_dir_placeholders_give_one_dir_per_node() -> None:
+    assert expand_slot_dir("/dev/shm/s-{job}-{uid}-{node}", job="12", node="node3") == \
+        Path(f"/dev/shm/s-12-{os.getuid()}-node3")
