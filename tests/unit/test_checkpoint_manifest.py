@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.checkpoint.hashing import ALGORITHMS, hash_file, hash_files
+from supervisor.checkpoint.hashing import ALGORITHMS, available, hash_file, hash_files
 from supervisor.checkpoint.manifest import (
     FileEntry,
     Manifest,
@@ -93,7 +93,15 @@ def test_malformed_manifests_say_what_is_wrong(mutate, words: str) -> None:
         parse_manifest(json.dumps(doc).encode())
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm, check", [("crc32", "cbf43926"), ("crc32c", "e3069283")])
+def test_crc_check_values(tmp_path: Path, algorithm: str, check: str) -> None:
+    if not available(algorithm):
+        pytest.skip(f"{algorithm} not installed")
+    (tmp_path / "f").write_bytes(b"123456789")  # the standard CRC check input
+    assert hash_file(tmp_path / "f", algorithm) == (9, check)
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "crc32c"])
 def test_hash_file_matches_the_reference_implementation(tmp_path: Path, algorithm: str) -> None:
     data = os.urandom(3 * (1 << 20) + 12345)  # spans several read chunks
     p = tmp_path / "f"

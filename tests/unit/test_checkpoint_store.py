@@ -16,23 +16,25 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.checkpoint import hashing
 from supervisor.checkpoint.durable import write_durable
-from supervisor.checkpoint.hashing import hash_file
+from supervisor.checkpoint.hashing import DEFAULT_ALGORITHM, hash_file
 from supervisor.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest
 from supervisor.checkpoint.store import REASON_FILE, CheckpointStore, checkpoint_name
 from supervisor.cli import main as cli_main
 
 
-def make_checkpoint(root: Path, step: int, shards: int = 2, size: int = 4096, when: float | None = None) -> Path:
+def make_checkpoint(root: Path, step: int, shards: int = 2, size: int = 4096, when: float | None = None,
+                    algorithm: str = DEFAULT_ALGORITHM) -> Path:
     d = root / checkpoint_name(step)
     d.mkdir(parents=True)
     entries = []
     for name in [".metadata"] + [f"__{r}_0.distcp" for r in range(shards)]:
         (d / name).write_bytes(os.urandom(size))
-        n, digest = hash_file(d / name)
+        n, digest = hash_file(d / name, algorithm)
         entries.append(FileEntry(name, n, digest))
     m = Manifest(step=step, time=when if when is not None else time.time(), world_size=shards,
-                 hash_algorithm="crc32", files=tuple(entries))
+                 hash_algorithm=algorithm, files=tuple(entries))
     write_durable(d / MANIFEST_NAME, m.to_json())
     return d
 
@@ -94,6 +96,16 @@ def test_damaged_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path: Pat
     best = store.newest_valid()
     assert best is not None and best.step == 10
     assert [q.reason for q in store.quarantined()] == [v.reason]
+
+
+def test_full_check_without_the_hash_library_checks_sizes_and_says_so(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("crc32c")
+    ck = make_checkpoint(tmp_path, 5, algorithm="crc32c")
+    monkeypatch.setattr(hashing, "_crc32c", None)
+    v = CheckpointStore(tmp_path).validate(ck, full=True)
+    assert v.status == "valid" and not v.full and "crc32c is not available" in v.reason
+    assert CheckpointStore(tmp_path).newest_valid(full=True) is not None  # never quarantined for that
 
 
 def test_symlink_escaping_the_checkpoint_is_rejected(tmp_path: Path) -> None:
