@@ -34,8 +34,9 @@ __all__ = ["ClusterError", "LocalCluster", "default_root"]
 
 # Node state words (scontrol's State=BASE+FLAG+...) under which a node can run jobs.
 USABLE_BASE_STATES = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}
-CRASH_HOLD_S = 600.0
 UNUSABLE_FLAGS = {"NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED"}
+# How long `up` leaves a node that crash-node took down alone (a test is probably still watching it).
+CRASH_HOLD_S = 600.0
 
 
 class ClusterError(RuntimeError):
