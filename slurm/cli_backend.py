@@ -304,11 +304,7 @@ class CliSlurmClient:
 
         Only retried when slurmctld was not reached: a timed-out sbatch may have queued the job.
         """
-        for opt in options:
-            if not isinstance(opt, str) or not opt.startswith("-") or "\0" in opt:
-                raise UsageError(
-                    f"invalid sbatch option {opt!r}", "pass options as separate '--flag=value' strings"
-                )
+        _check_sbatch_options(options)
         if not script_text.startswith("#!"):
             raise UsageError("the batch script does not start with '#!'", "begin it with e.g. #!/bin/bash")
         argv = ["sbatch", "--parsable", *options]
@@ -367,6 +363,40 @@ class CliSlurmClient:
     def resume(self, nodes: Iterable[str]) -> None:
         """Return drained/down nodes to service. Needs operator rights."""
         self.run(["scontrol", "update", f"NodeName={_node_hostlist(nodes)}", "State=RESUME"])
+
+
+SBATCH_FLAGS_WITHOUT_SEPARATE_VALUE = frozenset(
+    {
+        "-h", "-H", "-I", "-k", "-O", "-Q", "-s", "-v", "-V", "-W", "--help", "--usage", "--hold", "--overcommit",
+        "--quiet", "--oversubscribe", "--verbose", "--version", "--wait", "--contiguous", "--exclusive",
+        "--requeue", "--no-requeue", "--parsable", "--test-only", "--use-min-nodes", "--spread-job",
+        "--ignore-pbs", "--no-kill", "--immediate", "--get-user-env", "--propagate", "--nice", "--reboot",
+        "--kill-on-invalid-dep",
+    }
+)  # fmt: skip
+"""sbatch flags with no argument or an optional one (which must be attached with '='): a bare word after
+them would be read as the script path."""
+
+
+def _check_sbatch_options(options: Sequence[str]) -> None:
+    """Options only: a bare word may follow a flag that takes a separate value (``-N 2``, ``--time 5``),
+    nowhere else, because sbatch would take it for the script path and ignore the script on stdin."""
+    previous = ""
+    for opt in options:
+        if not isinstance(opt, str) or "\0" in opt or not opt:
+            raise UsageError(f"invalid sbatch option {opt!r}", "pass options as '--flag=value' or '-f value'")
+        if opt.startswith("-"):
+            previous = opt
+            continue
+        takes_value = (
+            previous.startswith("--") and "=" not in previous or len(previous) == 2 and previous[0] == "-"
+        ) and previous not in SBATCH_FLAGS_WITHOUT_SEPARATE_VALUE
+        if not takes_value:
+            raise UsageError(
+                f"unexpected bare argument {opt!r} among the sbatch options",
+                "pass options as '--flag=value' or '-f value'; the batch script is generated, not given",
+            )
+        previous = ""
 
 
 def _json_unsupported(message: str) -> bool:

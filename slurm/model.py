@@ -22,6 +22,8 @@ JOB_FLAG_PRIORITY = (
 )  # fmt: skip
 """Job state flags in the order Slurm's ``job_state_string`` prefers them over the base state (text output)."""
 
+HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin", "job_requeued_in_held_state"})
+
 NODE_BASE_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"})
 
 
@@ -54,6 +56,8 @@ class JobInfo:
     """Whether Slurm may requeue the job (``--requeue`` / JobRequeue=1)."""
     time_limit_min: int | None = None
     """None: unlimited or unknown."""
+    priority: int | None = None
+    """0 means held (user or admin hold, requeue-hold)."""
     source: str = ""
     """Which output this came from (``squeue-json``, ``scontrol``), for evidence."""
 
@@ -79,7 +83,9 @@ class JobInfo:
         """Pending and will not start until released (user/admin hold, requeue-hold, special exit)."""
         if self.flags & {"REQUEUE_HOLD", "SPECIAL_EXIT"}:
             return True
-        return self.base_state == "PENDING" and (self.reason or "") in {"JobHeldUser", "JobHeldAdmin"}
+        if self.base_state != "PENDING":
+            return False
+        return self.priority == 0 or (self.reason or "") in HELD_REASONS
 
 
 @dataclass(frozen=True)

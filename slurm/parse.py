@@ -242,6 +242,7 @@ def job_from_json(job: Mapping[str, Any]) -> JobInfo:
         exit_signal=signal,
         requeue=bool(requeue) if isinstance(requeue, bool | int) else None,
         time_limit_min=number(job.get("time_limit")),
+        priority=number(job.get("priority")),
         source="squeue-json",
     )
 
@@ -330,6 +331,7 @@ def job_from_scontrol(fields: Mapping[str, str]) -> JobInfo:
         exit_signal=signal,
         requeue=(requeue == "1") if requeue in ("0", "1") else None,
         time_limit_min=duration_minutes(limit) if limit else None,
+        priority=number(fields.get("Priority")),
         source="scontrol",
     )
 

@@ -117,6 +117,7 @@ class PyslurmClient:
             exit_signal=signal,
             requeue=bool(raw.is_requeueable) if raw.is_requeueable is not None else None,
             time_limit_min=raw.time_limit if isinstance(raw.time_limit, int) else None,
+            priority=raw.priority if isinstance(raw.priority, int) else None,
             source="pyslurm",
         )
 

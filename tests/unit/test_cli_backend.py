@@ -296,12 +296,25 @@ def test_submit_passes_the_script_on_stdin() -> None:
     assert env["SLURM_CONF"] == "/x/slurm.conf"
 
 
-@pytest.mark.parametrize("options", [["script.sh"], ["--nodes=2", "x"], [""]])
+@pytest.mark.parametrize(
+    "options",
+    [["script.sh"], ["--nodes=2", "x"], [""], ["--requeue", "x"], ["--exclusive", "x"], ["-N2", "x"],
+     ["-N", "2", "x"], ["-H", "x"]],
+)
 def test_submit_rejects_positional_arguments(options: list[str]) -> None:
     replay = Replay()
     with pytest.raises(UsageError):
         client(replay).submit("#!/bin/bash\n", options)
     assert replay.calls == []
+
+
+@pytest.mark.parametrize(
+    "options", [["-N", "2"], ["--time", "5", "--requeue"], ["--exclusive=user", "-J", "camp", "-N2"], []]
+)
+def test_submit_accepts_flags_with_separate_values(options: list[str]) -> None:
+    replay = Replay((["sbatch"], ok("7\n")))
+    assert client(replay).submit("#!/bin/bash\n", options) == "7"
+    assert replay.argvs == [["sbatch", "--parsable", *options]]
 
 
 def test_submit_rejects_a_script_without_shebang_and_bad_output() -> None:

@@ -295,3 +295,14 @@ def test_sacct_runs_in_both_shapes() -> None:
     old = parse_sacct_json((OLD / "sacct_crafted.json").read_text())
     assert [(r.state, r.exit_code) for r in old] == [("REQUEUED", 0), ("FAILED", 1)]
     assert old[1].restart_count is None
+
+
+def test_22_05_requeue_held_job(utc: None) -> None:
+    """After ``scontrol requeuehold`` 22.05 shows a plain PENDING job; the hold is priority 0."""
+    from_json = _jobs(OLD / "squeue_held.json")["14"]
+    (from_text,) = parse_scontrol_jobs((OLD / "scontrol_held.txt").read_text())
+    for job in (from_json, from_text):
+        assert job.is_pending and job.is_held and job.priority == 0 and job.restart_count == 1
+    assert from_json.reason == "JobHeldUser" and from_text.reason == "job_requeued_in_held_state"
+    running = _jobs(OLD / "squeue_running.json")["1"]
+    assert not running.is_held and running.priority and running.priority > 0
