@@ -82,7 +82,7 @@ DEFAULT_LOG_SIGNATURES: tuple[LogSignature, ...] = (
     _sig("dist-network", r"DistNetworkError|DistBackendError|c10d.*(timed out|Socket Timeout)", ev.COMM_ERROR, 0.7),
     _sig("segfault", r"Segmentation fault|Fatal Python error", ev.APP_ERROR, 0.8),
     _sig("traceback", r"Traceback \(most recent call last\)", ev.APP_ERROR, 0.7),
-    _sig("python-exception", r"^(\w+\.)*\w*(Error|Exception)(: |$)", ev.APP_ERROR, 0.6),
+    _sig("python-exception", r"^(?:\[rank\d+\]:\s*|\d+:\s*)?(\w+\.)*\w*(Error|Exception)(: |$)", ev.APP_ERROR, 0.6),
 )
 
 
@@ -292,9 +292,21 @@ def _detection_findings(e: Evidence) -> list[Finding]:
     return found
 
 
+_RANK_PREFIX = re.compile(r"^\s*(?:\[rank(\d+)\]:|(\d+): )")  # torch's "[rank3]: ..." or srun --label's "3: ..."
+
+
+def _with_rank(line: LogLine) -> LogLine:
+    if line.rank is not None:
+        return line
+    m = _RANK_PREFIX.match(line.text)
+    if m is None:
+        return line
+    return LogLine(line.text, line.node, int(m.group(1) or m.group(2)))
+
+
 def _log_findings(e: Evidence, signatures: Sequence[LogSignature]) -> list[Finding]:
     found = []
-    for line in e.log_lines:
+    for line in map(_with_rank, e.log_lines):
         for sig in signatures:
             m = sig.pattern.search(line.text)
             if m is None:
