@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -27,6 +28,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -124,6 +127,11 @@ class Rig:
                 return time.monotonic() - t0
         raise TimeoutError("condition not reached")
 
+    def idle(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.pump()
+
     def close(self) -> None:
         for p in [*self.ranks.values(), self.agent]:
             if p.poll() is None:
@@ -143,12 +151,17 @@ def run_config(sample_s: float, report_s: float, seconds: float, trials: int) ->
                       30)
             rig.beat_lat.clear()
             rig._last.clear()
-            end = time.monotonic() + seconds
+            agent = psutil.Process(rig.agent.pid)
+            cpu0, t_start = sum(agent.cpu_times()[:2]), time.monotonic()
+            end = t_start + seconds
             while time.monotonic() < end:
                 rig.pump()
+            agent_cpu = (sum(agent.cpu_times()[:2]) - cpu0) / (time.monotonic() - t_start)
             beat = list(rig.beat_lat)
             stop, kill = [], []
+            rng = random.Random(1)
             for _ in range(trials):
+                rig.idle(rng.uniform(0, 0.5))  # faults strike at a random phase of the agent's sampling
                 pid = rig.ranks[1].pid
                 t0 = time.monotonic()
                 os.kill(pid, signal.SIGSTOP)
@@ -157,6 +170,7 @@ def run_config(sample_s: float, report_s: float, seconds: float, trials: int) ->
                 os.kill(pid, signal.SIGCONT)
                 rig.until(lambda: rig.state(1)[0] in ("running", "sleeping"))
             for _ in range(max(1, trials // 2)):
+                rig.idle(rng.uniform(0, 0.5))
                 proc = rig.ranks[1]
                 t0 = time.monotonic()
                 proc.kill()
@@ -167,7 +181,7 @@ def run_config(sample_s: float, report_s: float, seconds: float, trials: int) ->
                 rig.start_rank(1)
                 new_pid = rig.ranks[1].pid
                 rig.until(lambda pid=new_pid: rig.state(1) in (("running", pid), ("sleeping", pid)), 30)
-            return {"beat": beat, "stop": stop, "kill": kill}
+            return {"beat": beat, "stop": stop, "kill": kill, "agent_cpu": [agent_cpu]}
         finally:
             rig.close()
 
@@ -191,6 +205,7 @@ def main() -> int:
             p99 = pct(v, 0.99)
             print(f"{name:<26} {what:<16} {len(v):>4} {statistics.median(v):>7.3f} {p99:>7.3f} {max(v):>7.3f} "
                   f"{SLURMD_TIMEOUT_DEFAULT_S / p99:>9.0f}x {nccl_s / p99:>8.0f}x", flush=True)
+        print(f"{name:<26} agent CPU while sampling 2 ranks: {100 * r['agent_cpu'][0]:.1f}% of a core", flush=True)
     return 0
 
 
