@@ -345,7 +345,7 @@ class CliSlurmClient:
         if target == "batch":
             argv.append("--batch")
         argv.append(validate_job_id(job_id))
-        self.run(argv)
+        self.run(argv, idempotent=False)  # a timed-out signal may have been delivered: never send it twice
 
     def update_excluded_nodes(self, job_id: str | int, nodes: Iterable[str]) -> None:
         """Set the job's ExcNodeList (replaces it; empty clears). Slurm accepts this only while the job is
