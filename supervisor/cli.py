@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "checkpoints": ("supervisor.commands.checkpoints", "list and verify checkpoints in a directory"),
     "submit": ("supervisor.commands.submit", "write a campaign's batch script and submit it with sbatch"),
     "status": ("supervisor.commands.status", "show the live state of a campaign"),
+    "run": ("supervisor.commands.run", "supervise the training step inside an allocation (the batch step)"),
+    "report": ("supervisor.commands.report", "report a campaign: attempts, outcomes, exclusions, checkpoints, goodput"),
     "doctor": ("supervisor.commands.doctor", "check that this machine can run supervised jobs"),
 }
 

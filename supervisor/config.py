@@ -43,8 +43,8 @@ class RunConfig:
     loop_interval_s: float = 0.5
     # How often slurmctld is polled when nothing happens (it is also polled on events).
     slurm_poll_s: float = 30.0
-    # Restarts of the training step inside the same allocation before falling back to a requeue.
-    max_restarts_in_allocation: int = 3
+    # Allocation nodes kept out of the training step, to replace a blamed node without requeueing.
+    spare_nodes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,12 +61,43 @@ class Config:
     alerts: AlertConfig = AlertConfig()
     detect: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     policy: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    ledger: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    log_signatures: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # regex -> interruption class
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self), default=list))
 
 
 _SECTIONS = {"submit": SubmitConfig, "run": RunConfig, "alerts": AlertConfig}
+
+
+def _detect_loader() -> Any:
+    from supervisor.detect import DetectConfig
+
+    return DetectConfig.from_mapping
+
+
+def _policy_loader() -> Any:
+    from supervisor.policy import PolicyConfig
+
+    return PolicyConfig.from_mapping
+
+
+def _ledger_loader() -> Any:
+    from supervisor.ledger import LedgerConfig
+
+    return LedgerConfig.from_mapping
+
+
+def _signatures_loader() -> Any:
+    from supervisor.classify import signatures_from_table
+
+    return signatures_from_table
+
+
+# Sections validated by the modules that own them (pure dataclasses with their own range checks).
+_DELEGATED = {"detect": _detect_loader, "policy": _policy_loader, "ledger": _ledger_loader,
+              "log_signatures": _signatures_loader}
 
 
 def _same_type(value: Any, default: Any) -> bool:
@@ -105,15 +136,23 @@ def _build(section: str, cls: type, values: Mapping[str, Any], source: str) -> A
 
 def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:
     """Validate a parsed config; every problem is a ConfigError naming the key and the fix."""
-    known = set(_SECTIONS) | {"detect", "policy"}
+    known = set(_SECTIONS) | set(_DELEGATED)
     for section in data:
         if section not in known:
             raise ConfigError(f"{source}: unknown section [{section}]", f"use one of: {', '.join(sorted(known))}")
     parts = {name: _build(name, cls, data.get(name, {}), source) for name, cls in _SECTIONS.items()}
-    for name in ("detect", "policy"):
-        if not isinstance(data.get(name, {}), Mapping):
+    delegated: dict[str, dict[str, Any]] = {}
+    for name, loader in _DELEGATED.items():
+        table = data.get(name, {})
+        if not isinstance(table, Mapping):
             raise ConfigError(f"{source}: [{name}] must be a table", f"write it as [{name}] with key = value lines")
-    config = Config(detect=dict(data.get("detect", {})), policy=dict(data.get("policy", {})), **parts)
+        try:
+            loader()(table)
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"{source}: {err}", "see docs/configuration.md for the keys and their ranges") from None
+        delegated[name] = dict(table)
+    config = Config(detect=delegated["detect"], policy=delegated["policy"], ledger=delegated["ledger"],
+                    log_signatures=delegated["log_signatures"], **parts)
     if config.submit.signal_lead_s < 1:
         raise ConfigError(f"{source}: submit.signal_lead_s must be >= 1", "give the run time to checkpoint, e.g. 120")
     return config

@@ -15,11 +15,11 @@ def test_defaults_without_a_file():
 
 def test_values_are_read_and_ints_accepted_for_floats(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text('[run]\ncheckpoint_grace_s = 30\nsrun_args = ["--cpu-bind=none"]\n[policy]\nmax = 2\n')
+    path.write_text('[run]\ncheckpoint_grace_s = 30\nsrun_args = ["--cpu-bind=none"]\n[policy]\nstop_grace_s = 30\n')
     cfg = config.load(path)
     assert cfg.run.checkpoint_grace_s == 30.0 and isinstance(cfg.run.checkpoint_grace_s, float)
     assert cfg.run.srun_args == ("--cpu-bind=none",)
-    assert cfg.policy == {"max": 2}
+    assert cfg.policy == {"stop_grace_s": 30}
 
 
 @pytest.mark.parametrize(
@@ -33,6 +33,8 @@ def test_values_are_read_and_ints_accepted_for_floats(tmp_path):
         ("[submit]\nsignal_lead_s = 0\n", "signal_lead_s must be >= 1"),
         ("[run]\nsrun_args = [1]\n", "list of strings"),
         ("[run\n", "not valid TOML"),
+        ("[policy]\nstop_grace = 3\n", "policy.stop_grace: unknown setting"),
+        ("[detect]\nbogus = 1\n", "bogus"),
     ],
 )
 def test_bad_config_names_the_problem(tmp_path, text, needle):

@@ -1,0 +1,29 @@
+"""``supervise report CAMPAIGN [--json]``: attempts, outcomes, excluded nodes, checkpoints and goodput."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+HELP = "report a campaign: attempts and their outcomes, exclusions, checkpoints, goodput"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("campaign", metavar="CAMPAIGN", help="campaign directory")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON (the contract's fields)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from supervisor import campaign, journal, report
+
+    paths, _ = campaign.load(args.campaign)
+    events = journal.read(paths.journal) if paths.journal.exists() else []
+    doc = report.fold(events, now=time.time())
+    if doc["campaign"] is None:
+        doc["campaign"] = str(paths.root)
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(report.render_text(doc))
+    return 0

@@ -1,0 +1,129 @@
+"""Launch and stop the job steps the supervisor owns: the node agents and the training step.
+
+The agents run as one overlapping step (one task per node) so they outlive training-step restarts; the training
+step is relaunched in the same allocation after a crash or hang. Steps are named (``train-<n>``) so the
+supervisor can find a step's id and kill it on every node at once with scancel, even when ranks are stopped.
+All commands are argument lists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from slurm.cli_backend import CliSlurmClient
+from slurm.hostlist import compress
+from supervisor.errors import SlurmRejected, SlurmUnavailable
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How the training step is laid out in the allocation."""
+
+    nodes: tuple[str, ...]  # allocation nodes, in Slurm order
+    tasks_per_node: int
+    spare_nodes: int = 0  # nodes kept out of the training step, to replace a blamed node without requeueing
+
+    @property
+    def train_nodes(self) -> int:
+        return len(self.nodes) - self.spare_nodes
+
+
+def tasks_per_node(env: Mapping[str, str]) -> int:
+    """Tasks per node of the allocation, from sbatch's environment (SLURM_NTASKS_PER_NODE or NTASKS/NNODES)."""
+    raw = env.get("SLURM_NTASKS_PER_NODE", "")
+    if raw:
+        # "2" or "2(x3)"; heterogeneous counts like "2(x2),1" use the first
+        head = raw.split(",")[0].split("(")[0]
+        if head.isdigit():
+            return int(head)
+    ntasks, nnodes = env.get("SLURM_NTASKS", ""), env.get("SLURM_NNODES", "") or env.get("SLURM_JOB_NUM_NODES", "")
+    if ntasks.isdigit() and nnodes.isdigit() and int(nnodes) > 0:
+        return max(1, int(ntasks) // int(nnodes))
+    return 1
+
+
+def agent_argv(
+    layout: Layout, python: str, campaign: Path, supervisor_addr: tuple[str, int], extra: Sequence[str] = ()
+) -> list[str]:
+    """srun line for the node agents: one task on every allocation node, sharing CPUs with the training."""
+    n = len(layout.nodes)
+    return [
+        "srun", "--overlap", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", "--job-name=supervisor-agent",
+        "--kill-on-bad-exit=0", "--cpus-per-task=1", "--mem=0", "--quiet",
+        python, "-m", "supervisor.agent", "--campaign", str(campaign),
+        "--supervisor", f"{supervisor_addr[0]}:{supervisor_addr[1]}", *extra,
+    ]  # fmt: skip
+
+
+def train_argv(
+    layout: Layout, command: Sequence[str], launch: int, exclude: Sequence[str] = (), extra: Sequence[str] = ()
+) -> list[str]:
+    """srun line for the training step, avoiding ``exclude`` (blamed nodes) when the spares allow it."""
+    usable = [n for n in layout.nodes if n not in set(exclude)]
+    nnodes = min(layout.train_nodes, len(usable))
+    argv = [
+        "srun", f"--job-name=train-{launch}", f"--nodes={nnodes}", f"--ntasks={nnodes * layout.tasks_per_node}",
+        f"--ntasks-per-node={layout.tasks_per_node}", "--kill-on-bad-exit=1", "--mem=0",
+    ]  # fmt: skip
+    if exclude:
+        argv.append(f"--exclude={compress(sorted(set(exclude)))}")
+    return [*argv, *extra, *command]
+
+
+def slot_dir_template(job_id: str, uid: int | None = None) -> str:
+    """``SUPERVISOR_SLOT_DIR`` for ranks and agents: node-local shared memory, private to the job and user.
+
+    ``{node}`` is filled in by the client and the agent with the Slurm node name, so that several slurmd on one
+    host (the local test cluster) never share a slot directory."""
+    return f"/dev/shm/supervisor-{job_id}-{os.getuid() if uid is None else uid}-{{node}}"
+
+
+def start(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: str | None = None) -> subprocess.Popen[bytes]:
+    """Start a step; its output is appended to ``log_path`` (0600). A new session keeps terminal signals out."""
+    log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        return subprocess.Popen(
+            list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT,
+            cwd=cwd or None, start_new_session=True,
+        )  # fmt: skip
+    finally:
+        os.close(fd)
+
+
+def step_ids(slurm: CliSlurmClient, job_id: str) -> dict[str, str]:
+    """Map step name -> step id (``123.4``) for the job's live steps (squeue --steps)."""
+    result = slurm.run(["squeue", "--steps", "--noheader", f"--jobs={job_id}", "--format=%i %j"])
+    out: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            out[parts[1]] = parts[0]
+    return out
+
+
+def kill_step(
+    slurm: CliSlurmClient, job_id: str, name: str, proc: subprocess.Popen[bytes], wait_s: float = 15.0
+) -> int | None:
+    """Kill a step on every node at once (SIGKILL reaches stopped ranks too) and reap its srun.
+
+    Falls back to signalling srun itself when Slurm no longer lists the step. Returns srun's exit code.
+    """
+    step = step_ids(slurm, job_id).get(name)
+    if step is not None:
+        try:
+            slurm.run(["scancel", "--signal=KILL", step])
+        except (SlurmRejected, SlurmUnavailable):
+            pass  # the step ended meanwhile; srun is reaped below either way
+    deadline = time.monotonic() + wait_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=5)
+    return proc.returncode

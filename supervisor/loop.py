@@ -1,0 +1,447 @@
+"""``supervise run``: the supervisor loop of one Slurm attempt (the batch step).
+
+It starts the aggregator and the node agents, picks the checkpoint to resume from, launches the training
+step with srun and watches it: detections come from the pure detectors, the class of an interruption from
+the pure classifier, the response from the pure policy. This module is the edge that feeds them and carries
+out their decisions; every decision is journaled before it is carried out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from slurm.cli_backend import CliSlurmClient
+from slurm.env import SlurmEnv
+from supervisor import alerts, launcher, policy, wire
+from supervisor import events as ev
+from supervisor.aggregator import AggregatorServer
+from supervisor.campaign import CampaignPaths, CampaignSpec
+from supervisor.classify import RankExit, signatures_from_table
+from supervisor.config import Config
+from supervisor.decide import StepEnding, infer_previous_outcome, last_step, respond
+from supervisor.detect import HANG_KINDS, DetectConfig, DetectionEvent, Detector, snapshot_from_live
+from supervisor.journal import Journal
+from supervisor.ledger import Ledger, LedgerConfig
+from supervisor.signals import Received, SignalInbox
+
+log = structlog.get_logger("supervisor")
+
+# Exit codes of `supervise run` (the batch step): what Slurm records as the job's exit code.
+EXIT_COMPLETED = 0
+EXIT_STOPPED = 1
+EXIT_REQUEUED = 0  # the job is requeued; this run ends cleanly
+
+
+def _tail(path: Path, max_bytes: int = 65536) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - max_bytes))
+            return f.read().decode(errors="replace").splitlines()[-400:]
+    except OSError:
+        return []
+
+
+@dataclasses.dataclass
+class Step:
+    launch: int
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    started: float
+    nodes: tuple[str, ...]
+
+
+class Supervisor:
+    def __init__(
+        self,
+        paths: CampaignPaths,
+        spec: CampaignSpec,
+        config: Config,
+        env: SlurmEnv,
+        slurm: CliSlurmClient,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.paths, self.spec, self.config, self.env, self.slurm = paths, spec, config, env, slurm
+        self.clock = clock
+        self.job_id = env.job_id or ""
+        self.journal = Journal(paths.journal, clock=clock)
+        self.inbox = SignalInbox()
+        self.detector = Detector(DetectConfig.from_mapping(config.detect))
+        self.policy = policy.PolicyConfig.from_mapping(config.policy)
+        self.ledger_config = LedgerConfig.from_mapping(config.ledger)
+        self.signatures = signatures_from_table(config.log_signatures)
+        self.layout = launcher.Layout(
+            nodes=env.nodelist, tasks_per_node=launcher.tasks_per_node(os.environ),
+            spare_nodes=config.run.spare_nodes,
+        )  # fmt: skip
+        self.server: AggregatorServer | None = None
+        self.agents: subprocess.Popen[bytes] | None = None
+        self.launches = 0
+        self.history: list[dict[str, Any]] = []
+        self.old_pids: set[int] = set()  # rank pids of earlier launches: their slots linger until overwritten
+
+    # ----------------------------------------------------------------------------------------- journal
+    def record(self, event: dict[str, Any]) -> None:
+        self.journal.append(event)
+        self.history.append(event)
+        log.info(event["type"], **{k: v for k, v in event.items() if k not in ("type", "t", "v", "event")})
+
+    # ----------------------------------------------------------------------------------------- lifecycle
+    def run(self) -> int:
+        from supervisor.journal import read
+
+        self.history = read(self.paths.journal)
+        now = self.clock()
+        if not any(e["type"] == ev.CAMPAIGN_STARTED for e in self.history):
+            self.record(ev.campaign_started(now, str(self.paths.root), self.spec.command, self.job_id))
+        for event in infer_previous_outcome(self.history, self._node_states(), self._job()):
+            self.record(event)
+        self.record(ev.attempt_started(now, self.job_id, self.env.restart_count, self.layout.nodes, None))
+        try:
+            self._start_channel()
+            return self._attempt()
+        finally:
+            self._shutdown()
+
+    def _start_channel(self) -> None:
+        host = self._bind_address()
+        self.server = AggregatorServer(self.paths.root, self.job_id, bind=(host, 0))
+        self.server.write_address_file()
+        argv = launcher.agent_argv(
+            self.layout, self.spec.python or "python3", self.paths.root, self.server.address,
+            ["--sample-interval", str(self.config.run.agent_interval_s),
+             "--report-interval", str(self.config.run.summary_interval_s)],
+        )  # fmt: skip
+        self.agents = launcher.start(argv, self._step_env(""), self._attempt_logs() / "agents.log", self.spec.cwd)
+
+    def _bind_address(self) -> str:
+        """Listen where the agents can reach the batch host: its NodeAddr (127.0.0.1 on the local cluster)."""
+        override = os.environ.get("SUPERVISOR_BIND")
+        if override:
+            return override
+        try:
+            out = self.slurm.run(["scontrol", "show", "node", "-o", self.env.batch_host or ""]).stdout
+            for token in out.split():
+                if token.startswith("NodeAddr="):
+                    return token.split("=", 1)[1]
+        except Exception:  # noqa: BLE001 - fall back to all interfaces; the channel is authenticated anyway
+            pass
+        return "0.0.0.0"  # noqa: S104
+
+    def _shutdown(self) -> None:
+        if self.server is not None:
+            for node in self.layout.nodes:
+                self.server.send(node, [wire.Command(wire.CMD_EXIT)])
+        if self.agents is not None and self.agents.poll() is None:
+            try:
+                self.agents.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.agents.terminate()
+                try:
+                    self.agents.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.agents.kill()
+        if self.server is not None:
+            self.server.close()
+        self.inbox.close()
+        self.journal.close()
+
+    # ----------------------------------------------------------------------------------------- attempt
+    def _attempt(self) -> int:
+        excluded: tuple[str, ...] = ()
+        while True:
+            resume = self._pick_resume()
+            step = self._launch(resume, excluded)
+            ending = self._watch(step)
+            ledger = Ledger.fold(self.history, self.ledger_config)
+            interruption, decision = respond(
+                ending, self.history, self.layout.nodes, self.layout.train_nodes, self.policy, ledger,
+                step_running=step.proc.poll() is None, restarts_here=self.launches - 1,
+                signatures=self.signatures,
+            )  # fmt: skip
+            self.record({**interruption.to_event(self.clock()), "launch": step.launch,
+                         "last_step": last_step(ending)})
+            outcome = self._carry_out(decision, interruption, step, ending)
+            if outcome is not None:
+                return outcome
+            excluded = self._next_exclusions(decision)
+
+    def _attempt_logs(self) -> Path:
+        return self.paths.attempt_logs(self.job_id, self.env.restart_count)
+
+    def _step_env(self, resume: str | None) -> dict[str, str]:
+        env = dict(os.environ)
+        env["SUPERVISOR_CAMPAIGN"] = str(self.paths.root)
+        env["SUPERVISOR_SLOT_DIR"] = str(launcher.slot_dir_template(self.job_id))
+        env["SUPERVISOR_RESUME_FROM"] = resume or ""
+        return env
+
+    def _pick_resume(self) -> str | None:
+        ckpt_dir = self.config.run.checkpoint_dir
+        if not ckpt_dir:
+            return None
+        from supervisor.checkpoint.store import CheckpointStore
+
+        if not Path(ckpt_dir).is_dir():
+            return None
+        store = CheckpointStore(ckpt_dir)
+        newest = store.newest_valid(full=False, quarantine=True)
+        for info in store.list():
+            if info.status == "invalid":
+                self.record({"type": "checkpoint_quarantined", "t": self.clock(), "path": str(info.path),
+                             "reason": info.reason})
+        return str(newest.path) if newest is not None else None
+
+    def _launch(self, resume: str | None, excluded: tuple[str, ...]) -> Step:
+        self.launches += 1
+        name = f"train-{self.launches}"
+        argv = launcher.train_argv(self.layout, self.spec.command, self.launches, excluded,
+                                   self.config.run.srun_args)
+        log_path = self._attempt_logs() / f"train-{self.launches}.log"
+        nodes = tuple(n for n in self.layout.nodes if n not in excluded)[: self.layout.train_nodes]
+        self.record(ev.step_launched(self.clock(), self.launches, nodes, excluded, resume))
+        self.detector.new_launch()
+        if self.server is not None:
+            self.old_pids.update(r.pid for r in self.server.table.snapshot().ranks)
+        proc = launcher.start(argv, self._step_env(resume), log_path, self.spec.cwd)
+        return Step(self.launches, name, proc, log_path, time.monotonic(), nodes)
+
+    # ----------------------------------------------------------------------------------------- watching
+    def _watch(self, step: Step) -> StepEnding:
+        """Watch until the step exits, a fault is detected, or a signal asks us to act."""
+        assert self.server is not None
+        next_eval = 0.0
+        warnings_seen: list[DetectionEvent] = []
+        while True:
+            self.server.poll(0.1)
+            received = self.inbox.drain()
+            if received:
+                return self._ending(step, "signal", signals=received)
+            code = step.proc.poll()
+            if code is not None:
+                # Give the agents a moment to report how each rank ended (exit codes, signals).
+                self._settle(0.6)
+                found = self._observe(step) if code != 0 else []
+                return self._ending(step, "exited", exit_code=code, detections=[d for d in found if d.is_fault])
+            now = time.monotonic()
+            if now >= next_eval:
+                next_eval = now + self.config.run.loop_interval_s
+                found = self._observe(step)
+                faults = [d for d in found if d.is_fault]
+                for d in found:
+                    if not d.is_fault:
+                        warnings_seen.append(d)
+                        self.record(ev.detection_event(d, self.clock()))
+                if faults:
+                    return self._ending(step, "detection", detections=faults)
+
+    def _settle(self, seconds: float) -> None:
+        assert self.server is not None
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.server.poll(0.05)
+
+    def _live(self) -> Any:
+        """The aggregator's snapshot without the ranks of earlier launches."""
+        assert self.server is not None
+        live = self.server.table.snapshot()
+        return dataclasses.replace(live, ranks=[r for r in live.ranks if r.pid not in self.old_pids])
+
+    def _observe(self, step: Step) -> list[DetectionEvent]:
+        live = self._live()
+        snap = snapshot_from_live(live, launch_age_s=time.monotonic() - step.started)
+        return self.detector.observe(snap, self.clock())
+
+    def _ending(self, step: Step, reason: str, *, exit_code: int | None = None,
+                detections: list[DetectionEvent] | None = None, signals: list[Received] | None = None) -> StepEnding:
+        """Gather the evidence about how the step ended (or must end): Slurm's view, the ranks', the log's."""
+        assert self.server is not None
+        for d in detections or []:
+            self.record(ev.detection_event(d, self.clock()))
+        ranks = [r for r in self._live().ranks if r.node in step.nodes]
+        exits = tuple(
+            RankExit(node=r.node, rank=r.rank, exit_code=r.exit_code, signal=r.exit_signal)
+            for r in ranks if r.state in ("exited", "zombie", "gone") and (r.exit_code is not None or r.exit_signal)
+        )  # fmt: skip
+        hung: dict[str, set[int]] = {}
+        for d in detections or []:
+            if d.kind in HANG_KINDS:
+                for r in ranks:
+                    if r.rank in d.ranks:
+                        hung.setdefault(r.node, set()).add(r.rank)
+        return StepEnding(
+            reason=reason, launch=step.launch, exit_code=exit_code, detections=tuple(detections or ()),
+            signals=tuple(s.name for s in signals or ()), signal_times=tuple(s.at for s in signals or ()),
+            job=self._job(), nodes=self._node_states(), log_tail=tuple(_tail(step.log_path)), step_nodes=step.nodes,
+            last_steps={r.rank: r.step for r in ranks}, now=self.clock(), rank_exits=exits,
+            sigterm_ranks=tuple(r.rank for r in ranks if r.rank_flags & _flag("RANK_FLAG_SIGTERM")),
+            hung={n: tuple(sorted(v)) for n, v in hung.items()}, signal_lead_s=float(self.config.submit.signal_lead_s),
+        )  # fmt: skip
+
+    def _job(self) -> Any:
+        try:
+            return self.slurm.job(self.job_id)
+        except Exception as err:  # noqa: BLE001 - evidence gathering must never stop the response
+            log.warning("slurm_query_failed", error=str(err))
+            return None
+
+    def _node_states(self) -> dict[str, str]:
+        try:
+            return {n.name: ("down" if n.is_down else "drain" if n.is_drain else "up")
+                    for n in self.slurm.nodes(self.layout.nodes or None)}
+        except Exception as err:  # noqa: BLE001
+            log.warning("slurm_nodes_failed", error=str(err))
+            return {}
+
+    # ----------------------------------------------------------------------------------------- acting
+    def _carry_out(self, decision: policy.Decision, interruption: Any, step: Step, ending: StepEnding) -> int | None:
+        """Execute the policy's actions in order; the exit code when this run is over, None to relaunch."""
+        for action in decision.actions:
+            self.record(action.to_event(self.clock()))
+            kind = action.kind
+            if kind == policy.ALERT:
+                self._alert(action, ending)
+            elif kind in (policy.CHECKPOINT_NOW, policy.STOP_STEP):
+                checkpoint = kind == policy.CHECKPOINT_NOW or bool(action.params.get("checkpoint", True))
+                grace = float(action.params.get("grace_s", self.config.run.checkpoint_grace_s))
+                self._stop_step(step, checkpoint, grace)
+            elif kind == policy.DUMP_STACKS:
+                self._dump_stacks(step, ending)
+            elif kind == policy.KILL_STEP:
+                launcher.kill_step(self.slurm, self.job_id, step.name, step.proc)
+            elif kind == policy.DRAIN:
+                self._try(self.slurm.drain, action.target, action.reason[:200] or "supervisor")
+            elif kind == policy.BACKOFF:
+                self.inbox.wait(float(action.params.get("seconds", 0.0)))
+            elif kind == policy.RESTART_IN_ALLOCATION:
+                self._end_step(step)
+                return None
+            elif kind in (policy.REQUEUE, policy.HOLD):
+                self._end_step(step)
+                self._record_attempt_end(interruption, ending)
+                exclude = tuple(action.params.get("exclude", ()))
+                self._requeue(exclude, hold=kind == policy.HOLD)
+                return EXIT_REQUEUED
+            elif kind == policy.AWAIT_REQUEUE:
+                self._record_attempt_end(interruption, ending)
+                self._await_termination(step)
+                return EXIT_REQUEUED
+            elif kind in (policy.STOP, policy.FINISH):
+                self._end_step(step)
+                self._record_attempt_end(interruption, ending)
+                state = "completed" if kind == policy.FINISH else str(action.params.get("state", "stopped"))
+                self.record(ev.campaign_ended(self.clock(), state, decision.message))
+                print(f"supervise: {decision.message}", file=sys.stderr, flush=True)
+                return EXIT_COMPLETED if kind == policy.FINISH else EXIT_STOPPED
+        self._end_step(step)
+        return None
+
+    def _next_exclusions(self, decision: policy.Decision) -> tuple[str, ...]:
+        for action in decision.actions:
+            if action.kind == policy.RESTART_IN_ALLOCATION:
+                return tuple(action.params.get("exclude", ()))
+        return ()
+
+    def _record_attempt_end(self, interruption: Any, ending: StepEnding) -> None:
+        self.record(ev.attempt_ended(self.clock(), self.job_id, interruption.cls, interruption.blamed_nodes,
+                                     interruption.evidence, last_step(ending)))  # fmt: skip
+
+    def _try(self, fn: Callable[..., object], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as err:  # noqa: BLE001 - an actuator failing must not stop the response
+            log.warning("action_failed", error=str(err))
+
+    def _alert(self, action: policy.Action, ending: StepEnding) -> None:
+        if action.tier in (None, "L1"):
+            return
+        doc = alerts.document(self.job_id, str(self.paths.root), action.to_event(self.clock()),
+                              [d.to_dict() for d in ending.detections])  # fmt: skip
+        alerts.send(self.config.alerts, doc)
+
+    def _end_step(self, step: Step) -> None:
+        if step.proc.poll() is None:
+            launcher.kill_step(self.slurm, self.job_id, step.name, step.proc)
+
+    def _dump_stacks(self, step: Step, ending: StepEnding, wait_s: float = 5.0) -> None:
+        """Save the stacks of every rank of the step before it is killed: the hung ranks show where they are
+        stuck, their peers show which collective they wait in. A stopped rank cannot dump (reported as such)."""
+        assert self.server is not None
+        for node in step.nodes:
+            self.server.send(node, [wire.Command(wire.CMD_DUMP_STACKS, wire.ALL_RANKS)])
+        wanted = len(step.nodes) * self.layout.tasks_per_node
+        deadline = time.monotonic() + wait_s
+        got = 0
+        events = self.server.table.events
+        while got < wanted and time.monotonic() < deadline:
+            self.server.poll(0.1)
+            while events:
+                item = events.popleft()
+                if item.get("event") in ("stacks_saved", "stacks_failed"):
+                    got += 1
+                    self.record({"type": "stacks", "t": self.clock(), "node": item.get("node"), "rank": item.get("rank"),
+                                 "result": item.get("event"), "detail": item.get("text")})
+
+    def _stop_step(self, step: Step, checkpoint: bool, grace_s: float) -> None:
+        """L3: ask every rank to (checkpoint and) stop; the step is killed if it has not exited by ``grace_s``."""
+        assert self.server is not None
+        if step.proc.poll() is not None:
+            return
+        if checkpoint:
+            flags = wire.flags_arg(_flag("FLAG_CHECKPOINT") | _flag("FLAG_STOP"), 0)
+            for node in step.nodes:
+                self.server.send(node, [wire.Command(wire.CMD_SET_FLAGS, wire.ALL_RANKS, flags)])
+            self.record(ev.checkpoint_requested(self.clock(), "checkpoint and stop"))
+        else:
+            self._try(self.slurm.run, ["scancel", "--signal=TERM", self._step_id(step)])
+        deadline = time.monotonic() + grace_s
+        while step.proc.poll() is None and time.monotonic() < deadline:
+            self.server.poll(0.2)
+
+    def _step_id(self, step: Step) -> str:
+        return launcher.step_ids(self.slurm, self.job_id).get(step.name, f"{self.job_id}.0")
+
+    def _requeue(self, exclude: tuple[str, ...], hold: bool = False) -> None:
+        # Ignore the SIGTERM the requeue sends us until the exclusion is set (KillWait gives us the time).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if hold:
+            self.slurm.requeue_hold(self.job_id)
+        else:
+            self.slurm.requeue(self.job_id)
+        if exclude:
+            self._try(self.slurm.update_excluded_nodes, self.job_id, exclude)
+
+    def _await_termination(self, step: Step, limit_s: float = 300.0) -> None:
+        """Slurm ends or requeues the job itself (preemption, node failure): let the ranks finish their
+        checkpoint and wait for Slurm's signal, doing nothing that could tear a save."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if self.server is not None:
+                self.server.poll(0.5)
+            if any(s.signum == signal.SIGTERM for s in self.inbox.drain()):
+                return
+            if step.proc.poll() is not None and self._job_gone_or_requeued():
+                return
+
+    def _job_gone_or_requeued(self) -> bool:
+        try:
+            job = self.slurm.job(self.job_id)
+        except Exception:  # noqa: BLE001
+            return False
+        return job is None or not job.is_running or job.restart_count > self.env.restart_count
+
+
+def _flag(name: str) -> int:
+    from supervisor.client import slot
+
+    return int(getattr(slot, name))
