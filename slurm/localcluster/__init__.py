@@ -156,10 +156,20 @@ class LocalCluster:
     def pids(self) -> dict[str, int | None]:
         return {name: self.pid_of(name) for name in self._daemon_table()}
 
+    def _port_of(self, name: str) -> int | None:
+        spec = self.spec
+        ports = {"slurmctld": spec.ctld_port, "slurmdbd": spec.dbd_port, "mariadbd": spec.db_port}
+        ports.update({f"slurmd-{n}": spec.node_port(n) for n in self.node_names})
+        return ports.get(name)
+
     def _start(self, name: str, timeout: float) -> int:
         """Start daemon ``name`` detached from us (it writes its own pid file) and wait until it is alive."""
         program, argv, _marks = self._daemon_table()[name]
         log_file = self.layout.log_file(name)
+        port = self._port_of(name)
+        if port is not None and procs.port_in_use(port):
+            raise ClusterError(f"port {port} needed by {name} is already in use by another program (fix: stop it, "
+                               "or choose other ports with --base-port; see `ss -ltnp`)")
         self.layout.pid_file(name).unlink(missing_ok=True)
         cmd = [str(self._program(program)), *argv]
         env = {**os.environ, **self.env}

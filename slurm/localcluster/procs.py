@@ -169,3 +169,14 @@ def wait_port(host: str, port: int, deadline: float) -> bool:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.1)
+
+
+def port_in_use(port: int) -> bool:
+    """True if a TCP listener already holds ``port`` (Slurm daemons bind 0.0.0.0, so test that address)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False

@@ -250,6 +250,23 @@ def test_fresh_cluster_with_accounting_from_nothing_to_down() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slurm
+def test_a_port_taken_by_another_program_is_one_clear_error() -> None:
+    root = Path(tempfile.mkdtemp(prefix="lc-", dir="/tmp"))
+    base = free_port_range(2)
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", base + 1))  # node1's slurmd port
+    blocker.listen()
+    cluster = LocalCluster(root, base_port=base, nodes=1)
+    try:
+        with pytest.raises(ClusterError, match=f"port {base + 1} needed by slurmd-node1 is already in use.*--base-port"):
+            cluster.up(timeout=30)
+    finally:
+        blocker.close()
+        cluster.down()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def procs_alive(pid: int) -> bool:
     """Alive and not a zombie (init may reap late here)."""
     try:
