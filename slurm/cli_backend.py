@@ -26,7 +26,7 @@ from slurm.errors import (
     SlurmUnreachable,
     UnknownJob,
 )
-from slurm.hostlist import compress, validate_job_id, validate_node_name
+from slurm.hostlist import compress, validate_job_id, validate_node_name, validate_step_id
 from slurm.model import JobInfo, JobRun, NodeInfo
 from slurm.parse import (
     ParseError,
@@ -346,6 +346,11 @@ class CliSlurmClient:
             argv.append("--batch")
         argv.append(validate_job_id(job_id))
         self.run(argv, idempotent=False)  # a timed-out signal may have been delivered: never send it twice
+
+    def signal_step(self, step_id: str, sig: int | str) -> None:
+        """Send ``sig`` to the tasks of one step (``123.0``), e.g. TERM to stop a training step but not the
+        supervisor's other steps."""
+        self.run(["scancel", f"--signal={signal_name(sig)}", validate_step_id(step_id)], idempotent=False)
 
     def update_excluded_nodes(self, job_id: str | int, nodes: Iterable[str]) -> None:
         """Set the job's ExcNodeList (replaces it; empty clears). Slurm accepts this only while the job is

@@ -30,6 +30,7 @@ MAX_EXPANDED_HOSTS = 1 << 20
 
 _NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _JOB_ID_RE = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10}|\+[0-9]{1,10})?")
+_STEP_ID_RE = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10}|\+[0-9]{1,10})?\.(?:[0-9]{1,10}|batch|extern)")
 _RANGE_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 _TRAILING_DIGITS_RE = re.compile(r"^(.*?)([0-9]+)$", re.DOTALL)
 
@@ -56,6 +57,13 @@ def validate_job_id(job_id: str | int) -> str:
     if not isinstance(job_id, str) or not _JOB_ID_RE.fullmatch(job_id) or job_id.startswith("0"):
         raise InvalidJobId(repr(job_id))
     return job_id
+
+
+def validate_step_id(step_id: str) -> str:
+    """Return ``step_id`` if it is a job step such as ``123.0``, ``123.batch`` or ``123_4.1``."""
+    if not isinstance(step_id, str) or not _STEP_ID_RE.fullmatch(step_id) or step_id.startswith("0"):
+        raise InvalidJobId(repr(step_id))
+    return step_id
 
 
 def _split_top_level(expr: str) -> list[str]:

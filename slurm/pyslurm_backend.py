@@ -187,6 +187,9 @@ class PyslurmClient:
             lambda: self._job(job_id).send_signal(name, steps=steps),
         )
 
+    def signal_step(self, step_id: str, sig: int | str) -> None:
+        self.cli.signal_step(step_id, sig)
+
     def update_excluded_nodes(self, job_id: str | int, nodes: Iterable[str]) -> None:
         self.cli.update_excluded_nodes(job_id, nodes)
 

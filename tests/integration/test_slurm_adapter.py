@@ -230,8 +230,10 @@ while kill -0 $pid 2>/dev/null; do wait $pid; done
     wait_for("the batch shell's USR1", lambda: log.exists() and "batch-USR1" in log.read_text(), 20)
     slurm.signal(job_id, "SIGUSR2", target="steps")
     wait_for("the task's USR2", lambda: "task-USR2" in log.read_text(), 20)
+    slurm.signal_step(f"{job_id}.0", "USR1")
+    wait_for("the step's USR1", lambda: "task-USR1" in log.read_text(), 20)
     time.sleep(1)
-    assert sorted(log.read_text().split()) == ["batch-USR1", "task-USR2"]  # each went only where aimed
+    assert sorted(log.read_text().split()) == ["batch-USR1", "task-USR1", "task-USR2"]  # only where aimed
     assert job_state(slurm, job_id).is_running  # notifications never kill the step
 
 

@@ -334,6 +334,8 @@ def test_submit_rejects_a_script_without_shebang_and_bad_output() -> None:
         (lambda c: c.cancel("5"), ["scancel", "5"]),
         (lambda c: c.signal("5", "SIGUSR1", target="batch"), ["scancel", "--signal=USR1", "--batch", "5"]),
         (lambda c: c.signal("5", 12), ["scancel", "--signal=USR2", "5"]),
+        (lambda c: c.signal_step("5.0", "TERM"), ["scancel", "--signal=TERM", "5.0"]),
+        (lambda c: c.signal_step("5_1.batch", 10), ["scancel", "--signal=USR1", "5_1.batch"]),
         (lambda c: c.update_excluded_nodes("5", ["node3", "node1", "node2"]),
          ["scontrol", "update", "JobId=5", "ExcNodeList=node[1-3]"]),
         (lambda c: c.update_excluded_nodes("5", []), ["scontrol", "update", "JobId=5", "ExcNodeList="]),
@@ -354,6 +356,8 @@ def test_action_argv(call, argv: list[str]) -> None:  # type: ignore[no-untyped-
     [
         (lambda c: c.requeue("5; reboot"), InvalidJobId),
         (lambda c: c.cancel("--all"), InvalidJobId),
+        (lambda c: c.signal_step("5", "TERM"), InvalidJobId),
+        (lambda c: c.signal_step("5.0 6", "TERM"), InvalidJobId),
         (lambda c: c.drain(["node1", "-x"], "r"), InvalidNodeName),
         (lambda c: c.drain(["node1"], "two\nlines"), UsageError),
         (lambda c: c.drain([], "r"), UsageError),

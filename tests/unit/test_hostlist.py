@@ -7,7 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm.errors import HostlistError, InvalidJobId, InvalidNodeName
-from slurm.hostlist import compress, expand, sort_unique, validate_job_id, validate_node_name
+from slurm.hostlist import (
+    compress,
+    expand,
+    sort_unique,
+    validate_job_id,
+    validate_node_name,
+    validate_step_id,
+)
 from supervisor.errors import UsageError
 
 
@@ -103,6 +110,17 @@ def test_valid_job_ids(value: str | int, canonical: str) -> None:
 def test_invalid_job_ids(value: object) -> None:
     with pytest.raises(InvalidJobId):
         validate_job_id(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", ["123.0", "123.batch", "123.extern", "123_4.1", "123+1.2"])
+def test_valid_step_ids(value: str) -> None:
+    assert validate_step_id(value) == value
+
+
+@pytest.mark.parametrize("value", ["123", "123.", ".0", "123.0.1", "123.foo", "0.1", "-1.0", "123.0;x"])
+def test_invalid_step_ids(value: str) -> None:
+    with pytest.raises(InvalidJobId):
+        validate_step_id(value)
 
 
 # ------------------------------------------------------------------------------------------- properties
