@@ -175,17 +175,18 @@ def checkpoint_state(model: nn.Module, opt: torch.optim.Optimizer, rank: int, st
 
 def restore(path: Path, model: nn.Module, opt: torch.optim.Optimizer, rank: int, world: int) -> tuple[int, int, int]:
     state = checkpoint_state(model, opt, rank, 0, 0, 0)
-    same_world = read_manifest(path).world_size == world
+    saved_world = read_manifest(path).world_size
+    same_world = saved_world == world
     if not same_world:  # this rank's RNG streams are not in the checkpoint
         del state[f"rng_rank{rank}"]
-    manifest = load(path, state)
+    load(path, state)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     if same_world:
         rng = state[f"rng_rank{rank}"]
         torch.set_rng_state(rng["torch"])
         _set_python_rng(rng["python"], rng["python_gauss"])
     else:
-        print(f"warning: checkpoint world size {manifest.world_size} != {world}: RNG streams restart",
+        print(f"warning: checkpoint world size {saved_world} != {world}: RNG streams restart",
               file=sys.stderr)
     train = state["train"]
     return int(train["step"]), int(train["epoch"]), int(train["offset"])

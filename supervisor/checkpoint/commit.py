@@ -30,7 +30,7 @@ from supervisor.checkpoint.fingerprint import fingerprint
 from supervisor.checkpoint.hashing import DEFAULT_ALGORITHM, hash_file
 from supervisor.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, parse_manifest
 from supervisor.checkpoint.store import CheckpointStore, checkpoint_name
-from supervisor.checkpoint.validate import DCP_METADATA, INCOMPLETE_PREFIX
+from supervisor.checkpoint.validate import DCP_METADATA, INCOMPLETE_PREFIX, validate_checkpoint
 from supervisor.errors import CheckpointError
 
 # Single-process saves/loads are intended here; DCP warns about them on every call.
@@ -313,18 +313,22 @@ def resume_path(root: str | os.PathLike[str]) -> Path | None:
     return Path(choice) if choice else None
 
 
-def load(path: str | os.PathLike[str], state_dict: dict[str, Any]) -> Manifest:
-    """Load a checkpoint into ``state_dict`` in place (DCP) and return its manifest (JSON, for ``extra``).
+def load(path: str | os.PathLike[str], state_dict: dict[str, Any]) -> Manifest | None:
+    """Load a checkpoint into ``state_dict`` in place (DCP); return its manifest (None for an adopted DCP dir).
 
-    The manifest is checked first so a torn checkpoint fails with a clear CheckpointError, not a torch error.
+    A quick validation runs first, so a torn checkpoint fails with a clear CheckpointError naming the
+    defect instead of a torch error, and torch never reads the (pickled) .metadata of a torn directory.
     """
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    manifest = read_manifest(path)
+    v = validate_checkpoint(Path(path), full=False)
+    if not v.usable:
+        raise CheckpointError(f"cannot resume from {path}: {v.status}: {v.reason}",
+                              "unset SUPERVISOR_RESUME_FROM or point it at a valid checkpoint")
     distributed = dist.is_available() and dist.is_initialized()
     dcp.load(state_dict, checkpoint_id=str(path), no_dist=not distributed)
-    return manifest
+    return v.manifest
 
 
 def read_manifest(path: str | os.PathLike[str]) -> Manifest:

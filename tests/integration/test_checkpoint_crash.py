@@ -124,3 +124,19 @@ def test_disk_full_fails_clearly_and_keeps_the_previous_checkpoint(tmp_path: Pat
         assert best is not None and best.step == 3
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+def test_load_refuses_a_torn_checkpoint_with_a_clear_error(tmp_path: Path) -> None:
+    import torch
+
+    from supervisor.checkpoint.commit import load
+
+    saver = CheckpointSaver(tmp_path, keep_last=2)
+    saver.save({"w": torch.arange(10.0)}, 1)
+    saver.close()
+    target = {"w": torch.zeros(10)}
+    load(tmp_path / checkpoint_name(1), target)
+    assert torch.equal(target["w"], torch.arange(10.0))
+    (tmp_path / checkpoint_name(1) / "__0_0.distcp").unlink()
+    with pytest.raises(CheckpointError, match="invalid: file '__0_0.distcp' is missing"):
+        load(tmp_path / checkpoint_name(1), target)
