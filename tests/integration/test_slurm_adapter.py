@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from slurm.cli_backend import CliSlurmClient
 from slurm.env import SlurmEnv
-from slurm.errors import AccountingUnavailable, SlurmCommandError, UnknownJob
+from slurm.errors import AccountingUnavailable, SlurmCommandError, SlurmUnreachable, UnknownJob
 from slurm.hostlist import compress, expand, sort_unique
 from slurm.model import JobInfo
 from slurm.retry import RetryPolicy
@@ -276,6 +276,23 @@ def test_slurm_reads_our_compressed_hostlists_back(slurm: CliSlurmClient, names:
     expr = compress(names)
     slurm_names = slurm.run(["scontrol", "show", "hostnames", expr]).stdout.split()
     assert slurm_names == expand(expr) == sort_unique(names)
+
+
+def test_unreachable_controller_is_retried_within_the_budget(slurm_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Real client commands against a port nobody listens on: Slurm's own "connect failure" message is
+    classified as transient, retried, and the whole call stays within its budget."""
+    conf = tmp_path / "slurm.conf"
+    text = slurm_cluster.conf.read_text()
+    conf.write_text("\n".join("SlurmctldPort=16899" if ln.startswith("SlurmctldPort=") else ln
+                              for ln in text.splitlines()) + "\n")  # fmt: skip
+    client = CliSlurmClient(env={"SLURM_CONF": str(conf)}, policy=RetryPolicy(budget_s=10.0, initial_s=0.5))
+    start = time.monotonic()
+    with pytest.raises(SlurmUnreachable) as info:
+        client.job("1")
+    elapsed = time.monotonic() - start
+    assert info.value.attempts >= 2
+    assert "Unable to contact slurm controller" in info.value.problem or "timed out" in info.value.problem
+    assert elapsed < 10.0 + 3.0
 
 
 def test_environment_is_passed_to_commands(slurm_cluster) -> None:  # type: ignore[no-untyped-def]
