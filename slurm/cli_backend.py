@@ -245,7 +245,9 @@ class CliSlurmClient:
         except (ParseError, ValueError) as exc:
             raise SlurmOutputError(argv, str(exc)) from None
         return [
-            j for j in found if (wanted is None or j.job_id in wanted) and (name is None or j.name == name)
+            j
+            for j in found
+            if (wanted is None or j.job_id in wanted or j.raw_job_id in wanted) and (name is None or j.name == name)
         ]
 
     def nodes(self, names: Iterable[str] | None = None) -> list[NodeInfo]:
@@ -415,6 +417,6 @@ def _json_unsupported(message: str) -> bool:
 def _pick_job(jobs: list[JobInfo], jid: str) -> JobInfo | None:
     """The record for ``jid``: never "the first one", since 22.05 lists every job whatever was asked."""
     for job in jobs:
-        if job.job_id == jid:
+        if jid in (job.job_id, job.raw_job_id):
             return job
     return None

@@ -32,6 +32,7 @@ class JobInfo:
     """One job as slurmctld sees it now. Times are epoch seconds, None when Slurm has no value."""
 
     job_id: str
+    """``123``, or ``123_4`` for an array task, ``123+1`` for a het component."""
     state: str
     """What ``squeue -o %T`` prints: a state flag like COMPLETING when set, else the base state."""
     base_state: str | None = None
@@ -60,6 +61,8 @@ class JobInfo:
     """0 means held (user or admin hold, requeue-hold)."""
     source: str = ""
     """Which output this came from (``squeue-json``, ``scontrol``), for evidence."""
+    raw_job_id: str = ""
+    """Slurm's unique numeric id (what SLURM_JOB_ID holds in an array task); equals ``job_id`` otherwise."""
 
     @property
     def is_pending(self) -> bool:

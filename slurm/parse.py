@@ -216,9 +216,13 @@ def job_from_json(job: Mapping[str, Any]) -> JobInfo:
     job_id_n = number(job.get("job_id"))
     if job_id_n is None:
         raise ParseError("job without job_id")
-    array_task = number(job.get("array_task_id"))
-    array_job = number(job.get("array_job_id"))
-    job_id = f"{array_job}_{array_task}" if array_job and array_task is not None else str(job_id_n)
+    job_id = _display_id(
+        str(job_id_n),
+        number(job.get("array_job_id")),
+        number(job.get("array_task_id")),
+        number(job.get("het_job_id")),
+        number(job.get("het_job_offset")),
+    )
     base, flags = job_state(job.get("job_state"))
     code, signal = exit_status(job.get("exit_code"))
     requeue = job.get("requeue")
@@ -244,6 +248,7 @@ def job_from_json(job: Mapping[str, Any]) -> JobInfo:
         time_limit_min=number(job.get("time_limit")),
         priority=number(job.get("priority")),
         source="squeue-json",
+        raw_job_id=str(job_id_n),
     )
 
 
@@ -305,8 +310,13 @@ def job_from_scontrol(fields: Mapping[str, str]) -> JobInfo:
     raw_id = fields.get("JobId")
     if not raw_id:
         raise ParseError("no JobId in scontrol output")
-    array_job, array_task = fields.get("ArrayJobId"), fields.get("ArrayTaskId")
-    job_id = f"{array_job}_{array_task}" if array_job and array_task and array_task.isdigit() else raw_id
+    job_id = _display_id(
+        raw_id,
+        number(fields.get("ArrayJobId")),
+        number(fields.get("ArrayTaskId")),
+        number(fields.get("HetJobId")),
+        number(fields.get("HetJobOffset")),
+    )
     base, flags = job_state(fields.get("JobState", ""))
     code, signal = exit_status(fields.get("ExitCode", ""))
     requeue = fields.get("Requeue")
@@ -333,7 +343,19 @@ def job_from_scontrol(fields: Mapping[str, str]) -> JobInfo:
         time_limit_min=duration_minutes(limit) if limit else None,
         priority=number(fields.get("Priority")),
         source="scontrol",
+        raw_job_id=raw_id,
     )
+
+
+def _display_id(
+    raw: str, array_job: int | None, array_task: int | None, het_job: int | None, het_offset: int | None
+) -> str:
+    """The id users see: ``123_4`` for an array task, ``123+1`` for a het component, else the raw id."""
+    if array_job and array_task is not None and array_task < 0xFFFFFFFE:
+        return f"{array_job}_{array_task}"
+    if het_job and het_offset is not None:
+        return f"{het_job}+{het_offset}"
+    return raw
 
 
 def duration_minutes(value: str) -> int | None:

@@ -119,6 +119,7 @@ class PyslurmClient:
             time_limit_min=raw.time_limit if isinstance(raw.time_limit, int) else None,
             priority=raw.priority if isinstance(raw.priority, int) else None,
             source="pyslurm",
+            raw_job_id=jid,
         )
 
     def nodes(self, names: Iterable[str] | None = None) -> list[NodeInfo]:

@@ -237,6 +237,27 @@ while kill -0 $pid 2>/dev/null; do wait $pid; done
     assert job_state(slurm, job_id).is_running  # notifications never kill the step
 
 
+def test_array_tasks_are_found_by_raw_and_array_ids(slurm: CliSlurmClient, workdir: Path, jobs: list[str]) -> None:
+    script = f"""#!/bin/bash
+env | grep -E '^SLURM' > {workdir}/task.$SLURM_ARRAY_TASK_ID.tmp && mv {workdir}/task.$SLURM_ARRAY_TASK_ID.tmp \\
+  {workdir}/task.$SLURM_ARRAY_TASK_ID.env
+sleep 300
+"""
+    array_id = slurm.submit(
+        script, [f"--job-name={job_name('array')}", "--array=1-2", "--time=2", "--output=/dev/null"]
+    )
+    jobs.append(array_id)
+    wait_for("both array tasks", lambda: len(list(workdir.glob("task.*.env"))) == 2, 60)
+    for task in (1, 2):
+        env = env_file(workdir / f"task.{task}.env")
+        assert env.array_job_id == array_id and env.array_task_id == task and env.job_id
+        by_raw = job_state(slurm, env.job_id)  # what a supervisor inside the task knows
+        by_name = job_state(slurm, f"{array_id}_{task}")  # what a user types
+        assert by_raw.job_id == by_name.job_id == f"{array_id}_{task}"
+        assert by_raw.raw_job_id == by_name.raw_job_id == env.job_id
+        assert by_raw.is_running
+
+
 def test_unknown_job_is_none_and_actions_on_it_are_typed(slurm: CliSlurmClient) -> None:
     assert slurm.job("67000000") is None
     with pytest.raises(UnknownJob):

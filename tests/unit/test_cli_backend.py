@@ -416,3 +416,15 @@ def test_subprocess_runner_times_out_and_captures_output() -> None:
     assert echoed.stdout == "script"
     with pytest.raises(subprocess.TimeoutExpired):
         subprocess_runner(["sleep", "5"], input_text=None, timeout=0.2, env={})
+
+
+def test_job_finds_an_array_task_by_its_raw_id() -> None:
+    """``scontrol show job 30`` lists every task of array 30; SLURM_JOB_ID=30 is task 2, not "the first"."""
+    from slurm.env import SlurmEnv
+
+    env_lines = (FIX / "22.05" / "env_array_task2.txt").read_text().splitlines()
+    env = SlurmEnv.from_environ(dict(line.split("=", 1) for line in env_lines if "=" in line))
+    text = (FIX / "22.05" / "scontrol_array_all_tasks.txt").read_text()
+    replay = Replay(V22, (["scontrol", "show", "job", "-o", "30"], ok(text)))
+    job = client(replay).job(env.job_id or "")
+    assert job is not None and job.job_id == f"{env.array_job_id}_{env.array_task_id}" == "30_2"

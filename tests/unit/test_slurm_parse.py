@@ -306,3 +306,14 @@ def test_22_05_requeue_held_job(utc: None) -> None:
     assert from_json.reason == "JobHeldUser" and from_text.reason == "job_requeued_in_held_state"
     running = _jobs(OLD / "squeue_running.json")["1"]
     assert not running.is_held and running.priority and running.priority > 0
+
+
+def test_22_05_array_tasks_keep_both_ids() -> None:
+    """Inside an array task SLURM_JOB_ID is the raw id; users and squeue say 30_2. Both must find the task."""
+    jobs = parse_squeue_json((OLD / "squeue_array.json").read_text())
+    tasks = {j.job_id: j.raw_job_id for j in jobs if j.name == "engA-array"}
+    assert tasks == {"30_1": "31", "30_2": "30"}
+    by_text = {j.job_id: j.raw_job_id for j in parse_scontrol_jobs((OLD / "scontrol_array_all_tasks.txt").read_text())}
+    assert by_text == tasks
+    plain = _jobs(OLD / "squeue_running.json")["1"]
+    assert plain.raw_job_id == plain.job_id == "1"
