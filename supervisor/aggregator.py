@@ -276,7 +276,7 @@ class AggregatorServer:
 
     def __init__(self, campaign: str | os.PathLike[str], job: str, *, bind: tuple[str, int] = ("127.0.0.1", 0),
                  secret: bytes | None = None, live_interval_s: float = 1.0, keepalive_interval_s: float = 5.0,
-                 rate_window_s: float = 3.0, max_rank_rows: int = 4096, rcvbuf: int = 32 << 20) -> None:
+                 rate_window_s: float = 3.0, max_rank_rows: int = 4096, rcvbuf: int = 64 << 20) -> None:
         self.campaign = ensure_private_dir(campaign)
         self.key = wire.derive_key(secret if secret is not None else create_secret(self.campaign))
         self.table = LiveTable(self.key, job, rate_window_s=rate_window_s)
