@@ -22,7 +22,7 @@ try:  # optional: hardware CRC32C, 2-5x faster than zlib.crc32
 except ImportError:  # pragma: no cover - depends on the environment
     _crc32c = None  # type: ignore[assignment]
 
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 4 << 20  # large reads: fewer syscalls; measured no slower than 1 MiB
 
 
 class _Crc32:
