@@ -161,9 +161,13 @@ def pack_rank(entry: RankEntry) -> bytes:
     )
 
 
+F32_MAX = 3.4028234663852886e38
+
+
 def _f32(value: float) -> float:
-    if math.isfinite(value) and abs(value) > 3.0e38:
-        return math.copysign(3.0e38, value)
+    """Clamp a finite value into float32 range (struct would raise on overflow)."""
+    if math.isfinite(value) and abs(value) > F32_MAX:
+        return math.copysign(F32_MAX, value)
     return float(value)
 
 

@@ -176,3 +176,16 @@ def test_agent_refuses_a_world_readable_secret_with_one_clear_line(tmp_path: Pat
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 3
     assert p.stderr.count("\n") == 1 and "chmod 600" in p.stderr
+
+
+def test_agent_exits_when_its_watched_parent_pid_is_gone(harness: Harness) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        agent = harness.start_agent("--parent-pid", str(parent.pid), "--supervisor-timeout", "60")
+        harness.wait_for("the agent reporting", lambda: "nodeX" in harness.server.table.nodes)
+        assert agent.poll() is None
+    finally:
+        parent.kill()
+        parent.wait()
+    _, err = agent.communicate(timeout=20)
+    assert agent.returncode == 0 and f"watched pid {parent.pid} is gone".encode() in err

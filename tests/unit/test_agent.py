@@ -120,3 +120,21 @@ def test_agent_obeys_only_fresh_frames_for_its_node(tmp_path: Path) -> None:
 def test_slot_dir_placeholders_give_one_dir_per_node() -> None:
     assert expand_slot_dir("/dev/shm/s-{job}-{uid}-{node}", job="12", node="node3") == \
         Path(f"/dev/shm/s-12-{os.getuid()}-node3")
+
+
+def test_stack_dump_is_never_signalled_to_a_rank_without_the_handler(tmp_path: Path) -> None:
+    from supervisor.agent.stacks import StackDumps
+
+    d = slot_dir(tmp_path)
+    w = SlotWriter.create(d, 0, 0, 1)  # no faulthandler registered, flag not advertised
+    w.beat(1, None)
+    slots = RankSlots(d)
+    slots.scan()
+    slots.sample()
+    dumps = StackDumps(d, tmp_path / "stacks", "n1")
+    ev = dumps.request(0, slots.records[0])  # would kill this very test process if it signalled
+    assert ev is not None and ev.kind == wire.EVENT_STACKS_FAILED and "no stack-dump handler" in ev.text
+    assert dumps.request(3, None) == wire.Event(wire.EVENT_STACKS_FAILED, 3, "no slot for this rank on this node")
+    assert dumps.pending == {}
+    slots.close()
+    w.close()
