@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         start, epoch, offset = 0, 0, 0
         resume = resume_path(args.ckpt_dir)
         if resume is not None:
-            start, epoch, offset = restore(resume, model, opt, rank, world)
+            with client.phase("restore"):  # type: ignore[attr-defined]
+                start, epoch, offset = restore(resume, model, opt, rank, world)
             if rank == 0:
                 print(f"resumed from {resume} at step {start}", file=sys.stderr, flush=True)
     loss_fn = nn.MSELoss()
