@@ -29,7 +29,14 @@ from supervisor.campaign import CampaignPaths, CampaignSpec
 from supervisor.classify import RankExit, signatures_from_table
 from supervisor.config import Config
 from supervisor.decide import StepEnding, infer_previous_outcome, last_step, respond
-from supervisor.detect import HANG_KINDS, DetectConfig, DetectionEvent, Detector, snapshot_from_live
+from supervisor.detect import (
+    HANG_KINDS,
+    RANK_EXITED,
+    DetectConfig,
+    DetectionEvent,
+    Detector,
+    snapshot_from_live,
+)
 from supervisor.journal import Journal
 from supervisor.ledger import Ledger, LedgerConfig
 from supervisor.signals import Received, SignalInbox
@@ -40,6 +47,9 @@ log = structlog.get_logger("supervisor")
 EXIT_COMPLETED = 0
 EXIT_STOPPED = 1
 EXIT_REQUEUED = 0  # the job is requeued; this run ends cleanly
+
+CHECKPOINT_SCAN_S = 5.0  # how often the checkpoint directory is looked at for new valid checkpoints
+EXIT_GRACE_S = 10.0  # a rank gone while srun still runs for this long is a fault (not a normal finish)
 
 
 def _tail(path: Path, max_bytes: int = 65536) -> list[str]:
@@ -89,6 +99,8 @@ class Supervisor:
         self.launches = 0
         self.history: list[dict[str, Any]] = []
         self.old_pids: set[int] = set()  # rank pids of earlier launches: their slots linger until overwritten
+        self.quarantined: set[str] = set()
+        self.best_step: int | None = None
 
     # ----------------------------------------------------------------------------------------- journal
     def record(self, event: dict[str, Any]) -> None:
@@ -101,6 +113,11 @@ class Supervisor:
         from supervisor.journal import read
 
         self.history = read(self.paths.journal)
+        for e in self.history:  # what earlier runs already journaled is not journaled again
+            if e["type"] == "checkpoint_quarantined":
+                self.quarantined.add(str(e.get("path")))
+            elif e["type"] == ev.CHECKPOINT_COMMITTED and isinstance(e.get("step"), int):
+                self.best_step = max(self.best_step or 0, e["step"])
         now = self.clock()
         if not any(e["type"] == ev.CAMPAIGN_STARTED for e in self.history):
             self.record(ev.campaign_started(now, str(self.paths.root), self.spec.command, self.job_id))
@@ -160,8 +177,8 @@ class Supervisor:
     def _attempt(self) -> int:
         excluded: tuple[str, ...] = ()
         while True:
-            resume = self._pick_resume()
-            step = self._launch(resume, excluded)
+            resume, resume_step = self._pick_resume()
+            step = self._launch(resume, resume_step, excluded)
             ending = self._watch(step)
             ledger = Ledger.fold(self.history, self.ledger_config)
             interruption, decision = respond(
@@ -186,30 +203,54 @@ class Supervisor:
         env["SUPERVISOR_RESUME_FROM"] = resume or ""
         return env
 
-    def _pick_resume(self) -> str | None:
+    def _store(self) -> Any:
         ckpt_dir = self.config.run.checkpoint_dir
-        if not ckpt_dir:
+        if not ckpt_dir or not Path(ckpt_dir).is_dir():
             return None
         from supervisor.checkpoint.store import CheckpointStore
 
-        if not Path(ckpt_dir).is_dir():
-            return None
-        store = CheckpointStore(ckpt_dir)
-        newest = store.newest_valid(full=False, quarantine=True)
-        for info in store.list():
-            if info.status == "invalid":
-                self.record({"type": "checkpoint_quarantined", "t": self.clock(), "path": str(info.path),
-                             "reason": info.reason})
-        return str(newest.path) if newest is not None else None
+        return CheckpointStore(ckpt_dir)
 
-    def _launch(self, resume: str | None, excluded: tuple[str, ...]) -> Step:
+    def _pick_resume(self) -> tuple[str | None, int | None]:
+        """The newest valid checkpoint (torn or corrupt ones are quarantined on the way), or a fresh start."""
+        store = self._store()
+        if store is None:
+            return None, None
+        newest = store.newest_valid(full=False, quarantine=True)
+        for moved in store.quarantined():
+            if str(moved.path) not in self.quarantined:
+                self.quarantined.add(str(moved.path))
+                self.record({"type": "checkpoint_quarantined", "t": self.clock(), "path": str(moved.path),
+                             "reason": moved.reason[:500]})
+        if newest is None:
+            return None, None
+        self._note_checkpoint(newest)
+        return str(newest.path), newest.step
+
+    def _note_checkpoint(self, info: Any) -> None:
+        """Journal a newly seen valid checkpoint: it is the campaign's progress (budgets, lost work)."""
+        if info is None or info.step is None or (self.best_step is not None and info.step <= self.best_step):
+            return
+        self.best_step = info.step
+        self.record(ev.checkpoint_committed(self.clock(), info.step, str(info.path)))
+
+    def _scan_checkpoints(self) -> None:
+        store = self._store()
+        if store is not None:
+            try:
+                self._note_checkpoint(store.newest_valid(full=False, quarantine=False))
+            except OSError as err:
+                log.warning("checkpoint_scan_failed", error=str(err))
+
+    def _launch(self, resume: str | None, resume_step: int | None, excluded: tuple[str, ...]) -> Step:
         self.launches += 1
         name = f"train-{self.launches}"
         argv = launcher.train_argv(self.layout, self.spec.command, self.launches, excluded,
                                    self.config.run.srun_args)
         log_path = self._attempt_logs() / f"train-{self.launches}.log"
         nodes = tuple(n for n in self.layout.nodes if n not in excluded)[: self.layout.train_nodes]
-        self.record(ev.step_launched(self.clock(), self.launches, nodes, excluded, resume))
+        self.record({**ev.step_launched(self.clock(), self.launches, nodes, excluded, resume),
+                     "resume_step": resume_step})
         self.detector.new_launch()
         if self.server is not None:
             self.old_pids.update(r.pid for r in self.server.table.snapshot().ranks)
@@ -220,30 +261,40 @@ class Supervisor:
     def _watch(self, step: Step) -> StepEnding:
         """Watch until the step exits, a fault is detected, or a signal asks us to act."""
         assert self.server is not None
-        next_eval = 0.0
-        warnings_seen: list[DetectionEvent] = []
+        next_eval = next_scan = 0.0
+        exited_since: float | None = None  # a rank exited while srun still runs: normal at the very end
+        pending: list[DetectionEvent] = []
         while True:
             self.server.poll(0.1)
             received = self.inbox.drain()
             if received:
-                return self._ending(step, "signal", signals=received)
+                return self._ending(step, "signal", signals=received, detections=pending)
             code = step.proc.poll()
             if code is not None:
                 # Give the agents a moment to report how each rank ended (exit codes, signals).
                 self._settle(0.6)
-                found = self._observe(step) if code != 0 else []
-                return self._ending(step, "exited", exit_code=code, detections=[d for d in found if d.is_fault])
+                self._scan_checkpoints()
+                found = [d for d in self._observe(step) if d.is_fault] if code != 0 else []
+                return self._ending(step, "exited", exit_code=code, detections=pending + found)
             now = time.monotonic()
-            if now >= next_eval:
-                next_eval = now + self.config.run.loop_interval_s
-                found = self._observe(step)
-                faults = [d for d in found if d.is_fault]
-                for d in found:
-                    if not d.is_fault:
-                        warnings_seen.append(d)
-                        self.record(ev.detection_event(d, self.clock()))
-                if faults:
-                    return self._ending(step, "detection", detections=faults)
+            if now >= next_scan:
+                next_scan = now + CHECKPOINT_SCAN_S
+                self._scan_checkpoints()
+            if now < next_eval:
+                continue
+            next_eval = now + self.config.run.loop_interval_s
+            for d in self._observe(step):
+                if not d.is_fault:
+                    self.record(ev.detection_event(d, self.clock()))
+                elif d.kind == RANK_EXITED:
+                    # Ranks finish one by one; srun (--kill-on-bad-exit) ends the step at once on a crash.
+                    # Only a rank gone while srun keeps running past the grace time is a fault by itself.
+                    pending.append(d)
+                    exited_since = exited_since or now
+                else:
+                    return self._ending(step, "detection", detections=pending + [d])
+            if exited_since is not None and now - exited_since > EXIT_GRACE_S:
+                return self._ending(step, "detection", detections=pending)
 
     def _settle(self, seconds: float) -> None:
         assert self.server is not None
@@ -375,11 +426,20 @@ class Supervisor:
 
     def _dump_stacks(self, step: Step, ending: StepEnding, wait_s: float = 5.0) -> None:
         """Save the stacks of every rank of the step before it is killed: the hung ranks show where they are
-        stuck, their peers show which collective they wait in. A stopped rank cannot dump (reported as such)."""
+        stuck, their peers show which collective they wait in. A stopped rank cannot run its dump handler, so
+        it is recorded as such instead of being waited for."""
         assert self.server is not None
+        wanted = 0
         for node in step.nodes:
-            self.server.send(node, [wire.Command(wire.CMD_DUMP_STACKS, wire.ALL_RANKS)])
-        wanted = len(step.nodes) * self.layout.tasks_per_node
+            ranks = [r for r in self._live().ranks if r.node == node]
+            stopped = [r.rank for r in ranks if r.state == "stopped"]
+            for rank in stopped:
+                self.record({"type": "stacks", "t": self.clock(), "node": node, "rank": rank,
+                             "result": "stacks_failed", "detail": "the process is stopped (SIGSTOP/debugger)"})
+            live = [r.rank for r in ranks if r.state not in ("stopped", "exited", "gone", "zombie")]
+            if live:
+                self.server.send(node, [wire.Command(wire.CMD_DUMP_STACKS, r) for r in live])
+                wanted += len(live)
         deadline = time.monotonic() + wait_s
         got = 0
         events = self.server.table.events
