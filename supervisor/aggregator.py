@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import json
 import math
 import os
@@ -171,11 +172,12 @@ class LiveTable:
         st.sent_wall_ns, st.sent_mono_ns, st.seq, st.body = frame.sent_wall_ns, mono, frame.seq, frame.body
         st.frames += 1
 
-    def node_views(self) -> dict[str, NodeView]:
+    def node_views(self, nodes: Iterable[str] | None = None) -> dict[str, NodeView]:
         now = self._mono()
-        return {n: NodeView(n, now - st.recv_mono, len(st.body) // wire.RANK.size, st.frames, st.seq,
-                            (st.recv_wall_ns - st.sent_wall_ns) / 1e9, _addr_text(st.addr))
-                for n, st in self.nodes.items()}
+        states = self.nodes.values() if nodes is None else [self.nodes[n] for n in nodes if n in self.nodes]
+        return {st.node: NodeView(st.node, now - st.recv_mono, len(st.body) // wire.RANK.size, st.frames, st.seq,
+                                  (st.recv_wall_ns - st.sent_wall_ns) / 1e9, _addr_text(st.addr))
+                for st in states}
 
     def rank_views(self, nodes: Iterable[str] | None = None) -> list[RankView]:
         """Decode the last frame of every node (or of ``nodes``): the only per-rank work, a few us per rank.
@@ -234,11 +236,16 @@ def _worst(items: list[Any], limit: int, abnormal: Callable[[Any], bool], age: C
     return bad + heapq.nlargest(limit - len(bad), good, key=age)
 
 
-def live_document(snap: Snapshot, *, max_rank_rows: int = 4096, max_node_rows: int = 2048) -> dict[str, Any]:
+def worst_ranks(ranks: list[RankView], limit: int) -> list[RankView]:
+    return _worst(ranks, limit, lambda r: r.state in _ABNORMAL_NAMES, lambda r: r.beat_age_s or 0.0)
+
+
+def live_document(snap: Snapshot, *, max_rank_rows: int = 4096, max_node_rows: int = 2048,
+                  selected: list[RankView] | None = None) -> dict[str, Any]:
     """The ``live.json`` content: every rank and node up to the row limits, beyond them the worst first
     (abnormal states, oldest beats, stalest nodes), so a 131k-rank job still writes a small file that
-    shows what matters."""
-    ranks = _worst(snap.ranks, max_rank_rows, lambda r: r.state in _ABNORMAL_NAMES, lambda r: r.beat_age_s or 0.0)
+    shows what matters.  ``selected``: the rank rows, if already chosen with ``worst_ranks``."""
+    ranks = worst_ranks(snap.ranks, max_rank_rows) if selected is None else selected
     nodes = _worst(list(snap.nodes.values()), max_node_rows, lambda n: False, lambda n: n.staleness_s)
     rows = []
     for r in sorted(ranks, key=lambda r: r.rank):
@@ -364,16 +371,35 @@ class AggregatorServer:
         return n
 
     def _live_steps(self, chunk: int = 256) -> Iterator[None]:
-        table = self.table
+        """Build ``latest`` and write live.json in slices; the worst-rank selection is folded into the slices."""
+        table, limit = self.table, self.max_rank_rows
         names = list(table.nodes)
         ranks: list[RankView] = []
+        bad: list[RankView] = []
+        oldest: list[RankView] = []  # the `limit` oldest-beat normal ranks so far, oldest first
+
+        def age(r: RankView) -> float:
+            return r.beat_age_s or 0.0
+
         for i in range(0, len(names), chunk):
-            ranks.extend(table.rank_views(names[i:i + chunk]))
+            views = table.rank_views(names[i:i + chunk])
+            ranks.extend(views)
+            bad.extend(v for v in views if v.state in _ABNORMAL_NAMES)
+            oldest = heapq.nlargest(limit, itertools.chain(oldest, (v for v in views if v.state not in _ABNORMAL_NAMES)),
+                                    key=age)
             yield
-        snap = Snapshot(time.time(), self.job, table.node_views(), ranks, dict(table.counters), list(table.events))
-        self.latest = snap
-        yield
-        doc = live_document(snap, max_rank_rows=self.max_rank_rows)
+        nodes: dict[str, NodeView] = {}
+        for i in range(0, len(names), 8 * chunk):
+            nodes.update(table.node_views(names[i:i + 8 * chunk]))
+            yield
+        self.latest = snap = Snapshot(time.time(), self.job, nodes, ranks, dict(table.counters), list(table.events))
+        if len(ranks) <= limit:
+            selected = ranks
+        elif len(bad) >= limit:
+            selected = heapq.nlargest(limit, bad, key=age)
+        else:
+            selected = bad + oldest[:limit - len(bad)]
+        doc = live_document(snap, max_rank_rows=limit, selected=selected)
         yield
         write_private_json(self.campaign / LIVE_NAME, doc)
 

@@ -142,3 +142,22 @@ def test_server_receives_over_udp_writes_private_live_json_and_reaches_the_agent
     finally:
         agent.close()
         server.close()
+
+
+def test_server_builds_latest_and_live_json_in_slices_keeping_the_worst_ranks(tmp_path: Path) -> None:
+    server = AggregatorServer(tmp_path / "c", "9", live_interval_s=0.0, max_rank_rows=3)
+    try:
+        now = time.time_ns()
+        for n in range(5):  # 5 nodes x 4 ranks; rank 6 stopped, rank 13 has the oldest beat
+            ranks = [entry(4 * n + i, 1, age_ms=100 + (5000 if 4 * n + i == 13 else 4 * n + i),
+                           state=wire.ST_STOPPED if 4 * n + i == 6 else wire.ST_RUNNING) for i in range(4)]
+            assert server.table.feed(wire.encode_summary(server.key, instance=n, seq=1, wall_ns=now, mono_ns=1,
+                                                         job="9", node=f"n{n}", ranks=ranks), ("127.0.0.1", 9))
+        server._live_steps = lambda chunk=2, _f=server._live_steps: _f(chunk)  # type: ignore[method-assign]
+        for _ in range(20):
+            server.poll(0)
+        assert server.latest is not None and len(server.latest.ranks) == 20 and len(server.latest.nodes) == 5
+        doc = json.loads((tmp_path / "c" / "live.json").read_text())
+        assert [r["rank"] for r in doc["ranks"]] == [6, 13, 19] and doc["ranks_total"] == 20
+    finally:
+        server.close()
