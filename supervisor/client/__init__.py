@@ -1,1 +1,29 @@
-"""Training-side client (work in progress: the API lands in supervisor/client/api.py)."""
+"""Training-side client: ``from supervisor import client``.
+
+    client.step(i, loss=loss_value)        # end of iteration i: the heartbeat (no syscall)
+    with client.phase("checkpoint"): ...   # phases: init step checkpoint eval restore data other
+    client.should_checkpoint(), client.should_stop(), client.resume_from()
+
+A silent no-op when no supervisor runs the program. Imports only the standard library.
+See docs/client.md.
+"""
+
+from supervisor.client.api import (
+    defer_sigterm,
+    is_supervised,
+    phase,
+    resume_from,
+    should_checkpoint,
+    should_stop,
+    step,
+)
+
+__all__ = [
+    "defer_sigterm",
+    "is_supervised",
+    "phase",
+    "resume_from",
+    "should_checkpoint",
+    "should_stop",
+    "step",
+]

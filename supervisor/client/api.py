@@ -24,7 +24,8 @@ from supervisor.client import slot as _slot
 ENV_SLOT_DIR = "SUPERVISOR_SLOT_DIR"
 ENV_RESUME_FROM = "SUPERVISOR_RESUME_FROM"
 
-_init_lock = _thread.allocate_lock()
+_init_lock = _thread.RLock()
+_initializing = False  # True while _init runs: a signal handler calling us then gets a no-op
 _writer: _slot.SlotWriter | None = None
 _stacks_file: TextIO | None = None
 _prev_sigterm: Any = None
@@ -63,23 +64,20 @@ def _noop_exit(code: int, previous: int, completed: bool) -> None:
 
 
 def _lazy_beat(i: Any, loss: Any) -> None:
-    _init()
-    _beat(i, loss)
+    if _init():
+        _beat(i, loss)
 
 
 def _lazy_should_checkpoint() -> bool:
-    _init()
-    return _should_checkpoint()
+    return _init() and _should_checkpoint()
 
 
 def _lazy_should_stop() -> bool:
-    _init()
-    return _should_stop()
+    return _init() and _should_stop()
 
 
 def _lazy_enter(code: int) -> int:
-    _init()
-    return _enter_phase(code)
+    return _enter_phase(code) if _init() else code
 
 
 _beat: Callable[[Any, Any], None] = _lazy_beat
@@ -112,14 +110,23 @@ def _env_int(names: tuple[str, ...], default: int) -> int:
     return default
 
 
-def _init() -> None:
+def _init() -> bool:
+    """Bind the API to a slot writer or to no-ops. False only when re-entered (a signal handler
+    calling the client while this thread initialises it): that call is skipped."""
+    global _initializing
     with _init_lock:
         if _beat is not _lazy_beat:
-            return  # another thread won the race
+            return True  # another thread won the race
+        if _initializing:
+            return False
+        _initializing = True
         try:
             _init_locked()
         except Exception as exc:  # a bug here must not reach the training loop either
             _disable(f"client initialisation failed: {exc!r}")
+        finally:
+            _initializing = False
+        return True
 
 
 def _init_locked() -> None:

@@ -15,9 +15,10 @@ offset field                                                    written by
 64     rank record sequence (u64): odd while the rank writes    rank
 72     pid, rank, local rank, world size (4 x i32);             rank (once)
        start monotonic ns, start wall-clock ns (2 x i64)
-104    step, t_last_beat_ns, t_phase_ns, iter_ewma_ns,          rank
-       iter_min_ns, iter_max_ns (6 x i64), loss (f64),
-       loss_step, beats, last_ckpt_step (3 x i64),
+104    hot part, rewritten by every beat: step, t_last_beat_ns,  rank
+       iter_ewma_ns, iter_min_ns, iter_max_ns (5 x i64),
+       loss (f64), loss_step, beats (2 x i64)
+168    cold part: t_phase_ns, last_ckpt_step (2 x i64),         rank
        phase code, rank flags, acked request (3 x u32), pad
 200    asynchronous rank flags (u64, one store, no seqlock:     rank
        set from signal handlers); readers OR them into flags
@@ -75,14 +76,16 @@ STACK_DUMP_SIGNAL: int = int(signal.SIGRTMIN) + 2
 _HEADER = struct.Struct("<8sII")
 _SEQ = struct.Struct("<Q")
 _STATIC = struct.Struct("<iiiiqq")
-_DYNAMIC = struct.Struct("<qqqqqqdqqqIIII")
+_HOT = struct.Struct("<qqqqqdqq")  # rewritten by every beat
+_COLD = struct.Struct("<qqIIII")  # rewritten on phase changes and acknowledgements
 _CONTROL = struct.Struct("<IIq")
 
 OFF_HEADER = 0
 OFF_RANK_SEQ = 64
 OFF_STATIC = OFF_RANK_SEQ + _SEQ.size  # 72
-OFF_DYNAMIC = OFF_STATIC + _STATIC.size  # 104
-OFF_ASYNC_FLAGS = OFF_DYNAMIC + _DYNAMIC.size  # 200
+OFF_HOT = OFF_STATIC + _STATIC.size  # 104
+OFF_COLD = OFF_HOT + _HOT.size  # 168
+OFF_ASYNC_FLAGS = OFF_COLD + _COLD.size  # 200
 OFF_CONTROL_SEQ = 256
 OFF_CONTROL = OFF_CONTROL_SEQ + _SEQ.size  # 264
 assert OFF_ASYNC_FLAGS % 8 == 0 and OFF_ASYNC_FLAGS + 8 <= OFF_CONTROL_SEQ
@@ -102,13 +105,13 @@ class SlotRecord(NamedTuple):
     start_wall_ns: int
     step: int  # last step passed to client.step(); -1 before the first
     t_last_beat_ns: int  # monotonic ns of the last client.step(); 0 before the first
-    t_phase_ns: int  # monotonic ns when the current phase was entered
     iter_ewma_ns: int  # EWMA (alpha 1/8) of the time between steps; 0 until two steps
     iter_min_ns: int  # min/max step time over the recent window (the last 64..128 steps)
     iter_max_ns: int
     loss: float  # last loss passed to client.step(); NaN/Inf preserved; NaN if never given
     loss_step: int  # the step that loss belongs to; -1 if no loss was ever given
     beats: int  # number of client.step() calls
+    t_phase_ns: int  # monotonic ns when the current phase was entered
     last_ckpt_step: int  # step at the end of the last completed checkpoint phase; -1 if none
     phase: int  # code, see PHASES
     rank_flags: int  # RANK_FLAG_* bits
@@ -157,7 +160,9 @@ def slot_paths(slot_dir: str | os.PathLike[str]) -> dict[int, Path]:
     return found
 
 
-def _read_seqlocked(buf: mmap.mmap, seq_off: int, payload: struct.Struct, off: int) -> tuple[int, tuple] | None:
+def _read_seqlocked(
+    buf: mmap.mmap, seq_off: int, payload: struct.Struct, off: int
+) -> tuple[int, tuple] | None:
     for _ in range(_READ_RETRIES):
         (seq1,) = _SEQ.unpack_from(buf, seq_off)
         if seq1 & 1:
@@ -180,11 +185,12 @@ def _decode(buf: mmap.mmap) -> SlotRecord | None:
         if seq1 & 1:
             continue
         static = _STATIC.unpack_from(buf, OFF_STATIC)
-        dynamic = _DYNAMIC.unpack_from(buf, OFF_DYNAMIC)
+        hot = _HOT.unpack_from(buf, OFF_HOT)
+        cold = _COLD.unpack_from(buf, OFF_COLD)
         (seq2,) = _SEQ.unpack_from(buf, OFF_RANK_SEQ)
         if seq1 == seq2:
             (async_flags,) = _SEQ.unpack_from(buf, OFF_ASYNC_FLAGS)
-            fields = list(static + dynamic[:-1])
+            fields = list(static + hot + cold[:-1])
             fields[_FLAGS_FIELD] |= async_flags
             return SlotRecord._make([*fields, seq1])
     return None  # the writer kept it busy (or died mid-write): no consistent snapshot
@@ -313,7 +319,9 @@ class SlotWriter:
         self._bind()
 
     @classmethod
-    def create(cls, slot_dir: str | os.PathLike[str], rank: int, local_rank: int, world_size: int) -> SlotWriter:
+    def create(
+        cls, slot_dir: str | os.PathLike[str], rank: int, local_rank: int, world_size: int
+    ) -> SlotWriter:
         """Create (or take over, after a restart) ``rank-<rank>.slot`` and map it. Raises OSError."""
         path = slot_path(slot_dir, rank)
         fd = _open_private(path, os.O_RDWR)
@@ -328,7 +336,7 @@ class SlotWriter:
     def _bind(self) -> None:  # noqa: C901 - one closure scope on purpose (speed)
         buf, words = self.buf, self._words
         mono = time.monotonic_ns
-        pack = _DYNAMIC.pack_into
+        pack_hot, pack_cold = _HOT.pack_into, _COLD.pack_into
         unpack_control = _CONTROL.unpack_from
         seq_i, ctl_seq_i, async_i = OFF_RANK_SEQ // 8, OFF_CONTROL_SEQ // 8, OFF_ASYNC_FLAGS // 8
         window, big = self.WINDOW, 1 << 62
@@ -365,8 +373,8 @@ class SlotWriter:
                 dirty = False
                 seq += 1
                 words[seq_i] = seq
-                pack(buf, OFF_DYNAMIC, step, t_last, t_phase, ewma, pmin, pmax, loss, loss_step,
-                     beats, last_ckpt, phase, flags, acked, 0)  # fmt: skip
+                pack_hot(buf, OFF_HOT, step, t_last, ewma, pmin, pmax, loss, loss_step, beats)
+                pack_cold(buf, OFF_COLD, t_phase, last_ckpt, phase, flags, acked, 0)
                 seq += 1
                 words[seq_i] = seq
                 if not dirty:
@@ -401,16 +409,17 @@ class SlotWriter:
             if value is not None:
                 loss = value
                 loss_step = i
-            if phase == PHASE_INIT:
+            if phase == PHASE_INIT:  # the first step ends the init phase: cold fields change too
                 phase = PHASE_STEP
                 t_phase = now
+                publish()
+                return
             if seq & 1:
                 dirty = True
                 return
             seq += 1
             words[seq_i] = seq
-            pack(buf, OFF_DYNAMIC, step, now, t_phase, ewma, pmin, pmax, loss, loss_step,
-                 beats, last_ckpt, phase, flags, acked, 0)  # fmt: skip
+            pack_hot(buf, OFF_HOT, i, now, ewma, pmin, pmax, loss, loss_step, beats)
             seq += 1
             words[seq_i] = seq
             if dirty:
@@ -467,7 +476,9 @@ class SlotWriter:
             if got is None:
                 return False
             ctl_flags, request, at_step = got
-            return bool(ctl_flags & FLAG_STOP) and request != base_request and (at_step <= 0 or step >= at_step)
+            return (
+                bool(ctl_flags & FLAG_STOP) and request != base_request and (at_step <= 0 or step >= at_step)
+            )
 
         # Initial record: static part and dynamic part under one sequence, then the header.
         words[seq_i] = seq
@@ -478,7 +489,11 @@ class SlotWriter:
         publish()
         _HEADER.pack_into(buf, OFF_HEADER, MAGIC, LAYOUT_VERSION, SLOT_SIZE)
 
-        self.read_control = read_control
+        def read_control_state() -> ControlState | None:
+            got = read_control()
+            return None if got is None else ControlState(*got)
+
+        self.read_control = read_control_state
         self.publish = publish
         self.beat = beat
         self.enter_phase = enter_phase
