@@ -170,6 +170,14 @@ class CheckpointStore:
         doomed = [i.path for i in valid if i.step in doomed_steps]
         doomed += [i.path for i in infos if i.status == INCOMPLETE and (i.time or 0.0) < newest_time]
         for path in doomed:
+            # Rename first: a crash mid-delete leaves an "incomplete" dir, never a torn step_* one.
+            if not path.name.startswith(INCOMPLETE_PREFIX):
+                gone = path.with_name(f"{INCOMPLETE_PREFIX}deleted-{path.name}")
+                try:
+                    os.rename(path, gone)
+                    path = gone
+                except OSError:
+                    continue
             shutil.rmtree(path, ignore_errors=True)
         if doomed:
             fsync_path(self.root)
