@@ -1,0 +1,174 @@
+"""The public client API against a real slot, as the agent reads it: beats, phases, requests and
+acknowledgements; and the promise never to raise into the training loop for supervisor-side
+problems (missing or insecure slot directory, a mapping that went away, odd arguments)."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor import client
+from supervisor.client import api
+from supervisor.client import slot as S
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    for name in ("SUPERVISOR_SLOT_DIR", "SUPERVISOR_RESUME_FROM", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                 "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    api._reset_for_tests()
+    yield monkeypatch
+    api._reset_for_tests()
+
+
+@pytest.fixture
+def slot_dir(tmp_path: Path, env: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "slots"
+    d.mkdir(mode=0o700)
+    env.setenv("SUPERVISOR_SLOT_DIR", str(d))
+    return d
+
+
+def _read(slot_dir: Path, rank: int = 0) -> S.SlotRecord:
+    rec = S.read_slot(S.slot_path(slot_dir, rank))
+    assert rec is not None
+    return rec
+
+
+def test_step_and_phase_reach_the_slot(slot_dir: Path) -> None:
+    client.step(0, loss=2.5)
+    client.step(1, loss=float("inf"))
+    rec = _read(slot_dir)
+    assert (rec.step, rec.loss, rec.beats, rec.phase_name) == (1, math.inf, 2, "step")
+    assert rec.rank_flags & S.RANK_FLAG_STACK_DUMPS
+    with client.phase("eval"):
+        assert _read(slot_dir).phase_name == "eval"
+        with client.phase("checkpoint"):
+            assert _read(slot_dir).rank_flags & S.RANK_FLAG_IN_CHECKPOINT
+        assert _read(slot_dir).phase_name == "eval"
+    assert _read(slot_dir).phase_name == "step"
+    client.phase("data")  # without `with`: stays until changed
+    assert _read(slot_dir).phase_name == "data"
+
+
+def test_rank_identity_prefers_torchrun_over_slurm(slot_dir: Path, env: pytest.MonkeyPatch) -> None:
+    env.setenv("SLURM_PROCID", "1")  # under `srun torchrun`, PROCID numbers the node
+    env.setenv("SLURM_LOCALID", "0")
+    env.setenv("SLURM_NTASKS", "2")
+    env.setenv("RANK", "6")
+    env.setenv("LOCAL_RANK", "2")
+    env.setenv("WORLD_SIZE", "8")
+    client.step(0)
+    rec = _read(slot_dir, 6)
+    assert (rec.rank, rec.local_rank, rec.world_size) == (6, 2, 8)
+
+
+def test_slurm_identity_without_torchrun(slot_dir: Path, env: pytest.MonkeyPatch) -> None:
+    env.setenv("SLURM_PROCID", "3")
+    env.setenv("SLURM_LOCALID", "1")
+    env.setenv("SLURM_NTASKS", "4")
+    client.step(0)
+    rec = _read(slot_dir, 3)
+    assert (rec.rank, rec.local_rank, rec.world_size, rec.pid) == (3, 1, 4, os.getpid())
+
+
+def test_loss_accepts_ints_and_tensor_likes(slot_dir: Path) -> None:
+    torch = pytest.importorskip("torch")
+    client.step(0, loss=torch.tensor(0.75))
+    assert _read(slot_dir).loss == 0.75
+    client.step(1, loss=3)
+    assert _read(slot_dir).loss == 3.0
+    client.step(2, loss=torch.tensor(float("nan")))
+    assert math.isnan(_read(slot_dir).loss)
+
+
+def test_bad_arguments_warn_once_and_never_raise(slot_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    client.step(0, loss=1.0)
+    client.step(1, loss="not a number")  # type: ignore[arg-type]
+    client.step(2, loss=[1, 2])  # type: ignore[arg-type]
+    rec = _read(slot_dir)
+    assert (rec.step, rec.loss, rec.loss_step) == (2, 1.0, 0)  # the beat counted, the bad loss did not
+    client.step(3.0, loss=0.5)  # type: ignore[arg-type]
+    assert _read(slot_dir).step == 3
+    client.step(object())  # type: ignore[arg-type]
+    assert _read(slot_dir).step == 3
+    err = capsys.readouterr().err
+    assert err.count("client.step(loss=...) needs a float") == 1
+    assert err.count("client.step(i=...) needs an int step") == 1
+    client.step(4, loss=0.25)
+    assert _read(slot_dir).step == 4  # still supervised after bad arguments
+
+
+def test_requests_and_acknowledgement_through_the_api(slot_dir: Path) -> None:
+    client.step(0)
+    reader = S.open_slot_for_reading(S.slot_path(slot_dir, 0))
+    assert not client.should_checkpoint()
+    reader.set_control_flags(S.FLAG_CHECKPOINT)
+    assert client.should_checkpoint() and not client.should_stop()
+    with pytest.raises(RuntimeError), client.phase("checkpoint"):
+        raise RuntimeError("disk full")
+    assert client.should_checkpoint()  # a failed checkpoint does not acknowledge
+    with client.phase("checkpoint"):
+        pass
+    assert not client.should_checkpoint()
+    reader.set_control_flags(S.FLAG_STOP)
+    assert client.should_checkpoint() and client.should_stop()
+    reader.close()
+
+
+def test_missing_slot_dir_warns_once_and_runs_unsupervised(
+    tmp_path: Path, env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env.setenv("SUPERVISOR_SLOT_DIR", str(tmp_path / "gone"))
+    for i in range(3):
+        client.step(i)
+    assert not client.should_stop() and not client.is_supervised()
+    err = capsys.readouterr().err
+    assert err.count("supervisor.client: warning: cannot use SUPERVISOR_SLOT_DIR=") == 1
+    assert "(fix: " in err
+    assert not (tmp_path / "gone").exists()
+
+
+def test_insecure_slot_dir_is_refused(tmp_path: Path, env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "open"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    env.setenv("SUPERVISOR_SLOT_DIR", str(d))
+    client.step(0)
+    assert not client.is_supervised() and list(d.iterdir()) == []
+    assert "mode 0700" in capsys.readouterr().err
+
+
+def test_slot_going_away_degrades_to_no_op(slot_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    client.step(0)
+    shutil.rmtree(slot_dir)  # the agent cleaned up under us: the mapping still works
+    client.step(1)
+    assert api._writer is not None
+    api._writer.close()  # the mapping itself is gone
+    client.step(2)
+    with client.phase("checkpoint"):
+        pass
+    assert client.should_checkpoint() is False and client.should_stop() is False
+    assert not client.is_supervised()
+    assert capsys.readouterr().err.count("training continues without supervisor heartbeats") == 1
+
+
+def test_forked_child_does_not_write_the_slot(slot_dir: Path) -> None:
+    client.step(5)
+    pid = os.fork()
+    if pid == 0:  # a DataLoader-style worker
+        try:
+            client.step(999)
+            code = 0 if not client.is_supervised() else 3
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _read(slot_dir).step == 5
