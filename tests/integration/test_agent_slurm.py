@@ -24,9 +24,7 @@ pytestmark = pytest.mark.slurm
 SLOT_TEMPLATE = "/dev/shm/supervisor-{job}-{uid}-{node}"
 
 RANK_SCRIPT = """
-import os, sys, time
-os.environ["SUPERVISOR_SLOT_DIR"] = sys.argv[1].format(
-    job=os.environ["SLURM_JOB_ID"], uid=os.getuid(), node=os.environ["SLURMD_NODENAME"])
+import time
 from supervisor import client
 i = 0
 while True:
@@ -37,12 +35,13 @@ while True:
 
 BATCH = """#!/bin/bash
 #SBATCH --nodes=2 --ntasks-per-node=2 --time=5 --job-name=agent-test --output={campaign}/job-%j.out
+# Agents and ranks fill in {{node}}, {{job}} and {{uid}} the same way.
+export SUPERVISOR_SLOT_DIR='{slots}'
 srun --overlap --nodes=2 --ntasks=2 --ntasks-per-node=1 {py} -m supervisor.agent --campaign {campaign} \\
-    --supervisor {addr} --slot-dir '{slots}' --sample-interval 0.1 --report-interval 0.3 \\
-    --supervisor-timeout 5 &
+    --supervisor {addr} --sample-interval 0.1 --report-interval 0.3 --supervisor-timeout 5 &
 # Like the supervisor: launch training once every node's agent has reported (its slot dir then exists).
 while [ ! -e {campaign}/agents-ready ]; do sleep 0.1; done
-srun --overlap --nodes=2 --ntasks=4 --ntasks-per-node=2 {py} {rank_script} '{slots}' &
+srun --overlap --nodes=2 --ntasks=4 --ntasks-per-node=2 {py} {rank_script} &
 wait
 """
 
