@@ -93,7 +93,7 @@ def _print_table(infos: list[CheckpointInfo], usable: CheckpointInfo | None, n_q
                      i.status, i.path.name, i.reason))
     widths = [max(len(r[c]) for r in rows) for c in range(5)]
     for r in rows:
-        print("  ".join(r[c].ljust(widths[c]) for c in range(5)) + "  " + r[5])
+        print(("  ".join(r[c].ljust(widths[c]) for c in range(5)) + "  " + r[5]).rstrip())
     if not infos:
         print("(no checkpoints)")
     if n_quarantined:
