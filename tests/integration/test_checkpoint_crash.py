@@ -140,3 +140,23 @@ def test_load_refuses_a_torn_checkpoint_with_a_clear_error(tmp_path: Path) -> No
     (tmp_path / checkpoint_name(1) / "__0_0.distcp").unlink()
     with pytest.raises(CheckpointError, match="invalid: file '__0_0.distcp' is missing"):
         load(tmp_path / checkpoint_name(1), target)
+
+
+def test_back_to_back_async_saves_commit_in_order(tmp_path: Path) -> None:
+    import torch
+
+    saver = CheckpointSaver(tmp_path, keep_last=5)
+    live = {"w": torch.zeros(1 << 20)}
+    futures = []
+    for step in (1, 2, 3):
+        live["w"].fill_(float(step))
+        futures.append(saver.save(live, step, async_save=True))  # the 2nd waits for the 1st, and so on
+        live["w"].fill_(-1.0)  # training mutates its tensors right away: the staged copy must not change
+    saver.close()
+    assert [f.result().name for f in futures] == [checkpoint_name(s) for s in (1, 2, 3)]
+    from supervisor.checkpoint.commit import load
+
+    for step in (1, 2, 3):
+        target = {"w": torch.empty(1 << 20)}
+        load(tmp_path / checkpoint_name(step), target)
+        assert bool((target["w"] == float(step)).all()), f"step {step} saved mutated data"

@@ -114,3 +114,11 @@ def test_resume_on_slurm_two_nodes_is_bitwise_identical(tmp_path: Path) -> None:
     assert rc != 0 and first == reference[:6]
     second, rc = sbatch(tmp_path / "ck")
     assert rc == 0 and second == reference[4:]
+
+
+def test_resume_with_a_different_world_size_continues_from_the_checkpoint(tmp_path: Path) -> None:
+    first, _, rc = train(tmp_path / "ck", "--die-at-step", "9", world=2)
+    assert rc == -9 and len(first) == 9
+    second, err, rc = train(tmp_path / "ck")  # one process now: the model and optimizer reshard
+    assert rc == 0 and _resumed_at(err) == 8 and "RNG streams restart" in err
+    assert [int(STEP_LINE.match(x).group(1)) for x in second] == list(range(9, 13))  # type: ignore[union-attr]
