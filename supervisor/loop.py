@@ -48,6 +48,7 @@ EXIT_COMPLETED = 0
 EXIT_STOPPED = 1
 EXIT_REQUEUED = 0  # the job is requeued; this run ends cleanly
 
+AGENT_START_TIMEOUT_S = 60.0  # node agents start with the python interpreter: seconds on a loaded node
 CHECKPOINT_SCAN_S = 5.0  # how often the checkpoint directory is looked at for new valid checkpoints
 EXIT_GRACE_S = 10.0  # a rank gone while srun still runs for this long is a fault (not a normal finish)
 
@@ -140,6 +141,20 @@ class Supervisor:
              "--report-interval", str(self.config.run.summary_interval_s)],
         )  # fmt: skip
         self.agents = launcher.start(argv, self._step_env(""), self._attempt_logs() / "agents.log", self.spec.cwd)
+        self._wait_for_agents()
+
+    def _wait_for_agents(self, timeout_s: float = AGENT_START_TIMEOUT_S) -> None:
+        """Launch the training only once every node's agent reported: its slot directory must exist before
+        the ranks look for it. A node whose agent stays silent is journaled; training goes on unwatched there."""
+        assert self.server is not None and self.agents is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.agents.poll() is None:
+            self.server.poll(0.1)
+            if set(self.layout.nodes) <= set(self.server.table.nodes):
+                return
+        missing = sorted(set(self.layout.nodes) - set(self.server.table.nodes))
+        self.record({"type": "agents_missing", "t": self.clock(), "nodes": missing,
+                     "reason": "node agents did not report in time; ranks there run without heartbeats"})
 
     def _bind_address(self) -> str:
         """Listen where the agents can reach the batch host: its NodeAddr (127.0.0.1 on the local cluster)."""
