@@ -29,9 +29,10 @@ from slurm.errors import (
 from slurm.hostlist import compress, validate_job_id, validate_node_name, validate_step_id
 from slurm.model import JobInfo, JobRun, NodeInfo
 from slurm.parse import (
+    SACCT_FIELDS,
     ParseError,
     parse_nodes_json,
-    parse_sacct_json,
+    parse_sacct_text,
     parse_scontrol_jobs,
     parse_scontrol_nodes,
     parse_squeue_json,
@@ -283,14 +284,17 @@ class CliSlurmClient:
         return found[0] if found else None
 
     def history(self, job_id: str | int) -> list[JobRun]:
-        """Every run of the job (one per requeue) from accounting; raises ``AccountingUnavailable`` without it."""
+        """Every run of the job (one per requeue) from accounting; raises ``AccountingUnavailable`` without it.
+
+        Text, not ``sacct --json``: 22.05's JSON reports exit code 0 for jobs that failed."""
         jid = validate_job_id(job_id)
-        argv = ["sacct", "--json", "--duplicates", f"--jobs={jid}"]
+        argv = ["sacct", "-X", "--duplicates", "--parsable2", "--noheader", f"--format={','.join(SACCT_FIELDS)}",
+                f"--jobs={jid}"]  # fmt: skip
         result = self.run(argv)
         if "accounting storage is disabled" in (result.stderr + result.stdout).lower():
             raise AccountingUnavailable(argv, result.stderr)
         try:
-            return parse_sacct_json(result.stdout)
+            return parse_sacct_text(result.stdout)
         except (ParseError, ValueError) as exc:
             raise SlurmOutputError(argv, str(exc)) from None
 

@@ -274,12 +274,16 @@ def test_history_without_accounting() -> None:
     with pytest.raises(AccountingUnavailable) as info:
         client(replay).history("1")
     assert "slurmdbd" in info.value.fix
-    assert replay.argvs == [["sacct", "--json", "--duplicates", "--jobs=1"]]
+    assert replay.argvs[0][:5] == ["sacct", "-X", "--duplicates", "--parsable2", "--noheader"]
+    assert replay.argvs[0][-1] == "--jobs=1"
 
 
 def test_history_parses_runs() -> None:
-    replay = Replay((["sacct"], ok((FIX / "24.11" / "sacct.json").read_text())))
-    assert [r.state for r in client(replay).history("101")] == ["REQUEUED", "COMPLETED"]
+    replay = Replay((["sacct"], ok((FIX / "22.05" / "sacct_runs.txt").read_text())))
+    runs = client(replay).history("1")
+    assert [(r.job_id, r.state, r.restart_count) for r in runs] == [
+        ("1", "REQUEUED", 0), ("1", "CANCELLED", 1), ("2", "FAILED", 0)
+    ]
 
 
 # ------------------------------------------------------------------------------------------- actions

@@ -19,6 +19,7 @@ from slurm.parse import (
     parse_key_values,
     parse_nodes_json,
     parse_sacct_json,
+    parse_sacct_text,
     parse_scontrol_jobs,
     parse_scontrol_nodes,
     parse_squeue_json,
@@ -317,3 +318,26 @@ def test_22_05_array_tasks_keep_both_ids() -> None:
     assert by_text == tasks
     plain = _jobs(OLD / "squeue_running.json")["1"]
     assert plain.raw_job_id == plain.job_id == "1"
+
+
+def test_22_05_sacct_text_runs(utc: None) -> None:
+    """Real accounting (private cluster with slurmdbd): one line per run, oldest first."""
+    runs = parse_sacct_text((OLD / "sacct_runs.txt").read_text())
+    first, second, failed = runs
+    assert (first.state, first.restart_count, first.nodes) == ("REQUEUED", 0, ("node1",))
+    assert (second.state, second.restart_count, second.reason) == ("CANCELLED", 1, "BeginTime")
+    assert (failed.job_id, failed.state, failed.exit_code, failed.exit_signal) == ("2", "FAILED", 3, None)
+    assert first.start_time == 1796210509 and first.end_time == 1796210511  # same instants as the JSON
+
+
+def test_22_05_sacct_json_loses_the_exit_code(utc: None) -> None:
+    """Why history() reads text: 22.05's sacct --json says SUCCESS/0 for a job sacct's text shows as 3:0."""
+    (from_json,) = parse_sacct_json((OLD / "sacct_failed.json").read_text())
+    assert from_json.state == "FAILED" and from_json.exit_code == 0
+    requeued = parse_sacct_json((OLD / "sacct_requeued.json").read_text())
+    assert [r.state for r in requeued] == ["REQUEUED", "CANCELLED"]
+
+
+def test_sacct_text_rejects_unexpected_columns() -> None:
+    with pytest.raises(ParseError):
+        parse_sacct_text("1|1|COMPLETED\n")
