@@ -15,7 +15,6 @@ Shapes handled:
 
 from __future__ import annotations
 
-import calendar
 import json
 import re
 import time
@@ -92,11 +91,6 @@ def scontrol_time(value: str | None) -> int | None:
     except ValueError:
         return None
     return int(time.mktime(parsed))
-
-
-def utc_time(value: str) -> int:
-    """ISO time in UTC -> epoch (used by tests and fixtures)."""
-    return calendar.timegm(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
 
 
 def job_state(value: Any) -> tuple[str | None, frozenset[str]]:
@@ -196,18 +190,6 @@ def load_json(output: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ParseError("the JSON document is not an object")
     return data
-
-
-def json_errors(data: Mapping[str, Any]) -> list[str]:
-    """Error messages embedded in a JSON reply (``errors: [{error, description, error_number}]``)."""
-    out = []
-    for err in data.get("errors") or []:
-        if isinstance(err, Mapping):
-            msg = " ".join(str(err.get(k)) for k in ("description", "error") if err.get(k))
-            out.append(msg or json.dumps(err))
-        else:
-            out.append(str(err))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- jobs
