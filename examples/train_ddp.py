@@ -79,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep-last", type=int, default=3)
     p.add_argument("--keep-every", type=int, default=0, help="also keep every checkpoint whose step divides by N")
     p.add_argument("--die-at-step", type=int, default=0, help="(tests) SIGKILL every rank right after step N")
+    p.add_argument("--nan-at-step", type=int, default=0,
+                   help="(tests) from step N on, the loss is NaN (a diverged run; the weights become NaN too)")
     args = p.parse_args(argv)
     if args.steps < 0 or args.ckpt_every < 0 or args.batch_size < 1 or args.model_mb <= 0:
         p.error("--steps/--ckpt-every must be >= 0, --batch-size >= 1, --model-mb > 0")
@@ -239,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         opt.zero_grad(set_to_none=True)
         target = y[idx] + 0.001 * random.random()
         loss = loss_fn(model(x[idx]), target)
+        if args.nan_at_step and step >= args.nan_at_step:
+            loss = loss * float("nan")
         loss.backward()
         opt.step()
         value = float(loss.item())

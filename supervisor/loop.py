@@ -478,7 +478,10 @@ class Supervisor:
                 self.server.send(node, [wire.Command(wire.CMD_SET_FLAGS, wire.ALL_RANKS, flags)])
             self.record(ev.checkpoint_requested(self.clock(), "checkpoint and stop"))
         else:
-            self._try(self.slurm.run, ["scancel", "--signal=TERM", self._step_id(step)])
+            # Stop without a checkpoint (a NaN state must not overwrite good ones): the ranks get no chance to
+            # save, as SIGTERM would give them.
+            launcher.kill_step(self.slurm, self.job_id, step.name, step.proc)
+            return
         deadline = time.monotonic() + grace_s
         while step.proc.poll() is None and time.monotonic() < deadline:
             self.server.poll(0.2)
@@ -494,7 +497,10 @@ class Supervisor:
         else:
             self.slurm.requeue(self.job_id)
         if exclude:
-            self._try(self.slurm.update_excluded_nodes, self.job_id, exclude)
+            job = self._job()
+            already = tuple(getattr(job, "excluded_nodes", ()) or ())
+            # ExcNodeList is replaced, not extended: keep what the user or an earlier run excluded.
+            self._try(self.slurm.update_excluded_nodes, self.job_id, sorted(set(already) | set(exclude)))
 
     def _await_termination(self, step: Step, limit_s: float = 300.0) -> None:
         """Slurm ends or requeues the job itself (preemption, node failure): let the ranks finish their
