@@ -11,6 +11,7 @@ from __future__ import annotations
 import _thread
 import atexit
 import faulthandler
+import operator
 import os
 import signal
 import sys
@@ -91,6 +92,16 @@ def _bind_noop() -> None:
     global _beat, _should_checkpoint, _should_stop, _enter_phase, _exit_phase
     _beat, _should_checkpoint, _should_stop = _noop_beat, _false, _false
     _enter_phase, _exit_phase = _noop_enter, _noop_exit
+    _set_public_step(step)
+
+
+def _set_public_step(fn: Callable[..., None]) -> None:
+    """Point ``supervisor.client.step`` straight at the writer's beat (it handles its own errors),
+    saving a wrapper call on the hot path; ``from supervisor.client import step`` keeps the
+    wrapper, which stays correct."""
+    package = sys.modules.get("supervisor.client")
+    if package is not None:
+        package.step = fn  # type: ignore[attr-defined]
 
 
 def _disable(problem: str) -> None:
@@ -151,7 +162,7 @@ def _init_locked() -> None:
         return
     try:
         _slot.check_slot_dir(Path(slot_dir))
-        writer = _slot.SlotWriter.create(slot_dir, rank, local_rank, world_size)
+        writer = _slot.SlotWriter.create(slot_dir, rank, local_rank, world_size, on_error=_step_failed)
     except OSError as exc:
         _bind_noop()
         _warn_once("slot", f"cannot use {ENV_SLOT_DIR}={slot_dir}: {exc}; running unsupervised",
@@ -160,6 +171,7 @@ def _init_locked() -> None:
     _writer = writer
     _beat, _should_checkpoint, _should_stop = writer.beat, writer.should_checkpoint, writer.should_stop
     _enter_phase, _exit_phase = writer.enter_phase, writer.exit_phase
+    _set_public_step(writer.beat)
     _install_process_hooks(writer, Path(slot_dir), rank)
 
 
@@ -198,6 +210,11 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     elif previous == signal.SIG_IGN or _defer_sigterm:
         return
     else:  # SIG_DFL: terminate by SIGTERM, so exit status and Slurm see the real cause
+        if writer is not None:
+            try:
+                writer.finish()  # we may have interrupted a write: leave the record complete
+            except Exception:  # noqa: S110 - dying anyway
+                pass
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -227,15 +244,19 @@ def step(i: int, loss: float | None = None) -> None:
     GPU (a CUDA sync) - avoid that on the hot path. NaN and Inf are recorded as such."""
     try:
         _beat(i, loss)
-    except Exception as exc:
-        _step_failed(exc, i, loss)
+    except Exception as exc:  # the writer handles its own errors; this is a last resort
+        _disable(f"client.step failed: {exc!r}")
 
 
 def _step_failed(exc: Exception, i: Any, loss: Any) -> None:
+    """The writer's error hook: fix up a bad argument (warn once), or stop publishing."""
     if _writer is None:
         return
+    if i.__class__ is int and (loss is None or loss.__class__ is float):
+        _disable(f"writing the slot failed: {exc!r}")  # the arguments were fine: the slot is not
+        return
     try:
-        good_i = int(i)
+        good_i = int(i) if isinstance(i, float) and i.is_integer() else operator.index(i)
     except Exception:
         _warn_once("step-arg", f"client.step(i=...) needs an int step, got {type(i).__name__}",
                    "pass the iteration number as an int")  # fmt: skip
@@ -243,14 +264,11 @@ def _step_failed(exc: Exception, i: Any, loss: Any) -> None:
     good_loss: float | None
     try:
         good_loss = None if loss is None else float(loss)
-    except Exception:
+    except Exception as bad:
         good_loss = None
-        _warn_once("loss-arg", f"client.step(loss=...) needs a float, got {type(loss).__name__}: {exc}",
+        _warn_once("loss-arg", f"client.step(loss=...) needs a float, got {type(loss).__name__}: {bad}",
                    "pass a Python float (e.g. loss.item() of a 0-d tensor) or None")  # fmt: skip
-    try:
-        _beat(good_i, good_loss)
-    except Exception as again:
-        _disable(f"writing the slot failed: {again!r}")
+    _beat(good_i, good_loss)
 
 
 def should_checkpoint() -> bool:
@@ -336,4 +354,5 @@ def _reset_for_tests() -> None:
     _writer, _stacks_file, _prev_sigterm, _defer_sigterm = None, None, None, False
     _beat, _should_checkpoint, _should_stop = _lazy_beat, _lazy_should_checkpoint, _lazy_should_stop
     _enter_phase, _exit_phase = _lazy_enter, _noop_exit
+    _set_public_step(step)
     _warned.clear()

@@ -15,22 +15,27 @@ offset field                                                    written by
 64     rank record sequence (u64): odd while the rank writes    rank
 72     pid, rank, local rank, world size (4 x i32);             rank (once)
        start monotonic ns, start wall-clock ns (2 x i64)
-104    hot part, rewritten by every beat: step, t_last_beat_ns,  rank
-       iter_ewma_ns, iter_min_ns, iter_max_ns (5 x i64),
-       loss (f64), loss_step, beats (2 x i64)
-168    cold part: t_phase_ns, last_ckpt_step (2 x i64),         rank
+104    hot part, rewritten by every beat: step,                 rank
+       t_last_beat_ns (2 x i64), loss (f64), loss_step, beats
+       (2 x i64)
+144    cold part: t_phase_ns, last_ckpt_step (2 x i64),         rank
        phase code, rank flags, acked request (3 x u32), pad
-200    asynchronous rank flags (u64, one store, no seqlock:     rank
+176    asynchronous rank flags (u64, one store, no seqlock:     rank
        set from signal handlers); readers OR them into flags
 256    control sequence (u64): odd while the agent writes       agent
 264    control flags (u32), request counter (u32),              agent
        at_step (i64)
+512    ring of the last 64 iteration times in ns (64 x u64):     rank
+       beat number b (1-based) writes entry (b - 1) % 64; 0 = none
 ====== ======================================================= ============
 
 Both areas are seqlocks: the writer makes the sequence odd, writes the payload, makes it even; a
 reader copies sequence, payload, sequence and retries until both sequences are equal and even.
 This relies on stores not being reordered (true on x86-64, TSO); on weakly ordered CPUs a reader
 may, rarely, accept a torn record, which only ever feeds heuristics.
+
+The rank only stores raw iteration times (a ring); the reader derives EWMA, min and max from it,
+which keeps the rank's hot path to a handful of stores.
 
 Times are ``CLOCK_MONOTONIC`` nanoseconds (``time.monotonic_ns``), system-wide on Linux, so the
 agent on the same node compares them with its own clock to get ages.
@@ -46,12 +51,13 @@ import signal
 import stat
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 MAGIC = b"SUPVSLOT"
 LAYOUT_VERSION = 1
-SLOT_SIZE = 512
+SLOT_SIZE = 1024
 
 # Phase codes are indexes into PHASES; never reorder, only append (and bump LAYOUT_VERSION if the
 # meaning of an existing code changes).
@@ -76,20 +82,23 @@ STACK_DUMP_SIGNAL: int = int(signal.SIGRTMIN) + 2
 _HEADER = struct.Struct("<8sII")
 _SEQ = struct.Struct("<Q")
 _STATIC = struct.Struct("<iiiiqq")
-_HOT = struct.Struct("<qqqqqdqq")  # rewritten by every beat
+_HOT = struct.Struct("<qqdqq")  # rewritten by every beat
 _COLD = struct.Struct("<qqIIII")  # rewritten on phase changes and acknowledgements
 _CONTROL = struct.Struct("<IIq")
+RING = 64  # iteration times kept; a power of two
+_RING = struct.Struct(f"<{RING}Q")
 
 OFF_HEADER = 0
 OFF_RANK_SEQ = 64
 OFF_STATIC = OFF_RANK_SEQ + _SEQ.size  # 72
 OFF_HOT = OFF_STATIC + _STATIC.size  # 104
-OFF_COLD = OFF_HOT + _HOT.size  # 168
-OFF_ASYNC_FLAGS = OFF_COLD + _COLD.size  # 200
+OFF_COLD = OFF_HOT + _HOT.size  # 144
+OFF_ASYNC_FLAGS = OFF_COLD + _COLD.size  # 176
 OFF_CONTROL_SEQ = 256
 OFF_CONTROL = OFF_CONTROL_SEQ + _SEQ.size  # 264
+OFF_RING = 512
 assert OFF_ASYNC_FLAGS % 8 == 0 and OFF_ASYNC_FLAGS + 8 <= OFF_CONTROL_SEQ
-assert OFF_CONTROL + _CONTROL.size <= SLOT_SIZE
+assert OFF_CONTROL + _CONTROL.size <= OFF_RING and OFF_RING + _RING.size <= SLOT_SIZE
 
 _READ_RETRIES = 1000
 
@@ -105,9 +114,6 @@ class SlotRecord(NamedTuple):
     start_wall_ns: int
     step: int  # last step passed to client.step(); -1 before the first
     t_last_beat_ns: int  # monotonic ns of the last client.step(); 0 before the first
-    iter_ewma_ns: int  # EWMA (alpha 1/8) of the time between steps; 0 until two steps
-    iter_min_ns: int  # min/max step time over the recent window (the last 64..128 steps)
-    iter_max_ns: int
     loss: float  # last loss passed to client.step(); NaN/Inf preserved; NaN if never given
     loss_step: int  # the step that loss belongs to; -1 if no loss was ever given
     beats: int  # number of client.step() calls
@@ -116,7 +122,13 @@ class SlotRecord(NamedTuple):
     phase: int  # code, see PHASES
     rank_flags: int  # RANK_FLAG_* bits
     acked_request: int  # control request counter the rank last satisfied (or saw at start)
-    seq: int  # the (even) sequence number this snapshot was read at
+    seq: int  # sequence number of this snapshot; odd only if the writer died or stopped mid-write
+    # Derived by the reader from the ring: times between consecutive steps, excluding time spent
+    # in other phases (checkpoint, eval...); oldest first; at most RING; empty until two steps.
+    recent_iter_ns: tuple[int, ...] = ()
+    iter_ewma_ns: int = 0  # EWMA (alpha 1/8, integer) over recent_iter_ns; 0 if empty
+    iter_min_ns: int = 0  # min/max over recent_iter_ns (the last 64 steps); 0 if empty
+    iter_max_ns: int = 0
 
     @property
     def phase_name(self) -> str:
@@ -136,6 +148,23 @@ class ControlState(NamedTuple):
 
 
 _FLAGS_FIELD = SlotRecord._fields.index("rank_flags")
+_HOT_BEATS = 4  # index of ``beats`` in _HOT
+
+
+def _recent_iterations(ring: tuple[int, ...], beats: int) -> tuple[int, ...]:
+    n = min(beats, RING)
+    ordered = (ring[(beats - n + k) % RING] for k in range(n))
+    return tuple(t for t in ordered if t)
+
+
+def iteration_stats(times: tuple[int, ...]) -> tuple[int, int, int]:
+    """(EWMA with alpha 1/8 in integer ns, min, max) of iteration times, oldest first; zeros if none."""
+    if not times:
+        return 0, 0, 0
+    ewma = times[0]
+    for t in times[1:]:
+        ewma += (t - ewma) >> 3
+    return ewma, min(times), max(times)
 
 
 def slot_path(slot_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -180,20 +209,34 @@ def _decode(buf: mmap.mmap) -> SlotRecord | None:
     magic, version, size = _HEADER.unpack_from(buf, OFF_HEADER)
     if magic != MAGIC or version != LAYOUT_VERSION or size != SLOT_SIZE:
         return None
+    first = _SEQ.unpack_from(buf, OFF_RANK_SEQ)[0]
     for _ in range(_READ_RETRIES):
         (seq1,) = _SEQ.unpack_from(buf, OFF_RANK_SEQ)
         if seq1 & 1:
             continue
-        static = _STATIC.unpack_from(buf, OFF_STATIC)
-        hot = _HOT.unpack_from(buf, OFF_HOT)
-        cold = _COLD.unpack_from(buf, OFF_COLD)
+        copy = buf[:SLOT_SIZE]  # one memcpy: keeps the window between the two reads short
         (seq2,) = _SEQ.unpack_from(buf, OFF_RANK_SEQ)
         if seq1 == seq2:
-            (async_flags,) = _SEQ.unpack_from(buf, OFF_ASYNC_FLAGS)
-            fields = list(static + hot + cold[:-1])
-            fields[_FLAGS_FIELD] |= async_flags
-            return SlotRecord._make([*fields, seq1])
-    return None  # the writer kept it busy (or died mid-write): no consistent snapshot
+            return _snapshot(copy, seq1)
+    (last,) = _SEQ.unpack_from(buf, OFF_RANK_SEQ)
+    if last == first:
+        # The writer stopped in the middle of a write (killed or stopped): the best we can do is
+        # the fields as they are; the odd ``seq`` tells the reader they may mix two updates.
+        return _snapshot(buf[:SLOT_SIZE], last)
+    return None  # the writer kept it busy: no consistent snapshot this time
+
+
+def _snapshot(data: bytes, seq: int) -> SlotRecord:
+    static = _STATIC.unpack_from(data, OFF_STATIC)
+    hot = _HOT.unpack_from(data, OFF_HOT)
+    cold = _COLD.unpack_from(data, OFF_COLD)
+    ring = _RING.unpack_from(data, OFF_RING)
+    (async_flags,) = _SEQ.unpack_from(data, OFF_ASYNC_FLAGS)
+    fields = list(static + hot + cold[:-1])
+    fields[_FLAGS_FIELD] |= async_flags
+    recent = _recent_iterations(ring, hot[_HOT_BEATS])
+    ewma, lo, hi = iteration_stats(recent)
+    return SlotRecord._make([*fields, seq, recent, ewma, lo, hi])
 
 
 def read_slot(path_or_mmap: str | os.PathLike[str] | mmap.mmap) -> SlotRecord | None:
@@ -303,24 +346,38 @@ def check_slot_dir(slot_dir: Path) -> None:
 
 
 class SlotWriter:
-    """Rank side: owns the rank record. ``beat`` is the hot path: a clock read, a few integer
-    operations, two 8-byte stores and one ``pack_into`` on the mapping; no syscalls.
+    """Rank side: owns the rank record. ``on_error(exc, i, loss)`` receives what ``beat`` cannot
+    handle (a bad argument, a vanished mapping); without it ``beat`` raises. ``beat`` is the hot path: a clock read, three 8-byte
+    stores and one ``pack_into`` on the mapping; no syscalls, no statistics (the reader derives
+    them from the ring of iteration times).
 
     The state lives in closure cells (faster than attributes). Publishing is safe against
     re-entry from Python signal handlers: a nested publish sees an odd sequence, marks the record
     dirty and returns, and the interrupted publish writes the record again."""
 
-    WINDOW = 64  # steps per min/max window; the published min/max cover the last 64..128 steps
-
-    def __init__(self, buf: mmap.mmap, pid: int, rank: int, local_rank: int, world_size: int) -> None:
+    def __init__(
+        self,
+        buf: mmap.mmap,
+        pid: int,
+        rank: int,
+        local_rank: int,
+        world_size: int,
+        on_error: Callable[[Exception, Any, Any], None] | None = None,
+    ) -> None:
         self.buf = buf
+        self.on_error = on_error
         self.pid, self.rank, self.local_rank, self.world_size = pid, rank, local_rank, world_size
-        self._words = memoryview(buf).cast("Q")  # aligned 8-byte words: single-store sequence writes
+        self._words = memoryview(buf).cast("Q")  # aligned 8-byte words: single-store writes
         self._bind()
 
     @classmethod
     def create(
-        cls, slot_dir: str | os.PathLike[str], rank: int, local_rank: int, world_size: int
+        cls,
+        slot_dir: str | os.PathLike[str],
+        rank: int,
+        local_rank: int,
+        world_size: int,
+        on_error: Callable[[Exception, Any, Any], None] | None = None,
     ) -> SlotWriter:
         """Create (or take over, after a restart) ``rank-<rank>.slot`` and map it. Raises OSError."""
         path = slot_path(slot_dir, rank)
@@ -331,7 +388,7 @@ class SlotWriter:
             buf = mmap.mmap(fd, SLOT_SIZE, mmap.MAP_SHARED)
         finally:
             os.close(fd)  # the mapping keeps the file alive
-        return cls(buf, os.getpid(), rank, local_rank, world_size)
+        return cls(buf, os.getpid(), rank, local_rank, world_size, on_error)
 
     def _bind(self) -> None:  # noqa: C901 - one closure scope on purpose (speed)
         buf, words = self.buf, self._words
@@ -339,9 +396,10 @@ class SlotWriter:
         pack_hot, pack_cold = _HOT.pack_into, _COLD.pack_into
         unpack_control = _CONTROL.unpack_from
         seq_i, ctl_seq_i, async_i = OFF_RANK_SEQ // 8, OFF_CONTROL_SEQ // 8, OFF_ASYNC_FLAGS // 8
-        window, big = self.WINDOW, 1 << 62
+        ring_i, ring_mask = OFF_RING // 8, RING - 1
         ckpt_or_stop = FLAG_CHECKPOINT | FLAG_STOP
         index = operator.index
+        on_error = self.on_error
 
         def read_control() -> tuple[int, int, int] | None:
             for _ in range(_READ_RETRIES):
@@ -356,74 +414,97 @@ class SlotWriter:
         now = mono()
         seq = words[seq_i] | 1  # continue from a previous incarnation's count: never go back
         step, t_last, t_phase, t_mark = -1, 0, now, 0
-        ewma, pmin, pmax, cmin, cmax, left = 0, 0, 0, big, 0, window
-        loss, loss_step, beats, last_ckpt = math.nan, -1, 0, -1
+        last_loss, loss_step, beats, last_ckpt = math.nan, -1, 0, -1
         phase, flags = PHASE_INIT, 0
         ctl = read_control()
         base_request = acked = ctl[1] if ctl else 0  # requests older than this process are not ours
         async_flags = 0
         dirty = False
 
+        def finish() -> None:
+            """Complete a write left open (odd sequence) from the current state, which is always
+            consistent at the points where Python can interrupt us (calls). For the owner of the
+            open write when an exception (KeyboardInterrupt, SystemExit from a signal handler)
+            escapes it, and for a SIGTERM handler about to let the process die."""
+            nonlocal seq
+            if seq & 1:
+                pack_hot(buf, OFF_HOT, step, t_last, last_loss, loss_step, beats)
+                pack_cold(buf, OFF_COLD, t_phase, last_ckpt, phase, flags, acked, 0)
+                seq += 1
+                words[seq_i] = seq
+
         def publish() -> None:
             nonlocal seq, dirty
             if seq & 1:  # re-entered from a signal handler mid-write: the outer write redoes it
                 dirty = True
                 return
-            while True:
-                dirty = False
-                seq += 1
-                words[seq_i] = seq
-                pack_hot(buf, OFF_HOT, step, t_last, ewma, pmin, pmax, loss, loss_step, beats)
-                pack_cold(buf, OFF_COLD, t_phase, last_ckpt, phase, flags, acked, 0)
-                seq += 1
-                words[seq_i] = seq
-                if not dirty:
-                    return
+            try:
+                while True:
+                    dirty = False
+                    seq += 1
+                    words[seq_i] = seq
+                    pack_hot(buf, OFF_HOT, step, t_last, last_loss, loss_step, beats)
+                    pack_cold(buf, OFF_COLD, t_phase, last_ckpt, phase, flags, acked, 0)
+                    seq += 1
+                    words[seq_i] = seq
+                    if not dirty:
+                        return
+            except BaseException:
+                finish()  # the sequence is odd only by our own write here
+                raise
 
-        def beat(i: int, value: float | None) -> None:
-            """End of iteration ``i``; ``value`` the loss (float-convertible) or None."""
-            nonlocal seq, step, t_last, t_mark, ewma, pmin, pmax, cmin, cmax, left
-            nonlocal loss, loss_step, beats, phase, t_phase, dirty
-            if i.__class__ is not int:
-                i = index(i)
-            if value is not None and value.__class__ is not float:
-                value = float(value)  # int, numpy scalar, 0-d tensor (a CUDA tensor syncs here)
-            now = mono()
-            if t_mark:
-                dt = now - t_mark
-                ewma = ewma + ((dt - ewma) >> 3) if ewma else dt
-                if dt < pmin or not pmin:
-                    pmin = dt
-                if dt > pmax:
-                    pmax = dt
-                if dt < cmin:
-                    cmin = dt
-                if dt > cmax:
-                    cmax = dt
-                left -= 1
-                if not left:
-                    pmin, pmax, cmin, cmax, left = cmin, cmax, big, 0, window
-            t_mark = t_last = now
-            step = i
-            beats += 1
-            if value is not None:
-                loss = value
-                loss_step = i
-            if phase == PHASE_INIT:  # the first step ends the init phase: cold fields change too
-                phase = PHASE_STEP
-                t_phase = now
-                publish()
-                return
-            if seq & 1:
-                dirty = True
-                return
-            seq += 1
-            words[seq_i] = seq
-            pack_hot(buf, OFF_HOT, i, now, ewma, pmin, pmax, loss, loss_step, beats)
-            seq += 1
-            words[seq_i] = seq
-            if dirty:
-                publish()
+        def beat(i: int, loss: float | None = None) -> None:
+            """End of iteration ``i``, with the loss if known (float-convertible). Errors (a bad
+            argument, a vanished mapping) go to ``on_error`` when one was given."""
+            nonlocal seq, step, t_last, t_mark, last_loss, loss_step, beats, phase, t_phase, dirty
+            owned = False  # whether this call opened the write (made the sequence odd)
+            try:
+                if i.__class__ is not int:
+                    i = index(i)
+                if loss is not None and loss.__class__ is not float:
+                    loss = float(loss)  # int, numpy scalar, 0-d tensor (a CUDA tensor syncs here)
+                now = mono()
+                # No call from here on until the state is complete: Python runs signal handlers
+                # only at calls, and they must never see (or publish) a half-updated state.
+                if seq & 1:  # re-entered (a signal handler called step()): state only, outer publishes
+                    t_mark = t_last = now
+                    step = i
+                    beats += 1
+                    if loss is not None:
+                        last_loss, loss_step = loss, i
+                    dirty = True
+                    return
+                seq += 1
+                words[seq_i] = seq
+                owned = True
+                # 0 = no duration: the first beat, or a signal handler moved t_mark past ``now``
+                words[ring_i + (beats & ring_mask)] = now - t_mark if 0 < t_mark < now else 0
+                t_mark = t_last = now
+                step = i
+                beats += 1
+                if loss is not None:
+                    last_loss, loss_step = loss, i
+                pack_hot(buf, OFF_HOT, i, now, last_loss, loss_step, beats)
+                seq += 1
+                words[seq_i] = seq
+                owned = False
+                if dirty or not phase:  # a nested write to redo, or the first step ends init
+                    if not phase:
+                        phase, t_phase = PHASE_STEP, now
+                    publish()
+            except Exception as exc:
+                if owned:
+                    try:
+                        finish()
+                    except Exception:  # noqa: S110 - the mapping is gone: on_error decides
+                        pass
+                if on_error is None:
+                    raise
+                on_error(exc, i, loss)
+            except BaseException:
+                if owned:
+                    finish()
+                raise
 
         def enter_phase(code: int) -> int:
             """Switch to phase ``code``; returns the previous phase code (to restore on exit)."""
@@ -480,21 +561,23 @@ class SlotWriter:
                 bool(ctl_flags & FLAG_STOP) and request != base_request and (at_step <= 0 or step >= at_step)
             )
 
-        # Initial record: static part and dynamic part under one sequence, then the header.
+        def read_control_state() -> ControlState | None:
+            got = read_control()
+            return None if got is None else ControlState(*got)
+
+        # Initial record: static part, cleared ring and dynamic part under one odd sequence.
         words[seq_i] = seq
         _STATIC.pack_into(buf, OFF_STATIC, self.pid, self.rank, self.local_rank, self.world_size,
                           now, time.time_ns())  # fmt: skip
+        _RING.pack_into(buf, OFF_RING, *([0] * RING))
         words[async_i] = 0
         seq += 1
         publish()
         _HEADER.pack_into(buf, OFF_HEADER, MAGIC, LAYOUT_VERSION, SLOT_SIZE)
 
-        def read_control_state() -> ControlState | None:
-            got = read_control()
-            return None if got is None else ControlState(*got)
-
         self.read_control = read_control_state
         self.publish = publish
+        self.finish = finish
         self.beat = beat
         self.enter_phase = enter_phase
         self.exit_phase = exit_phase

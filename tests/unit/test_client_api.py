@@ -172,3 +172,17 @@ def test_forked_child_does_not_write_the_slot(slot_dir: Path) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert _read(slot_dir).step == 5
+
+
+def test_fast_path_binding_and_the_imported_wrapper_agree(slot_dir: Path) -> None:
+    from supervisor.client import step as imported_step  # bound before the first call: the wrapper
+
+    imported_step(0, loss=1.0)
+    assert api._writer is not None and client.step == api._writer.beat  # the hot path skips the wrapper
+    client.step(1, loss=2.0)
+    imported_step(2)
+    rec = _read(slot_dir)
+    assert (rec.step, rec.loss, rec.loss_step, rec.beats) == (2, 2.0, 1, 3)
+    api._writer.close()
+    client.step(3)  # fails inside the writer: degrades, and the module points back at the wrapper
+    assert client.step is api.step and not client.is_supervised()

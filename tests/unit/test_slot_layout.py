@@ -224,3 +224,48 @@ def test_last_beat_always_reads_back(tmp_path_factory: pytest.TempPathFactory, s
     final = S.read_slot(S.slot_path(d, 0))
     assert final is not None and final.beats == len(steps)
     w.close()
+
+
+class _InterruptAfterPack:
+    """Stands in for the hot-part Struct: packs, then raises as a signal handler would right
+    after the call returns (KeyboardInterrupt from Ctrl-C, SystemExit from a SIGTERM handler)."""
+
+    def __init__(self, real: object, fail_on: int, exc: type[BaseException]) -> None:
+        self.real, self.fail_on, self.exc, self.calls = real, fail_on, exc, 0
+        self.size = real.size  # type: ignore[attr-defined]
+        self.unpack_from = real.unpack_from  # type: ignore[attr-defined]
+
+    def pack_into(self, *args: object) -> None:
+        self.real.pack_into(*args)  # type: ignore[attr-defined]
+        self.calls += 1
+        if self.calls == self.fail_on:
+            raise self.exc()
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_exception_escaping_mid_write_leaves_a_complete_record(
+    slot_dir: Path, monkeypatch: pytest.MonkeyPatch, exc: type[BaseException]
+) -> None:
+    flaky = _InterruptAfterPack(S._HOT, fail_on=4, exc=exc)  # the writer's 1st pack is at creation
+    monkeypatch.setattr(S, "_HOT", flaky)
+    w = S.SlotWriter.create(slot_dir, 0, 0, 1)
+    w.beat(0, 0.0)  # publishes twice (init ends): packs 2 and 3
+    with pytest.raises(exc):
+        w.beat(1, 1.0)
+    rec = S.read_slot(S.slot_path(slot_dir, 0))
+    assert rec is not None and rec.seq % 2 == 0 and (rec.step, rec.loss, rec.beats) == (1, 1.0, 2)
+    w.beat(2, 2.0)  # the writer is not stuck in "someone else is writing"
+    rec = S.read_slot(S.slot_path(slot_dir, 0))
+    assert rec is not None and rec.seq % 2 == 0 and (rec.step, rec.beats) == (2, 3)
+    w.close()
+
+
+def test_writer_dead_mid_write_still_yields_its_last_fields(slot_dir: Path) -> None:
+    w = S.SlotWriter.create(slot_dir, 0, 0, 1)
+    w.beat(41, 0.5)
+    words = memoryview(w.buf).cast("Q")
+    words[S.OFF_RANK_SEQ // 8] += 1  # as if SIGKILLed between the two sequence stores
+    rec = S.read_slot(S.slot_path(slot_dir, 0))
+    assert rec is not None and rec.seq % 2 == 1 and rec.step == 41
+    words.release()
+    w.close()

@@ -67,27 +67,32 @@ def _hammer(tmp_path: Path, mode: str) -> None:
     child = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(HAMMER_S), mode], env=env, stdout=subprocess.PIPE, text=True
     )
-    path = S.slot_path(slot_dir, 0)
-    while not path.exists() and child.poll() is None:
-        time.sleep(0.001)
-    reader = S.open_slot_for_reading(path)
-    snapshots = torn = went_back = 0
-    last_step = -1
-    request = 0
-    while child.poll() is None:
-        rec = reader.read()
-        if rec is None or rec.beats == 0:
-            continue
-        snapshots += 1
-        if not _consistent(rec):
-            torn += 1
-        if rec.step < last_step:
-            went_back += 1
-        last_step = rec.step
-        if snapshots % 50 == 0:  # the agent side writes control records derived from the counter
-            request += 1
-            reader.set_control_flags(request % 3 + 1, at_step=request * 7)
-    out, _ = child.communicate(timeout=30)
+    try:
+        path = S.slot_path(slot_dir, 0)
+        while not path.exists() and child.poll() is None:
+            time.sleep(0.001)
+        reader = S.open_slot_for_reading(path)
+        snapshots = torn = went_back = 0
+        last_step = -1
+        request = 0
+        while child.poll() is None:
+            rec = reader.read()
+            if rec is None or rec.beats == 0:
+                continue
+            snapshots += 1
+            if not _consistent(rec):
+                torn += 1
+            if rec.step < last_step:
+                went_back += 1
+            last_step = rec.step
+            if snapshots % 50 == 0:  # the agent side writes control records derived from the counter
+                request += 1
+                reader.set_control_flags(request % 3 + 1, at_step=request * 7)
+        out, _ = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
     assert child.returncode == 0
     result = json.loads(out)
     final = reader.read()

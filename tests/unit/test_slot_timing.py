@@ -1,6 +1,6 @@
-"""Step-time statistics the detectors rely on, driven by a scripted clock: the EWMA follows the
-documented integer recurrence, the published min/max cover exactly the last completed window plus
-the current partial one, and checkpoint/eval time is not counted as step time."""
+"""Step-time statistics the detectors rely on, driven by a scripted clock: the slot keeps exactly
+the last RING iteration times, the EWMA follows the documented integer recurrence over them, and
+checkpoint/eval time is not counted as step time."""
 
 from __future__ import annotations
 
@@ -30,12 +30,11 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
     yield c
 
 
-def _expected(dts: list[int], window: int) -> tuple[int, int, int]:
-    ewma = 0
-    for dt in dts:
-        ewma = ewma + ((dt - ewma) >> 3) if ewma else dt
-    done = (len(dts) // window) * window
-    recent = dts[max(0, done - window) :]
+def _expected(dts: list[int]) -> tuple[int, int, int]:
+    recent = dts[-S.RING :]
+    ewma = recent[0]
+    for dt in recent[1:]:
+        ewma += (dt - ewma) >> 3
     return ewma, min(recent), max(recent)
 
 
@@ -56,7 +55,8 @@ def test_ewma_and_window_min_max(tmp_path_factory: pytest.TempPathFactory, dts: 
         w.beat(i, None)
     rec = S.read_slot(S.slot_path(d, 0))
     assert rec is not None
-    assert (rec.iter_ewma_ns, rec.iter_min_ns, rec.iter_max_ns) == _expected(dts, S.SlotWriter.WINDOW)
+    assert rec.recent_iter_ns == tuple(dts[-S.RING :])
+    assert (rec.iter_ewma_ns, rec.iter_min_ns, rec.iter_max_ns) == _expected(dts)
     assert rec.t_last_beat_ns == c.now
     w.close()
 
@@ -74,7 +74,7 @@ def test_other_phases_are_excluded_from_step_time(tmp_path: Path, clock: Clock) 
     w.beat(2, None)
     rec = S.read_slot(S.slot_path(tmp_path, 0))
     assert rec is not None
-    assert rec.iter_max_ns == 120 and rec.iter_min_ns == 100
+    assert rec.recent_iter_ns == (100, 120)
     assert rec.last_ckpt_step == 1
     w.close()
 
@@ -86,5 +86,5 @@ def test_first_step_ends_init_and_gives_no_step_time(tmp_path: Path, clock: Cloc
     rec = S.read_slot(S.slot_path(tmp_path, 0))
     assert rec is not None
     assert rec.phase_name == "step" and rec.t_phase_ns == clock.now
-    assert rec.iter_ewma_ns == rec.iter_max_ns == 0
+    assert rec.recent_iter_ns == () and rec.iter_ewma_ns == rec.iter_max_ns == 0
     w.close()
