@@ -25,8 +25,11 @@ offset field                                                    written by
 256    control sequence (u64): odd while the agent writes       agent
 264    control flags (u32), request counter (u32),              agent
        at_step (i64)
-512    ring of the last 64 iteration times in ns (64 x u64):     rank
-       beat number b (1-based) writes entry (b - 1) % 64; 0 = none
+512    ring of the last 64 step times in ns (64 x i64): beat     rank
+       number b (1-based) writes the time since the previous
+       beat, or since leaving another phase (checkpoint, eval),
+       to entry (b - 1) % 64; beat 1's entry and entries <= 0
+       mean "no step time"
 ====== ======================================================= ============
 
 Both areas are seqlocks: the writer makes the sequence odd, writes the payload, makes it even; a
@@ -34,7 +37,7 @@ reader copies sequence, payload, sequence and retries until both sequences are e
 This relies on stores not being reordered (true on x86-64, TSO); on weakly ordered CPUs a reader
 may, rarely, accept a torn record, which only ever feeds heuristics.
 
-The rank only stores raw iteration times (a ring); the reader derives EWMA, min and max from it,
+The rank only stores raw step times (a ring); the reader derives EWMA, min and max from them,
 which keeps the rank's hot path to a handful of stores.
 
 Times are ``CLOCK_MONOTONIC`` nanoseconds (``time.monotonic_ns``), system-wide on Linux, so the
@@ -86,7 +89,7 @@ _HOT = struct.Struct("<qqdqq")  # rewritten by every beat
 _COLD = struct.Struct("<qqIIII")  # rewritten on phase changes and acknowledgements
 _CONTROL = struct.Struct("<IIq")
 RING = 64  # iteration times kept; a power of two
-_RING = struct.Struct(f"<{RING}Q")
+_RING = struct.Struct(f"<{RING}q")
 
 OFF_HEADER = 0
 OFF_RANK_SEQ = 64
@@ -124,10 +127,10 @@ class SlotRecord(NamedTuple):
     acked_request: int  # control request counter the rank last satisfied (or saw at start)
     seq: int  # sequence number of this snapshot; odd only if the writer died or stopped mid-write
     # Derived by the reader from the ring: times between consecutive steps, excluding time spent
-    # in other phases (checkpoint, eval...); oldest first; at most RING; empty until two steps.
+    # in other phases (checkpoint, eval...); oldest first; at most RING - 1; empty until two steps.
     recent_iter_ns: tuple[int, ...] = ()
     iter_ewma_ns: int = 0  # EWMA (alpha 1/8, integer) over recent_iter_ns; 0 if empty
-    iter_min_ns: int = 0  # min/max over recent_iter_ns (the last 64 steps); 0 if empty
+    iter_min_ns: int = 0  # min/max over recent_iter_ns (the last 63 steps); 0 if empty
     iter_max_ns: int = 0
 
     @property
@@ -152,9 +155,9 @@ _HOT_BEATS = 4  # index of ``beats`` in _HOT
 
 
 def _recent_iterations(ring: tuple[int, ...], beats: int) -> tuple[int, ...]:
-    n = min(beats, RING)
-    ordered = (ring[(beats - n + k) % RING] for k in range(n))
-    return tuple(t for t in ordered if t)
+    first = max(2, beats - RING + 1)  # beat 1 has no previous beat: its entry is not a step time
+    times = (ring[(b - 1) % RING] for b in range(first, beats + 1))
+    return tuple(t for t in times if t > 0)
 
 
 def iteration_stats(times: tuple[int, ...]) -> tuple[int, int, int]:
@@ -368,6 +371,7 @@ class SlotWriter:
         self.on_error = on_error
         self.pid, self.rank, self.local_rank, self.world_size = pid, rank, local_rank, world_size
         self._words = memoryview(buf).cast("Q")  # aligned 8-byte words: single-store writes
+        self._ring = memoryview(buf).cast("q")  # the same, signed: for the step-time ring
         self._bind()
 
     @classmethod
@@ -391,7 +395,7 @@ class SlotWriter:
         return cls(buf, os.getpid(), rank, local_rank, world_size, on_error)
 
     def _bind(self) -> None:  # noqa: C901 - one closure scope on purpose (speed)
-        buf, words = self.buf, self._words
+        buf, words, ring = self.buf, self._words, self._ring
         mono = time.monotonic_ns
         pack_hot, pack_cold = _HOT.pack_into, _COLD.pack_into
         unpack_control = _CONTROL.unpack_from
@@ -401,25 +405,34 @@ class SlotWriter:
         index = operator.index
         on_error = self.on_error
 
-        def read_control() -> tuple[int, int, int] | None:
+        def read_control() -> tuple[int, tuple[int, int, int]] | None:
+            """(control sequence, (flags, request, at_step)), or None if never stable."""
             for _ in range(_READ_RETRIES):
                 s1 = words[ctl_seq_i]
                 if s1 & 1:
                     continue
                 values = unpack_control(buf, OFF_CONTROL)
                 if words[ctl_seq_i] == s1:
-                    return values
+                    return s1, values
             return None
 
         now = mono()
         seq = words[seq_i] | 1  # continue from a previous incarnation's count: never go back
-        step, t_last, t_phase, t_mark = -1, 0, now, 0
+        step, t_last, t_phase, t_mark = -1, 0, now, now
         last_loss, loss_step, beats, last_ckpt = math.nan, -1, 0, -1
         phase, flags = PHASE_INIT, 0
         ctl = read_control()
-        base_request = acked = ctl[1] if ctl else 0  # requests older than this process are not ours
+        base_request = acked = ctl[1][1] if ctl else 0  # requests older than this process are not ours
+        # Control sequence at which should_checkpoint()/should_stop() last found nothing for
+        # them: until the control area changes, they answer False from one 8-byte load.
+        quiet_ckpt = quiet_stop = -1
         async_flags = 0
         dirty = False
+
+        def write_state() -> None:
+            """Inside an open write: the hot and cold parts from the current state."""
+            pack_hot(buf, OFF_HOT, step, t_last, last_loss, loss_step, beats)
+            pack_cold(buf, OFF_COLD, t_phase, last_ckpt, phase, flags, acked, 0)
 
         def finish() -> None:
             """Complete a write left open (odd sequence) from the current state, which is always
@@ -428,8 +441,7 @@ class SlotWriter:
             escapes it, and for a SIGTERM handler about to let the process die."""
             nonlocal seq
             if seq & 1:
-                pack_hot(buf, OFF_HOT, step, t_last, last_loss, loss_step, beats)
-                pack_cold(buf, OFF_COLD, t_phase, last_ckpt, phase, flags, acked, 0)
+                write_state()
                 seq += 1
                 words[seq_i] = seq
 
@@ -443,8 +455,7 @@ class SlotWriter:
                     dirty = False
                     seq += 1
                     words[seq_i] = seq
-                    pack_hot(buf, OFF_HOT, step, t_last, last_loss, loss_step, beats)
-                    pack_cold(buf, OFF_COLD, t_phase, last_ckpt, phase, flags, acked, 0)
+                    write_state()
                     seq += 1
                     words[seq_i] = seq
                     if not dirty:
@@ -466,7 +477,8 @@ class SlotWriter:
                 now = mono()
                 # No call from here on until the state is complete: Python runs signal handlers
                 # only at calls, and they must never see (or publish) a half-updated state.
-                if seq & 1:  # re-entered (a signal handler called step()): state only, outer publishes
+                if seq & 1:  # re-entered (a signal handler called step()): the outer write publishes
+                    ring[ring_i + (beats & ring_mask)] = now - t_mark  # inside its open write: safe
                     t_mark = t_last = now
                     step = i
                     beats += 1
@@ -477,8 +489,7 @@ class SlotWriter:
                 seq += 1
                 words[seq_i] = seq
                 owned = True
-                # 0 = no duration: the first beat, or a signal handler moved t_mark past ``now``
-                words[ring_i + (beats & ring_mask)] = now - t_mark if 0 < t_mark < now else 0
+                ring[ring_i + (beats & ring_mask)] = now - t_mark  # < 0 if a handler moved t_mark
                 t_mark = t_last = now
                 step = i
                 beats += 1
@@ -525,12 +536,12 @@ class SlotWriter:
                 if completed:
                     got = read_control()
                     if got is not None:
-                        acked = got[1]
+                        acked = got[1][1]
                     last_ckpt = step
                 if previous != PHASE_CHECKPOINT:
                     flags &= ~RANK_FLAG_IN_CHECKPOINT
-            if code != PHASE_STEP and t_mark:
-                t_mark = now  # the next step time excludes this phase (checkpoint, eval...)
+            if code != PHASE_STEP:
+                t_mark = now  # the next step time is measured from here, not from the last beat
             phase, t_phase = previous, now
             publish()
 
@@ -544,26 +555,36 @@ class SlotWriter:
             return bool(async_flags & flag)
 
         def should_checkpoint() -> bool:
+            nonlocal quiet_ckpt
+            if words[ctl_seq_i] == quiet_ckpt:
+                return False
             got = read_control()
             if got is None:
                 return False
-            ctl_flags, request, at_step = got
-            return bool(ctl_flags & ckpt_or_stop) and request != acked and (at_step <= 0 or step >= at_step)
+            ctl_seq, (ctl_flags, request, at_step) = got
+            if not ctl_flags & ckpt_or_stop or request == acked:
+                quiet_ckpt = ctl_seq  # acked only ever catches up with request: stays quiet
+                return False
+            return at_step <= 0 or step >= at_step
 
         def should_stop() -> bool:
+            nonlocal quiet_stop
             if async_flags & RANK_FLAG_SIGTERM:
                 return True
+            if words[ctl_seq_i] == quiet_stop:
+                return False
             got = read_control()
             if got is None:
                 return False
-            ctl_flags, request, at_step = got
-            return (
-                bool(ctl_flags & FLAG_STOP) and request != base_request and (at_step <= 0 or step >= at_step)
-            )
+            ctl_seq, (ctl_flags, request, at_step) = got
+            if not ctl_flags & FLAG_STOP or request == base_request:
+                quiet_stop = ctl_seq
+                return False
+            return at_step <= 0 or step >= at_step
 
         def read_control_state() -> ControlState | None:
             got = read_control()
-            return None if got is None else ControlState(*got)
+            return None if got is None else ControlState(*got[1])
 
         # Initial record: static part, cleared ring and dynamic part under one odd sequence.
         words[seq_i] = seq
@@ -589,4 +610,5 @@ class SlotWriter:
     def close(self) -> None:
         """Unmap (the file stays for the agent). Later calls on this writer raise ValueError."""
         self._words.release()
+        self._ring.release()
         self.buf.close()

@@ -1,5 +1,5 @@
 """Step-time statistics the detectors rely on, driven by a scripted clock: the slot keeps exactly
-the last RING iteration times, the EWMA follows the documented integer recurrence over them, and
+the step times between its last RING marks, the EWMA follows the documented integer recurrence over them, and
 checkpoint/eval time is not counted as step time."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
 
 
 def _expected(dts: list[int]) -> tuple[int, int, int]:
-    recent = dts[-S.RING :]
+    recent = dts[-(S.RING - 1) :]  # RING marks give RING - 1 step times
     ewma = recent[0]
     for dt in recent[1:]:
         ewma += (dt - ewma) >> 3
@@ -55,7 +55,7 @@ def test_ewma_and_window_min_max(tmp_path_factory: pytest.TempPathFactory, dts: 
         w.beat(i, None)
     rec = S.read_slot(S.slot_path(d, 0))
     assert rec is not None
-    assert rec.recent_iter_ns == tuple(dts[-S.RING :])
+    assert rec.recent_iter_ns == tuple(dts[-(S.RING - 1) :])
     assert (rec.iter_ewma_ns, rec.iter_min_ns, rec.iter_max_ns) == _expected(dts)
     assert rec.t_last_beat_ns == c.now
     w.close()
