@@ -370,8 +370,13 @@ class SlotWriter:
         self.buf = buf
         self.on_error = on_error
         self.pid, self.rank, self.local_rank, self.world_size = pid, rank, local_rank, world_size
-        self._words = memoryview(buf).cast("Q")  # aligned 8-byte words: single-store writes
-        self._ring = memoryview(buf).cast("q")  # the same, signed: for the step-time ring
+        # Views with the hot path's targets at index/offset 0 (fewer operations per store);
+        # 8-byte aligned items, so each item store is a single store.
+        self._words = memoryview(buf).cast("Q")
+        self._seqv = memoryview(buf)[OFF_RANK_SEQ : OFF_RANK_SEQ + 8].cast("Q")
+        self._hotv = memoryview(buf)[OFF_HOT : OFF_HOT + _HOT.size]
+        self._hotq = self._hotv.cast("q")  # step, t_last_beat_ns, (loss), loss_step, beats
+        self._ring = memoryview(buf)[OFF_RING : OFF_RING + _RING.size].cast("q")
         self._bind()
 
     @classmethod
@@ -395,12 +400,13 @@ class SlotWriter:
         return cls(buf, os.getpid(), rank, local_rank, world_size, on_error)
 
     def _bind(self) -> None:  # noqa: C901 - one closure scope on purpose (speed)
-        buf, words, ring = self.buf, self._words, self._ring
+        buf, words, seqv, ring = self.buf, self._words, self._seqv, self._ring
+        hotv, hotq = self._hotv, self._hotq
         mono = time.monotonic_ns
         pack_hot, pack_cold = _HOT.pack_into, _COLD.pack_into
         unpack_control = _CONTROL.unpack_from
-        seq_i, ctl_seq_i, async_i = OFF_RANK_SEQ // 8, OFF_CONTROL_SEQ // 8, OFF_ASYNC_FLAGS // 8
-        ring_i, ring_mask = OFF_RING // 8, RING - 1
+        ctl_seq_i, async_i = OFF_CONTROL_SEQ // 8, OFF_ASYNC_FLAGS // 8
+        ring_mask = RING - 1
         ckpt_or_stop = FLAG_CHECKPOINT | FLAG_STOP
         index = operator.index
         on_error = self.on_error
@@ -417,7 +423,7 @@ class SlotWriter:
             return None
 
         now = mono()
-        seq = words[seq_i] | 1  # continue from a previous incarnation's count: never go back
+        seq = seqv[0] | 1  # continue from a previous incarnation's count: never go back
         step, t_last, t_phase, t_mark = -1, 0, now, now
         last_loss, loss_step, beats, last_ckpt = math.nan, -1, 0, -1
         phase, flags = PHASE_INIT, 0
@@ -431,7 +437,7 @@ class SlotWriter:
 
         def write_state() -> None:
             """Inside an open write: the hot and cold parts from the current state."""
-            pack_hot(buf, OFF_HOT, step, t_last, last_loss, loss_step, beats)
+            pack_hot(hotv, 0, step, t_last, last_loss, loss_step, beats)
             pack_cold(buf, OFF_COLD, t_phase, last_ckpt, phase, flags, acked, 0)
 
         def finish() -> None:
@@ -443,7 +449,7 @@ class SlotWriter:
             if seq & 1:
                 write_state()
                 seq += 1
-                words[seq_i] = seq
+                seqv[0] = seq
 
         def publish() -> None:
             nonlocal seq, dirty
@@ -454,10 +460,10 @@ class SlotWriter:
                 while True:
                     dirty = False
                     seq += 1
-                    words[seq_i] = seq
+                    seqv[0] = seq
                     write_state()
                     seq += 1
-                    words[seq_i] = seq
+                    seqv[0] = seq
                     if not dirty:
                         return
             except BaseException:
@@ -478,7 +484,7 @@ class SlotWriter:
                 # No call from here on until the state is complete: Python runs signal handlers
                 # only at calls, and they must never see (or publish) a half-updated state.
                 if seq & 1:  # re-entered (a signal handler called step()): the outer write publishes
-                    ring[ring_i + (beats & ring_mask)] = now - t_mark  # inside its open write: safe
+                    ring[beats & ring_mask] = now - t_mark  # inside its open write: safe
                     t_mark = t_last = now
                     step = i
                     beats += 1
@@ -487,17 +493,21 @@ class SlotWriter:
                     dirty = True
                     return
                 seq += 1
-                words[seq_i] = seq
+                seqv[0] = seq
                 owned = True
-                ring[ring_i + (beats & ring_mask)] = now - t_mark  # < 0 if a handler moved t_mark
+                ring[beats & ring_mask] = now - t_mark  # < 0 if a handler moved t_mark
                 t_mark = t_last = now
                 step = i
                 beats += 1
-                if loss is not None:
+                if loss is None:  # three word stores are cheaper than packing the hot part
+                    hotq[0] = i
+                    hotq[1] = now
+                    hotq[4] = beats
+                else:
                     last_loss, loss_step = loss, i
-                pack_hot(buf, OFF_HOT, i, now, last_loss, loss_step, beats)
+                    pack_hot(hotv, 0, i, now, loss, i, beats)
                 seq += 1
-                words[seq_i] = seq
+                seqv[0] = seq
                 owned = False
                 if dirty or not phase:  # a nested write to redo, or the first step ends init
                     if not phase:
@@ -587,7 +597,7 @@ class SlotWriter:
             return None if got is None else ControlState(*got[1])
 
         # Initial record: static part, cleared ring and dynamic part under one odd sequence.
-        words[seq_i] = seq
+        seqv[0] = seq
         _STATIC.pack_into(buf, OFF_STATIC, self.pid, self.rank, self.local_rank, self.world_size,
                           now, time.time_ns())  # fmt: skip
         _RING.pack_into(buf, OFF_RING, *([0] * RING))
@@ -609,6 +619,6 @@ class SlotWriter:
 
     def close(self) -> None:
         """Unmap (the file stays for the agent). Later calls on this writer raise ValueError."""
-        self._words.release()
-        self._ring.release()
+        for view in (self._words, self._seqv, self._hotq, self._hotv, self._ring):
+            view.release()
         self.buf.close()
