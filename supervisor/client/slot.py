@@ -125,7 +125,7 @@ class SlotRecord(NamedTuple):
     phase: int  # code, see PHASES
     rank_flags: int  # RANK_FLAG_* bits
     acked_request: int  # control request counter the rank last satisfied (or saw at start)
-    seq: int  # sequence number of this snapshot; odd only if the writer died or stopped mid-write
+    seq: int  # sequence number of this snapshot; odd only from read(allow_torn=True)
     # Derived by the reader from the ring: times between consecutive steps, excluding time spent
     # in other phases (checkpoint, eval...); oldest first; at most RING - 1; empty until two steps.
     recent_iter_ns: tuple[int, ...] = ()
@@ -206,13 +206,12 @@ def _read_seqlocked(
     return None
 
 
-def _decode(buf: mmap.mmap) -> SlotRecord | None:
+def _decode(buf: mmap.mmap, allow_torn: bool = False) -> SlotRecord | None:
     if len(buf) < SLOT_SIZE:
         return None
     magic, version, size = _HEADER.unpack_from(buf, OFF_HEADER)
     if magic != MAGIC or version != LAYOUT_VERSION or size != SLOT_SIZE:
         return None
-    first = _SEQ.unpack_from(buf, OFF_RANK_SEQ)[0]
     for _ in range(_READ_RETRIES):
         (seq1,) = _SEQ.unpack_from(buf, OFF_RANK_SEQ)
         if seq1 & 1:
@@ -221,12 +220,9 @@ def _decode(buf: mmap.mmap) -> SlotRecord | None:
         (seq2,) = _SEQ.unpack_from(buf, OFF_RANK_SEQ)
         if seq1 == seq2:
             return _snapshot(copy, seq1)
-    (last,) = _SEQ.unpack_from(buf, OFF_RANK_SEQ)
-    if last == first:
-        # The writer stopped in the middle of a write (killed or stopped): the best we can do is
-        # the fields as they are; the odd ``seq`` tells the reader they may mix two updates.
-        return _snapshot(buf[:SLOT_SIZE], last)
-    return None  # the writer kept it busy: no consistent snapshot this time
+    if allow_torn:  # the caller knows the writer is dead: its last fields, as they are
+        return _snapshot(buf[:SLOT_SIZE], _SEQ.unpack_from(buf, OFF_RANK_SEQ)[0])
+    return None  # the writer is mid-write (maybe descheduled, maybe dead): no snapshot this time
 
 
 def _snapshot(data: bytes, seq: int) -> SlotRecord:
@@ -242,10 +238,15 @@ def _snapshot(data: bytes, seq: int) -> SlotRecord:
     return SlotRecord._make([*fields, seq, recent, ewma, lo, hi])
 
 
-def read_slot(path_or_mmap: str | os.PathLike[str] | mmap.mmap) -> SlotRecord | None:
-    """A consistent snapshot, or None if the slot is missing, too short, or not (yet) a valid slot."""
+def read_slot(
+    path_or_mmap: str | os.PathLike[str] | mmap.mmap, allow_torn: bool = False
+) -> SlotRecord | None:
+    """A consistent snapshot, or None if the slot is missing, too short, not (yet) a valid slot, or
+    being written. ``allow_torn``: for a writer known to be dead (it may have died mid-write),
+    return its fields as they are instead of None; an odd ``seq`` then says they may mix two
+    updates."""
     if isinstance(path_or_mmap, mmap.mmap):
-        return _decode(path_or_mmap)
+        return _decode(path_or_mmap, allow_torn)
     try:
         fd = os.open(path_or_mmap, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -254,7 +255,7 @@ def read_slot(path_or_mmap: str | os.PathLike[str] | mmap.mmap) -> SlotRecord | 
         if os.fstat(fd).st_size < SLOT_SIZE:
             return None
         with mmap.mmap(fd, SLOT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ) as buf:
-            return _decode(buf)
+            return _decode(buf, allow_torn)
     finally:
         os.close(fd)
 
@@ -274,9 +275,10 @@ class SlotReader:
                 self._buf = mmap.mmap(self._fd, SLOT_SIZE, mmap.MAP_SHARED)
         return self._buf
 
-    def read(self) -> SlotRecord | None:
+    def read(self, allow_torn: bool = False) -> SlotRecord | None:
+        """See ``read_slot``; None also while the rank has not sized the file yet."""
         buf = self._map()
-        return None if buf is None else _decode(buf)
+        return None if buf is None else _decode(buf, allow_torn)
 
     def read_control(self) -> ControlState | None:
         buf = self._map()
@@ -476,14 +478,13 @@ class SlotWriter:
             nonlocal seq, step, t_last, t_mark, last_loss, loss_step, beats, phase, t_phase, dirty
             owned = False  # whether this call opened the write (made the sequence odd)
             try:
-                if i.__class__ is not int:
-                    i = index(i)
                 if loss is not None and loss.__class__ is not float:
                     loss = float(loss)  # int, numpy scalar, 0-d tensor (a CUDA tensor syncs here)
                 now = mono()
                 # No call from here on until the state is complete: Python runs signal handlers
                 # only at calls, and they must never see (or publish) a half-updated state.
                 if seq & 1:  # re-entered (a signal handler called step()): the outer write publishes
+                    i = index(i)
                     ring[beats & ring_mask] = now - t_mark  # inside its open write: safe
                     t_mark = t_last = now
                     step = i
@@ -495,12 +496,12 @@ class SlotWriter:
                 seq += 1
                 seqv[0] = seq
                 owned = True
+                hotq[0] = i  # first: a step that is not an integer raises before any state changes
                 ring[beats & ring_mask] = now - t_mark  # < 0 if a handler moved t_mark
                 t_mark = t_last = now
                 step = i
                 beats += 1
-                if loss is None:  # three word stores are cheaper than packing the hot part
-                    hotq[0] = i
+                if loss is None:  # two word stores are cheaper than packing the hot part
                     hotq[1] = now
                     hotq[4] = beats
                 else:
