@@ -34,4 +34,4 @@ cluster-down: setup
 	$(BIN)/python -m slurm.localcluster down
 
 demo: setup
-	$(BIN)/python -m examples.demo
+	$(BIN)/python examples/demo.py

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("supervisor.commands.status", "show the live state of a campaign"),
     "run": ("supervisor.commands.run", "supervise the training step inside an allocation (the batch step)"),
     "report": ("supervisor.commands.report", "report a campaign: attempts, outcomes, exclusions, checkpoints, goodput"),
+    "nodes": ("supervisor.commands.nodes", "show the suspect-node ledger (strikes, exclusions) of a campaign"),
     "doctor": ("supervisor.commands.doctor", "check that this machine can run supervised jobs"),
 }
 

@@ -115,10 +115,18 @@ def respond(
     step_running: bool,
     restarts_here: int = 0,
     signatures: Sequence[cl.LogSignature] = cl.DEFAULT_LOG_SIGNATURES,
+    slurm_kills_on_node_failure: bool = True,
 ) -> tuple[cl.Interruption, policy.Decision]:
-    """Classify what ended (or must end) the step and ask the policy what to do."""
+    """Classify what ended (or must end) the step and ask the policy what to do.
+
+    ``slurm_kills_on_node_failure`` is False for jobs submitted with ``--no-kill`` (spare nodes): Slurm then
+    keeps the job running without the dead node, and recovery inside the allocation is ours to do."""
     interruption = cl.classify(evidence_from(ending), signatures)
-    slurm_requeues = interruption.cls == ev.NODE_FAILURE and any(ending.nodes.get(n) == "down" for n in nodes)
+    slurm_requeues = (
+        slurm_kills_on_node_failure
+        and interruption.cls == ev.NODE_FAILURE
+        and any(ending.nodes.get(n) == "down" for n in nodes)
+    )
     allocation = policy.Allocation(
         nodes=nodes, needed=needed, excluded=ledger.excluded_nodes(ending.now),
         step_running=step_running, slurm_requeues=slurm_requeues, restarts_here=restarts_here,

@@ -48,13 +48,15 @@ def tasks_per_node(env: Mapping[str, str]) -> int:
 
 
 def agent_argv(
-    layout: Layout, python: str, campaign: Path, supervisor_addr: tuple[str, int], extra: Sequence[str] = ()
+    nodes: Sequence[str], python: str, campaign: Path, supervisor_addr: tuple[str, int], extra: Sequence[str] = ()
 ) -> list[str]:
-    """srun line for the node agents: one task on every allocation node, sharing CPUs with the training."""
-    n = len(layout.nodes)
+    """srun line for the node agents: one task on each node, sharing CPUs with the training, and surviving
+    the loss of a node (``--no-kill``) so the other nodes stay watched."""
+    n = len(nodes)
     return [
-        "srun", "--overlap", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", "--job-name=supervisor-agent",
-        "--kill-on-bad-exit=0", "--cpus-per-task=1", "--mem=0", "--quiet",
+        "srun", "--overlap", f"--nodelist={compress(list(nodes))}", f"--nodes={n}", f"--ntasks={n}",
+        "--ntasks-per-node=1", "--job-name=supervisor-agent", "--kill-on-bad-exit=0", "--no-kill",
+        "--cpus-per-task=1", "--mem=0", "--quiet",
         python, "-m", "supervisor.agent", "--campaign", str(campaign),
         "--supervisor", f"{supervisor_addr[0]}:{supervisor_addr[1]}", *extra,
     ]  # fmt: skip
@@ -67,7 +69,10 @@ def train_argv(
     usable = [n for n in layout.nodes if n not in set(exclude)]
     nnodes = min(layout.train_nodes, len(usable))
     argv = [
-        "srun", f"--job-name=train-{launch}", f"--nodes={nnodes}", f"--ntasks={nnodes * layout.tasks_per_node}",
+        # --overlap: after a node failure Slurm may keep the dead step's CPUs on the survivors booked until the
+        # lost node is cleaned up; the relaunch must not wait for that ("Requested nodes are busy").
+        "srun", "--overlap", f"--job-name=train-{launch}", f"--nodes={nnodes}",
+        f"--ntasks={nnodes * layout.tasks_per_node}",
         f"--ntasks-per-node={layout.tasks_per_node}", "--kill-on-bad-exit=1", "--mem=0",
     ]  # fmt: skip
     if exclude:

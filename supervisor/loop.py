@@ -31,6 +31,7 @@ from supervisor.config import Config
 from supervisor.decide import StepEnding, infer_previous_outcome, last_step, respond
 from supervisor.detect import (
     HANG_KINDS,
+    NODE_SILENT,
     RANK_EXITED,
     DetectConfig,
     DetectionEvent,
@@ -49,8 +50,9 @@ EXIT_STOPPED = 1
 EXIT_REQUEUED = 0  # the job is requeued; this run ends cleanly
 
 AGENT_START_TIMEOUT_S = 60.0  # node agents start with the python interpreter: seconds on a loaded node
+AGENT_RESTART_MIN_S = 10.0  # at most one restart of the agents' step per this many seconds
 CHECKPOINT_SCAN_S = 5.0  # how often the checkpoint directory is looked at for new valid checkpoints
-EXIT_GRACE_S = 10.0  # a rank gone while srun still runs for this long is a fault (not a normal finish)
+EXIT_GRACE_S = 5.0  # a rank gone while srun still runs for this long is a fault (not a normal finish)
 
 
 def _tail(path: Path, max_bytes: int = 65536) -> list[str]:
@@ -102,6 +104,7 @@ class Supervisor:
         self.old_pids: set[int] = set()  # rank pids of earlier launches: their slots linger until overwritten
         self.quarantined: set[str] = set()
         self.best_step: int | None = None
+        self.agents_started = 0.0
 
     # ----------------------------------------------------------------------------------------- journal
     def record(self, event: dict[str, Any]) -> None:
@@ -135,13 +138,18 @@ class Supervisor:
         host = self._bind_address()
         self.server = AggregatorServer(self.paths.root, self.job_id, bind=(host, 0))
         self.server.write_address_file()
+        self._spawn_agents(self.layout.nodes)
+        self._wait_for_agents()
+
+    def _spawn_agents(self, nodes: tuple[str, ...]) -> None:
+        assert self.server is not None
         argv = launcher.agent_argv(
-            self.layout, self.spec.python or "python3", self.paths.root, self.server.address,
+            nodes, self.spec.python or "python3", self.paths.root, self.server.address,
             ["--sample-interval", str(self.config.run.agent_interval_s),
              "--report-interval", str(self.config.run.summary_interval_s)],
         )  # fmt: skip
         self.agents = launcher.start(argv, self._step_env(""), self._attempt_logs() / "agents.log", self.spec.cwd)
-        self._wait_for_agents()
+        self.agents_started = time.monotonic()
 
     def _wait_for_agents(self, timeout_s: float = AGENT_START_TIMEOUT_S) -> None:
         """Launch the training only once every node's agent reported: its slot directory must exist before
@@ -190,7 +198,7 @@ class Supervisor:
 
     # ----------------------------------------------------------------------------------------- attempt
     def _attempt(self) -> int:
-        excluded: tuple[str, ...] = ()
+        excluded = self._ledger_exclusions()
         while True:
             resume, resume_step = self._pick_resume()
             step = self._launch(resume, resume_step, excluded)
@@ -199,7 +207,7 @@ class Supervisor:
             interruption, decision = respond(
                 ending, self.history, self.layout.nodes, self.layout.train_nodes, self.policy, ledger,
                 step_running=step.proc.poll() is None, restarts_here=self.launches - 1,
-                signatures=self.signatures,
+                signatures=self.signatures, slurm_kills_on_node_failure=not self._no_kill(),
             )  # fmt: skip
             self.record({**interruption.to_event(self.clock()), "launch": step.launch,
                          "last_step": last_step(ending)})
@@ -207,6 +215,12 @@ class Supervisor:
             if outcome is not None:
                 return outcome
             excluded = self._next_exclusions(decision)
+
+    def _no_kill(self) -> bool:
+        """Whether Slurm keeps this job alive when one of its nodes fails (``--no-kill``, set for spare nodes)."""
+        from slurm.sbatch import has_option
+
+        return has_option(self.spec.sbatch_flags, "--no-kill", "-k")
 
     def _attempt_logs(self) -> Path:
         return self.paths.attempt_logs(self.job_id, self.env.restart_count)
@@ -289,7 +303,7 @@ class Supervisor:
                 # Give the agents a moment to report how each rank ended (exit codes, signals).
                 self._settle(0.6)
                 self._scan_checkpoints()
-                found = [d for d in self._observe(step) if d.is_fault] if code != 0 else []
+                found = self._verdict_on_silent_nodes(step) if code != 0 else []
                 return self._ending(step, "exited", exit_code=code, detections=pending + found)
             now = time.monotonic()
             if now >= next_scan:
@@ -309,7 +323,37 @@ class Supervisor:
                 else:
                     return self._ending(step, "detection", detections=pending + [d])
             if exited_since is not None and now - exited_since > EXIT_GRACE_S:
-                return self._ending(step, "detection", detections=pending)
+                return self._ending(step, "detection", detections=pending + self._verdict_on_silent_nodes(step))
+            if self.agents is not None and self.agents.poll() is not None:
+                self._restart_agents(step)
+
+    def _verdict_on_silent_nodes(self, step: Step) -> list[DetectionEvent]:
+        """A crash seen from the survivors (gloo errors, exits) often means a node died: while some node's
+        agent has gone quiet, wait until the detectors call it silent (or it speaks again), so the dead node,
+        not the network, takes the blame."""
+        assert self.server is not None
+        hang = self.detector.config.hang
+        deadline = time.monotonic() + hang.node_silence_s + 1.0
+        found: list[DetectionEvent] = []
+        while time.monotonic() < deadline:
+            found += [d for d in self._observe(step) if d.is_fault]
+            views = self.server.table.node_views()
+            stale = [n for n in step.nodes if n not in views or views[n].staleness_s > hang.node_stale_s]
+            if not stale or any(d.kind == NODE_SILENT for d in found):
+                break
+            self._settle(0.5)
+        return found
+
+    def _restart_agents(self, step: Step) -> None:
+        """The agents' step died (a node failed under it): start it again on the nodes Slurm still has up."""
+        assert self.server is not None
+        now = time.monotonic()
+        if now - self.agents_started < AGENT_RESTART_MIN_S:
+            return
+        states = self._node_states()
+        nodes = tuple(n for n in self.layout.nodes if states.get(n, "up") == "up")
+        self.record({"type": "agents_restarted", "t": self.clock(), "nodes": list(nodes)})
+        self._spawn_agents(nodes)
 
     def _settle(self, seconds: float) -> None:
         assert self.server is not None
@@ -317,14 +361,18 @@ class Supervisor:
         while time.monotonic() < deadline:
             self.server.poll(0.05)
 
-    def _live(self) -> Any:
-        """The aggregator's snapshot without the ranks of earlier launches."""
+    def _live(self, step: Step) -> Any:
+        """The aggregator's snapshot of the step's nodes, without the ranks of earlier launches."""
         assert self.server is not None
         live = self.server.table.snapshot()
-        return dataclasses.replace(live, ranks=[r for r in live.ranks if r.pid not in self.old_pids])
+        nodes = set(step.nodes)
+        return dataclasses.replace(
+            live, nodes={n: v for n, v in live.nodes.items() if n in nodes},
+            ranks=[r for r in live.ranks if r.pid not in self.old_pids and r.node in nodes],
+        )  # fmt: skip
 
     def _observe(self, step: Step) -> list[DetectionEvent]:
-        live = self._live()
+        live = self._live(step)
         snap = snapshot_from_live(live, launch_age_s=time.monotonic() - step.started)
         return self.detector.observe(snap, self.clock())
 
@@ -334,7 +382,7 @@ class Supervisor:
         assert self.server is not None
         for d in detections or []:
             self.record(ev.detection_event(d, self.clock()))
-        ranks = [r for r in self._live().ranks if r.node in step.nodes]
+        ranks = self._live(step).ranks
         exits = tuple(
             RankExit(node=r.node, rank=r.rank, exit_code=r.exit_code, signal=r.exit_signal)
             for r in ranks if r.state in ("exited", "zombie", "gone") and (r.exit_code is not None or r.exit_signal)
@@ -400,7 +448,7 @@ class Supervisor:
                 return EXIT_REQUEUED
             elif kind == policy.AWAIT_REQUEUE:
                 self._record_attempt_end(interruption, ending)
-                self._await_termination(step)
+                self._await_termination(step, tuple(action.params.get("exclude", ())))
                 return EXIT_REQUEUED
             elif kind in (policy.STOP, policy.FINISH):
                 self._end_step(step)
@@ -411,6 +459,12 @@ class Supervisor:
                 return EXIT_COMPLETED if kind == policy.FINISH else EXIT_STOPPED
         self._end_step(step)
         return None
+
+    def _ledger_exclusions(self) -> tuple[str, ...]:
+        """Suspect nodes of the ledger that this allocation holds, left out when enough nodes remain."""
+        suspects = Ledger.fold(self.history, self.ledger_config).excluded_nodes(self.clock())
+        here = tuple(n for n in self.layout.nodes if n in suspects)
+        return here if len(self.layout.nodes) - len(here) >= self.layout.train_nodes else ()
 
     def _next_exclusions(self, decision: policy.Decision) -> tuple[str, ...]:
         for action in decision.actions:
@@ -446,7 +500,7 @@ class Supervisor:
         assert self.server is not None
         wanted = 0
         for node in step.nodes:
-            ranks = [r for r in self._live().ranks if r.node == node]
+            ranks = [r for r in self._live(step).ranks if r.node == node]
             stopped = [r.rank for r in ranks if r.state == "stopped"]
             for rank in stopped:
                 self.record({"type": "stacks", "t": self.clock(), "node": node, "rank": rank,
@@ -497,29 +551,36 @@ class Supervisor:
         else:
             self.slurm.requeue(self.job_id)
         if exclude:
-            job = self._job()
-            already = tuple(getattr(job, "excluded_nodes", ()) or ())
-            # ExcNodeList is replaced, not extended: keep what the user or an earlier run excluded.
-            self._try(self.slurm.update_excluded_nodes, self.job_id, sorted(set(already) | set(exclude)))
+            self._exclude(exclude)
 
-    def _await_termination(self, step: Step, limit_s: float = 300.0) -> None:
+    def _await_termination(self, step: Step, exclude: tuple[str, ...] = (), limit_s: float = 300.0) -> None:
         """Slurm ends or requeues the job itself (preemption, node failure): let the ranks finish their
-        checkpoint and wait for Slurm's signal, doing nothing that could tear a save."""
+        checkpoint and wait for Slurm's signal, doing nothing that could tear a save. Once the requeue has
+        begun (SIGTERM, job completing), the blamed nodes are excluded from the next run."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # KillWait is our time to set the exclusion
+        self.inbox.drain()
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             if self.server is not None:
-                self.server.poll(0.5)
-            if any(s.signum == signal.SIGTERM for s in self.inbox.drain()):
-                return
-            if step.proc.poll() is not None and self._job_gone_or_requeued():
+                self.server.poll(1.0)
+            job = self._job()
+            requeued = job is None or job.is_completing or job.is_pending or job.restart_count > self.env.restart_count
+            if requeued:
+                if exclude:
+                    self._exclude(exclude)
                 return
 
-    def _job_gone_or_requeued(self) -> bool:
+    def _exclude(self, nodes: tuple[str, ...]) -> None:
+        job = self._job()
+        already = tuple(getattr(job, "excluded_nodes", ()) or ())
+        # ExcNodeList is replaced, not extended: keep what the user or an earlier run excluded.
+        wanted = sorted(set(already) | set(nodes))
         try:
-            job = self.slurm.job(self.job_id)
-        except Exception:  # noqa: BLE001
-            return False
-        return job is None or not job.is_running or job.restart_count > self.env.restart_count
+            self.slurm.update_excluded_nodes(self.job_id, wanted)
+        except Exception as err:  # noqa: BLE001 - the job still runs; the failed node is DOWN anyway
+            log.warning("exclude_failed", nodes=wanted, error=str(err))
+            return
+        self.record({"type": "nodes_excluded", "t": self.clock(), "nodes": wanted})
 
 
 def _flag(name: str) -> int:

@@ -96,8 +96,8 @@ def fold(events: list[Event], now: float) -> dict[str, Any]:
             close(e.get("class", "unknown"), t, e.get("blamed_nodes", []), e.get("evidence", []), e.get("last_step"))
         elif kind == ev.DETECTION and e.get("kind") in ("rank_hang", "global_stall", "rank_stopped"):
             bad["detection"] += float(e.get("duration_s") or 0.0)
-        elif kind == ev.ACTION and e.get("kind") == "requeue":
-            excluded.update(e.get("params", {}).get("exclude", []))
+        elif kind == "nodes_excluded":
+            excluded.update(e.get("nodes", []))
         elif kind == ev.ATTEMPT_ENDED:
             outcome = e.get("outcome", {})
             close(outcome.get("class", "unknown"), t, outcome.get("blamed_nodes", []), outcome.get("evidence", []))

@@ -73,3 +73,15 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("#!/bin/bash\n") and "sbatch --parsable" in out
     assert not target.exists()
+
+
+
+def test_no_kill_is_left_to_the_user(tmp_path):
+    # With --no-kill a lost batch host leaves a RUNNING allocation without its supervisor until the time
+    # limit (seen on 22.05), so spare nodes alone never add it; a user who wants it passes it explicitly.
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[run]\nspare_nodes = 1\n")
+    _, _, script, flags = _build(["--config", str(cfg), "--campaign", "/c/x", "--", "true"])
+    assert "--no-kill" not in script
+    _, _, script, flags = _build(["--no-kill", "--campaign", "/c/x", "--", "true"])
+    assert flags == ["--no-kill"]

@@ -1,0 +1,92 @@
+"""The report is a pure fold of the journal: attempts, outcomes, exclusions, checkpoints and time accounting."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from supervisor import events as ev
+from supervisor.decide import infer_previous_outcome
+from supervisor.report import fold, render_text
+
+
+def campaign(t0: float = 1000.0) -> list[dict]:
+    """A campaign: launch, hang at 60 s, relaunch in allocation, node failure, requeue, completion."""
+    return [
+        ev.campaign_started(t0, "/c", ["python", "train.py"], "7"),
+        ev.attempt_started(t0, "7", 0, ["n1", "n2"], None),
+        {**ev.step_launched(t0 + 10, 1, ["n1", "n2"]), "resume_step": None},
+        ev.checkpoint_committed(t0 + 40, 30, "/ck/step_30"),
+        {"type": "detection", "t": t0 + 60, "kind": "rank_hang", "duration_s": 6.0, "nodes": ["n2"]},
+        {**ev.interruption_event(t0 + 60, "hang", ["n2"], 0.9, ["rank 1 silent 6 s"]), "last_step": 45},
+        {**ev.step_launched(t0 + 64, 2, ["n1", "n2"], resume_from="/ck/step_30"), "resume_step": 30},
+        {**ev.interruption_event(t0 + 100, "node_failure", ["n2"], 0.9, ["n2 DOWN"]), "last_step": 60},
+        ev.attempt_ended(t0 + 100, "7", "node_failure", ["n2"], ["n2 DOWN"]),
+        {"type": "nodes_excluded", "t": t0 + 101, "nodes": ["n2"]},
+        ev.attempt_started(t0 + 130, "7", 1, ["n1", "n3"], None),
+        {**ev.step_launched(t0 + 132, 1, ["n1", "n3"], resume_from="/ck/step_60"), "resume_step": 60},
+        ev.checkpoint_committed(t0 + 150, 100, "/ck/step_100"),
+        {**ev.interruption_event(t0 + 160, "completed", [], 0.95, ["every rank exited 0"]), "last_step": 100},
+        ev.attempt_ended(t0 + 160, "7", "completed"),
+        ev.campaign_ended(t0 + 160, "completed", "training completed"),
+    ]
+
+
+def test_attempts_outcomes_and_exclusions():
+    report = fold(campaign(), now=5000.0)
+    assert report["state"] == "completed"
+    assert [a["outcome"]["class"] for a in report["attempts"]] == ["hang", "node_failure", "completed"]
+    assert [(a["job_id"], a["restart"], a["launch"]) for a in report["attempts"]] == [("7", 0, 1), ("7", 0, 2),
+                                                                                      ("7", 1, 1)]
+    assert report["attempts"][1]["outcome"]["blamed_nodes"] == ["n2"]
+    assert report["excluded_nodes"] == ["n2"]
+    assert report["checkpoints"]["latest_valid"] == {"step": 100, "path": "/ck/step_100"}
+
+
+def test_goodput_accounts_every_second():
+    g = fold(campaign(), now=5000.0)["goodput"]
+    assert g["wall_s"] == 160.0
+    bad = g["badput_s"]
+    assert bad["queue"] == 30.0  # attempt_ended -> next attempt_started
+    assert bad["restart"] == 10.0 + 4.0 + 2.0  # before each launch
+    assert bad["detection"] == 6.0
+    # launch 1 ran 50 s for 45 steps and was resumed from step 30: 15 steps redone (50/45 s each);
+    # launch 2 ran 36 s for 30 steps from 30, the next run resumed from 60: nothing lost.
+    assert abs(bad["lost_work"] - 15 * 50 / 45) < 1e-3
+    total = g["productive_s"] + sum(bad.values())
+    assert abs(total - g["wall_s"]) < 0.01  # each figure is rounded to ms
+    assert 0 < g["ettr"] < 1
+
+
+def test_running_campaign_is_accounted_up_to_now():
+    events = campaign()[:7]
+    report = fold(events, now=1100.0)
+    assert report["state"] == "running"
+    assert report["attempts"][-1]["outcome"] is None
+    assert report["goodput"]["wall_s"] == 100.0
+    assert "running" in render_text(report)
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=50.0), min_size=1, max_size=8))
+def test_time_is_never_created_or_lost(gaps):
+    t = 0.0
+    events = [ev.campaign_started(t, "/c", ["x"]), ev.attempt_started(t, "1", 0, ["n1"], None)]
+    for i, gap in enumerate(gaps):
+        t += gap
+        events.append({**ev.step_launched(t, i + 1, ["n1"]), "resume_step": None})
+        t += gap
+        events.append(ev.interruption_event(t, "app_error", [], 0.8, ["boom"]))
+    g = fold(events, now=t + 1)["goodput"]
+    assert abs(g["productive_s"] + sum(g["badput_s"].values()) - g["wall_s"]) < 0.01  # each figure is rounded to ms
+    assert all(v >= 0 for v in g["badput_s"].values())
+
+
+def test_a_run_that_died_with_its_batch_host_is_inferred_a_node_failure():
+    history = campaign()[:7]
+    inferred = infer_previous_outcome(history, {"n1": "up", "n2": "down"})
+    assert [e["type"] for e in inferred] == ["interruption", "attempt_ended"]
+    assert inferred[0]["class"] == "node_failure" and inferred[0]["blamed_nodes"] == ["n2"]
+    assert inferred[0]["t"] == history[-1]["t"]  # stamped when the run was last heard of
+    assert infer_previous_outcome(campaign(), {"n2": "down"}) == []  # that campaign ended properly
+    unknown = infer_previous_outcome(history, {"n1": "up", "n2": "up"})
+    assert unknown[0]["class"] == "unknown" and unknown[0]["blamed_nodes"] == []
