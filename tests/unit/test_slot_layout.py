@@ -246,8 +246,10 @@ class _InterruptAfterPack:
 def test_exception_escaping_mid_write_leaves_a_complete_record(
     slot_dir: Path, monkeypatch: pytest.MonkeyPatch, exc: type[BaseException]
 ) -> None:
-    flaky = _InterruptAfterPack(S._HOT, fail_on=4, exc=exc)  # the writer's 1st pack is at creation
-    monkeypatch.setattr(S, "_HOT", flaky)
+    from supervisor.client import writer
+
+    flaky = _InterruptAfterPack(writer._HOT, fail_on=4, exc=exc)  # the writer's 1st pack is at creation
+    monkeypatch.setattr(writer, "_HOT", flaky)
     w = S.SlotWriter.create(slot_dir, 0, 0, 1)
     w.beat(0, 0.0)  # publishes twice (init ends): packs 2 and 3
     with pytest.raises(exc):
