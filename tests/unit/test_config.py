@@ -49,3 +49,20 @@ def test_bad_config_names_the_problem(tmp_path, text, needle):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         config.load(tmp_path / "nope.toml")
+
+
+def test_the_documented_example_config_is_valid_and_complete(tmp_path):
+    """docs/configuration.md shows every key with its default: it must load, and match the code's defaults."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    text = re.search(r"```toml\n(.*?)```", doc, re.S).group(1)
+    path = tmp_path / "doc.toml"
+    path.write_text(text)
+    cfg = config.load(path)
+    defaults = config.Config()
+    assert cfg.submit == defaults.submit and cfg.run == defaults.run and cfg.alerts == defaults.alerts
+    from supervisor.detect import DetectConfig
+
+    assert DetectConfig.from_mapping(cfg.detect) == DetectConfig()
