@@ -191,6 +191,8 @@ class SlotWriter:
                     beats += 1
                     if loss is not None:
                         last_loss, loss_step = loss, i
+                    if not phase:
+                        phase, t_phase = PHASE_STEP, now
                     dirty = True
                     return
                 seq += 1
@@ -253,6 +255,8 @@ class SlotWriter:
                     flags &= ~RANK_FLAG_IN_CHECKPOINT
             if code != PHASE_STEP:
                 t_mark = now  # the next step time is measured from here, not from the last beat
+            if previous == PHASE_INIT and beats:
+                previous = PHASE_STEP  # a step happened inside this phase: init is over
             phase, t_phase = previous, now
             publish()
 
