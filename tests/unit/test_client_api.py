@@ -186,3 +186,14 @@ def test_fast_path_binding_and_the_imported_wrapper_agree(slot_dir: Path) -> Non
     api._writer.close()
     client.step(3)  # fails inside the writer: degrades, and the module points back at the wrapper
     assert client.step is api.step and not client.is_supervised()
+
+
+def test_slot_dir_template_is_filled_per_node(tmp_path: Path, env: pytest.MonkeyPatch) -> None:
+    # One srun line serves every node; several slurmd may share a host (the local test cluster).
+    node_dir = tmp_path / "node3-77"
+    node_dir.mkdir(mode=0o700)
+    env.setenv("SUPERVISOR_SLOT_DIR", str(tmp_path / "{node}-{job}"))
+    env.setenv("SLURMD_NODENAME", "node3")
+    env.setenv("SLURM_JOB_ID", "77")
+    client.step(4)
+    assert _read(node_dir).step == 4
