@@ -23,13 +23,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from slurm.hostlist import expand  # noqa: E402
 from slurm.localcluster import LocalCluster  # noqa: E402
+from supervisor.campaign_view import events, live_rank, wait_for  # noqa: E402
 
 
 def say(text: str) -> None:
@@ -43,34 +43,6 @@ def supervise(*args: str) -> str:
     return proc.stdout
 
 
-def journal(root: Path) -> list[dict[str, Any]]:
-    from supervisor.journal import read
-
-    path = root / "journal.jsonl"
-    return read(path) if path.exists() else []
-
-
-def wait(what: str, predicate: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise SystemExit(f"demo: gave up after {timeout:.0f} s waiting for {what}")
-
-
-def live_rank(root: Path, rank: int, min_step: int) -> dict[str, Any] | None:
-    try:
-        rows = json.loads((root / "live.json").read_text()).get("ranks", [])
-    except (OSError, ValueError):
-        return None
-    for row in rows:
-        if row.get("rank") == rank and (row.get("step") or 0) >= min_step and row.get("state") != "gone":
-            return row
-    return None
-
-
 def job_nodes(cluster: LocalCluster, job_id: str) -> tuple[str, list[str]]:
     out = cluster.slurm("scontrol", "show", "job", "-o", job_id).stdout
     batch = re.search(r"\bBatchHost=(\S+)", out)
@@ -78,7 +50,7 @@ def job_nodes(cluster: LocalCluster, job_id: str) -> tuple[str, list[str]]:
     return (batch.group(1) if batch else ""), (expand(nodes.group(1)) if nodes else [])
 
 
-def main() -> int:
+def main() -> int:  # noqa: C901 - a script, read top to bottom
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=REPO / "demo-out" / time.strftime("%Y%m%d-%H%M%S"))
     parser.add_argument("--steps", type=int, default=150)
@@ -102,27 +74,27 @@ def main() -> int:
     say(f"submitted job {job_id}; campaign {root}")
 
     try:
-        row = wait("rank 1 to train past step 25", lambda: live_rank(root, 1, 25), 240)
+        row = wait_for("rank 1 to train past step 25", lambda: live_rank(root, 1, 25), 240)
         say(f"FAULT 1: hanging rank 1 (pid {row['pid']} on {row['node']}) with SIGSTOP at step {row['step']}")
         os.kill(int(row["pid"]), signal.SIGSTOP)
         t0 = time.time()
-        relaunch = wait("the supervisor to relaunch the step", lambda: [e for e in journal(root)
+        relaunch = wait_for("the supervisor to relaunch the step", lambda: [e for e in events(root)
                         if e["type"] == "step_launched" and e["t"] > t0], 90)[0]  # fmt: skip
         say(f"recovered: step relaunched {relaunch['t'] - t0:.1f} s after the hang, resuming from "
             f"{relaunch.get('resume_from')}")
 
-        row = wait("the relaunched ranks to train", lambda: live_rank(root, 0, (relaunch.get("resume_step") or 0) + 10),
+        row = wait_for("the relaunched ranks to train", lambda: live_rank(root, 0, (relaunch.get("resume_step") or 0) + 10),
                    240)  # fmt: skip
         batch, nodes = job_nodes(cluster, job_id)
         victim = next((n for n in nodes if n != batch), nodes[-1])
         say(f"FAULT 2: crashing node {victim} (job on {','.join(nodes)}, batch host {batch}) at step {row['step']}")
         cluster.crash_node(victim)
         t1 = time.time()
-        started = wait("the job to run again without the crashed node", lambda: [e for e in journal(root)
+        started = wait_for("the job to run again without the crashed node", lambda: [e for e in events(root)
                        if e["type"] == "step_launched" and e["t"] > t1], 240)[0]  # fmt: skip
         say(f"recovered: training relaunched on {','.join(started['nodes'])} {started['t'] - t1:.1f} s after the "
             f"crash, resuming from {started.get('resume_from')}")
-        ended = wait("the training to complete", lambda: [e for e in journal(root) if e["type"] == "campaign_ended"],
+        ended = wait_for("the training to complete", lambda: [e for e in events(root) if e["type"] == "campaign_ended"],
                      600)[0]  # fmt: skip
         say(f"campaign ended: {ended['state']} ({ended.get('reason', '')})")
     finally:

@@ -216,7 +216,8 @@ def _slurm_findings(e: Evidence) -> list[Finding]:
         elif name == "USR1":
             found.append(Finding(ev.PREEMPTION, 0.5, "batch step got SIGUSR1 far from the time limit and no "
                                  "preempt_time: taken as a preemption or a requested requeue"))  # fmt: skip
-        elif name == "TERM" and e.end_time is not None and t >= e.end_time:
+        elif name == "TERM" and e.end_time is not None and t >= e.end_time and "CANCELLED" not in state:
+            # (scancel sets EndTime to the moment of the cancel: a cancelled job's TERM is never the time limit)
             found.append(Finding(ev.TIMEOUT, 0.8, "batch step got SIGTERM at the time limit"))
         elif name == "TERM" and not e.supervisor_killed:
             found.append(Finding(ev.CANCELLED, 0.6, "batch step got SIGTERM (scancel or requeue from outside)"))

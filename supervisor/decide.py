@@ -37,6 +37,20 @@ class StepEnding:
     sigterm_ranks: tuple[int, ...] = ()
     hung: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # node -> hung ranks
     signal_lead_s: float = 120.0
+    scheduled_end: float | None = None  # the job's EndTime when this run started (its time limit)
+
+
+def job_state_of(job: Any, scheduled_end: float | None) -> str | None:
+    """The job's state as evidence. Slurm 22.05 shows a cancelled job only as COMPLETING, with EndTime moved to
+    the moment of the cancel: an end well before the scheduled one, without a preemption or a requeue, is a
+    cancel (a time limit keeps its EndTime, a requeue bumps the restart count and a preemption sets PreemptTime)."""
+    state = getattr(job, "base_state", None) or getattr(job, "state", None)
+    if job is None or state != "COMPLETING" or scheduled_end is None or getattr(job, "preempt_time", None):
+        return state
+    end = getattr(job, "end_time", None)
+    if end is not None and end < scheduled_end - 30:
+        return "CANCELLED"
+    return state
 
 
 def evidence_from(ending: StepEnding) -> cl.Evidence:
@@ -46,7 +60,7 @@ def evidence_from(ending: StepEnding) -> cl.Evidence:
     if not rank_exits and ending.exit_code is not None:
         rank_exits = tuple(cl.RankExit(node=n, exit_code=ending.exit_code) for n in ending.step_nodes[:1])
     return cl.Evidence(
-        job_state=getattr(job, "base_state", None) or getattr(job, "state", None),
+        job_state=job_state_of(job, ending.scheduled_end),
         job_reason=getattr(job, "reason", None),
         end_time=getattr(job, "end_time", None),
         preempt_time=getattr(job, "preempt_time", None),

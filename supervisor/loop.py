@@ -28,7 +28,7 @@ from supervisor.aggregator import AggregatorServer
 from supervisor.campaign import CampaignPaths, CampaignSpec
 from supervisor.classify import RankExit, signatures_from_table
 from supervisor.config import Config
-from supervisor.decide import StepEnding, infer_previous_outcome, last_step, respond
+from supervisor.decide import StepEnding, infer_previous_outcome, job_state_of, last_step, respond
 from supervisor.detect import (
     HANG_KINDS,
     NODE_SILENT,
@@ -51,7 +51,8 @@ EXIT_REQUEUED = 0  # the job is requeued; this run ends cleanly
 
 AGENT_START_TIMEOUT_S = 60.0  # node agents start with the python interpreter: seconds on a loaded node
 AGENT_RESTART_MIN_S = 10.0  # at most one restart of the agents' step per this many seconds
-CHECKPOINT_SCAN_S = 5.0  # how often the checkpoint directory is looked at for new valid checkpoints
+CHECKPOINT_SCAN_S = 5.0
+SLURM_TERM_WAIT_S = 30.0  # when Slurm is ending the job, how long its own SIGTERM/SIGKILL may take  # how often the checkpoint directory is looked at for new valid checkpoints
 EXIT_GRACE_S = 5.0  # a rank gone while srun still runs for this long is a fault (not a normal finish)
 
 
@@ -105,6 +106,7 @@ class Supervisor:
         self.quarantined: set[str] = set()
         self.best_step: int | None = None
         self.agents_started = 0.0
+        self.scheduled_end: float | None = None
 
     # ----------------------------------------------------------------------------------------- journal
     def record(self, event: dict[str, Any]) -> None:
@@ -128,6 +130,8 @@ class Supervisor:
         for event in infer_previous_outcome(self.history, self._node_states(), self._job()):
             self.record(event)
         self.record(ev.attempt_started(now, self.job_id, self.env.restart_count, self.layout.nodes, None))
+        job = self._job()
+        self.scheduled_end = getattr(job, "end_time", None) or self.env.end_time
         try:
             self._start_channel()
             return self._attempt()
@@ -400,6 +404,7 @@ class Supervisor:
             last_steps={r.rank: r.step for r in ranks}, now=self.clock(), rank_exits=exits,
             sigterm_ranks=tuple(r.rank for r in ranks if r.rank_flags & _flag("RANK_FLAG_SIGTERM")),
             hung={n: tuple(sorted(v)) for n, v in hung.items()}, signal_lead_s=float(self.config.submit.signal_lead_s),
+            scheduled_end=self.scheduled_end,
         )  # fmt: skip
 
     def _job(self) -> Any:
@@ -451,10 +456,11 @@ class Supervisor:
                 self._await_termination(step, tuple(action.params.get("exclude", ())))
                 return EXIT_REQUEUED
             elif kind in (policy.STOP, policy.FINISH):
-                self._end_step(step)
+                # Journal first: when Slurm is ending the job, SIGKILL follows its SIGTERM after KillWait.
                 self._record_attempt_end(interruption, ending)
                 state = "completed" if kind == policy.FINISH else str(action.params.get("state", "stopped"))
                 self.record(ev.campaign_ended(self.clock(), state, decision.message))
+                self._end_step(step, ending)
                 print(f"supervise: {decision.message}", file=sys.stderr, flush=True)
                 return EXIT_COMPLETED if kind == policy.FINISH else EXIT_STOPPED
         self._end_step(step)
@@ -489,7 +495,13 @@ class Supervisor:
                               [d.to_dict() for d in ending.detections])  # fmt: skip
         alerts.send(self.config.alerts, doc)
 
-    def _end_step(self, step: Step) -> None:
+    def _end_step(self, step: Step, ending: StepEnding | None = None) -> None:
+        """Make sure the step is gone. When Slurm itself is ending the job (the batch step got SIGTERM: scancel,
+        a requeue from outside), it signals the ranks too: let them finish (KillWait), never signal twice."""
+        if ending is not None and "SIGTERM" in ending.signals:
+            deadline = time.monotonic() + SLURM_TERM_WAIT_S
+            while step.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
         if step.proc.poll() is None:
             launcher.kill_step(self.slurm, self.job_id, step.name, step.proc)
 
@@ -546,6 +558,11 @@ class Supervisor:
     def _requeue(self, exclude: tuple[str, ...], hold: bool = False) -> None:
         # Ignore the SIGTERM the requeue sends us until the exclusion is set (KillWait gives us the time).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        job = self._job()
+        if job is not None and job_state_of(job, self.scheduled_end) == "CANCELLED":
+            # Never undo a user's or an admin's scancel, whatever the classification said.
+            self.record({"type": "requeue_skipped", "t": self.clock(), "reason": "the job was cancelled"})
+            return
         if hold:
             self.slurm.requeue_hold(self.job_id)
         else:

@@ -87,7 +87,35 @@ def render_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def campaign_summary(campaign: Path) -> dict[str, Any]:
+    """The campaign's state and its latest attempt, folded from the journal (the report's first lines)."""
+    from supervisor import report
+    from supervisor.journal import JournalError, read
+
+    path = campaign / "journal.jsonl"
+    try:
+        events = read(path) if path.exists() else []
+    except JournalError as err:
+        return {"state": "unknown", "problem": err.problem}
+    doc = report.fold(events, now=time.time())
+    last = doc["attempts"][-1] if doc["attempts"] else None
+    return {"state": doc["state"], "reason": doc["reason"], "attempts": len(doc["attempts"]), "last_attempt": last,
+            "excluded_nodes": doc["excluded_nodes"], "latest_checkpoint": doc["checkpoints"]["latest_valid"]}
+
+
 def run(args: argparse.Namespace) -> int:
-    doc = load_live(Path(args.campaign))
-    print(json.dumps(doc, indent=1) if args.json else render_table(doc))
+    campaign = Path(args.campaign)
+    doc = load_live(campaign)
+    doc["summary"] = campaign_summary(campaign)
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    summary = doc["summary"]
+    last = summary.get("last_attempt") or {}
+    outcome = (last.get("outcome") or {}).get("class", "running") if last else "-"
+    ckpt = summary.get("latest_checkpoint") or {}
+    print(f"state {summary['state']}" + (f" ({summary['reason']})" if summary.get("reason") else "")
+          + f"  attempts {summary.get('attempts', 0)}  last: {outcome}"
+          + (f"  latest checkpoint: step {ckpt.get('step')}" if ckpt else ""))
+    print(render_table(doc))
     return 0

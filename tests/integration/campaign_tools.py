@@ -7,15 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+
+from supervisor.campaign_view import events, live_rank, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_ddp.py"
-T = TypeVar("T")
+__all__ = ["Campaign", "cancel", "launches", "rank_pid", "submit", "supervise", "wait_for"]
 
 
 @dataclass
@@ -25,10 +25,7 @@ class Campaign:
     ckpt: Path
 
     def events(self) -> list[dict[str, Any]]:
-        from supervisor import journal
-
-        path = self.root / "journal.jsonl"
-        return journal.read(path) if path.exists() else []
+        return events(self.root)
 
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events() if e["type"] == kind]
@@ -75,22 +72,10 @@ def submit(tmp_path: Path, *, steps: int, step_time: float = 0.3, ckpt_every: in
     return Campaign(job_id, root, ckpt)
 
 
-def wait_for(what: str, predicate: Callable[[], T | None], timeout: float, poll: float = 0.5) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def rank_pid(campaign: Campaign, rank: int, min_step: int) -> int | None:
     """The pid of ``rank`` once it has reached ``min_step`` (from the live table)."""
-    for row in campaign.live().get("ranks", []):
-        if row.get("rank") == rank and (row.get("step") or 0) >= min_step and row.get("state") not in ("gone",):
-            return int(row["pid"])
-    return None
+    row = live_rank(campaign.root, rank, min_step)
+    return int(row["pid"]) if row else None
 
 
 def send(pid: int, sig: signal.Signals) -> None:

@@ -92,11 +92,16 @@ def test_two_nodes_two_ranks_live_status_stop_kill_and_agent_exit(tmp_path: Path
         assert sorted(r.rank for r in ranks().values()) == [0, 1, 2, 3]
 
         # The "done means" of the heartbeat path: `supervise status --json` shows live per-rank step rates.
-        time.sleep(0.5)
-        st = subprocess.run([sys.executable, "-m", "supervisor.cli", "status", str(campaign), "--json"],
-                            capture_output=True, text=True, timeout=60)
-        assert st.returncode == 0, st.stderr
-        doc = json.loads(st.stdout)
+        # live.json is rewritten about once a second, in slices: poll until it shows every rank's rate.
+        def status_doc() -> dict | None:
+            st = subprocess.run([sys.executable, "-m", "supervisor.cli", "status", str(campaign), "--json"],
+                                capture_output=True, text=True, timeout=60)
+            assert st.returncode == 0, st.stderr
+            got = json.loads(st.stdout)
+            return got if len(got["ranks"]) == 4 and all(r["steps_per_s"] for r in got["ranks"]) else None
+
+        doc: dict = {}
+        _wait("status --json to show 4 step rates", lambda: doc.update(status_doc() or {}) or bool(doc), 30, log)
         assert doc["job"] == job and len(doc["nodes"]) == 2
         assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1, 2, 3]
         for r in doc["ranks"]:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from campaign_tools import REPO
 
 pytest.importorskip("torch")

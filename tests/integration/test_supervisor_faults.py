@@ -21,6 +21,14 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 START_TIMEOUT = 150  # job scheduled, agents up, 2 ranks import torch and build the process group (2 shared cores)
 
 
+def _is_training(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"train_ddp" in f.read()
+    except OSError:
+        return False
+
+
 def outcomes(report: dict) -> list[str]:
     return [a["outcome"]["class"] if a["outcome"] else "running" for a in report["attempts"]]
 
@@ -125,5 +133,21 @@ def test_nan_loss_stops_the_campaign_with_a_clear_message_and_keeps_good_checkpo
 
         newest = CheckpointStore(camp.ckpt).newest_valid(full=True, quarantine=False)
         assert newest is not None and newest.step is not None and newest.step < 12
+    finally:
+        cancel(camp.job_id)
+
+
+def test_scancel_stops_the_campaign_as_cancelled_and_leaves_no_rank_behind(tmp_path):
+    camp = submit(tmp_path, steps=400, step_time=0.3)
+    try:
+        pids = [wait_for(f"rank {r} to train", lambda r=r: rank_pid(camp, r, min_step=5), START_TIMEOUT)
+                for r in (0, 1)]  # fmt: skip
+        cancel(camp.job_id)
+        ended = wait_for("the campaign to end", camp.ended, 60)
+        assert ended["state"] == "stopped"
+        interruption = camp.of_type("interruption")[0]
+        assert interruption["class"] == "cancelled" and interruption["blamed_nodes"] == []
+        assert len(launches(camp)) == 1  # a cancel is never restarted
+        wait_for("every rank to be gone", lambda: not any(_is_training(p) for p in pids), 30)
     finally:
         cancel(camp.job_id)

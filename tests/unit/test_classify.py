@@ -240,3 +240,11 @@ def test_every_agent_silent_at_once_blames_no_node():
     assert result.cls == ev.UNKNOWN and result.blamed_nodes == ()
     confirmed = classify(Evidence(detections=silent, allocation_nodes=("node1", "node2"), node_states={"node2": "DOWN"}))
     assert confirmed.cls == ev.NODE_FAILURE and confirmed.blamed_nodes == ("node2",)
+
+
+def test_scancel_is_cancelled_even_though_slurm_moved_end_time_to_the_cancel():
+    # On scancel, Slurm sets EndTime to the moment of the cancel, so the batch step's SIGTERM arrives "at" it.
+    e = Evidence(job_state="CANCELLED", end_time=1000.0, batch_signals=(("TERM", 1000.2),))
+    assert classify(e).cls == "cancelled"
+    timed_out = Evidence(job_state="RUNNING", end_time=1000.0, batch_signals=(("TERM", 1000.2),))
+    assert classify(timed_out).cls == "timeout"

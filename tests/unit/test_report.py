@@ -90,3 +90,17 @@ def test_a_run_that_died_with_its_batch_host_is_inferred_a_node_failure():
     assert infer_previous_outcome(campaign(), {"n2": "down"}) == []  # that campaign ended properly
     unknown = infer_previous_outcome(history, {"n1": "up", "n2": "up"})
     assert unknown[0]["class"] == "unknown" and unknown[0]["blamed_nodes"] == []
+
+
+def test_a_completing_job_whose_end_moved_earlier_is_a_cancel():
+    from types import SimpleNamespace
+
+    from supervisor.decide import job_state_of
+
+    completing = SimpleNamespace(base_state=None, state="COMPLETING", end_time=1000, preempt_time=None)
+    assert job_state_of(completing, scheduled_end=4600) == "CANCELLED"  # scancel moved EndTime to now
+    assert job_state_of(completing, scheduled_end=1000) == "COMPLETING"  # the time limit itself
+    preempted = SimpleNamespace(base_state=None, state="COMPLETING", end_time=1000, preempt_time=990)
+    assert job_state_of(preempted, scheduled_end=4600) == "COMPLETING"
+    running = SimpleNamespace(base_state="RUNNING", state="RUNNING", end_time=4600, preempt_time=None)
+    assert job_state_of(running, scheduled_end=4600) == "RUNNING"
