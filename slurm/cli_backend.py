@@ -29,14 +29,13 @@ from slurm.errors import (
 from slurm.hostlist import compress, validate_job_id, validate_node_name, validate_step_id
 from slurm.model import JobInfo, JobRun, NodeInfo
 from slurm.parse import (
-    SACCT_FIELDS,
     ParseError,
     parse_nodes_json,
-    parse_sacct_text,
     parse_scontrol_jobs,
     parse_scontrol_nodes,
     parse_squeue_json,
 )
+from slurm.parse_sacct import SACCT_FIELDS, parse_sacct_text
 from slurm.retry import Failure, RetryPolicy, classify_failure, should_retry
 from supervisor.errors import UsageError
 

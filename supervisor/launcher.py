@@ -33,6 +33,18 @@ class Layout:
         return len(self.nodes) - self.spare_nodes
 
 
+@dataclasses.dataclass
+class Step:
+    """One launch of the training step: its srun process, log and nodes."""
+
+    launch: int
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    started: float
+    nodes: tuple[str, ...]
+
+
 def tasks_per_node(env: Mapping[str, str]) -> int:
     """Tasks per node of the allocation, from sbatch's environment (SLURM_NTASKS_PER_NODE or NTASKS/NNODES)."""
     raw = env.get("SLURM_NTASKS_PER_NODE", "")

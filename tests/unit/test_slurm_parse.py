@@ -18,13 +18,12 @@ from slurm.parse import (
     number,
     parse_key_values,
     parse_nodes_json,
-    parse_sacct_json,
-    parse_sacct_text,
     parse_scontrol_jobs,
     parse_scontrol_nodes,
     parse_squeue_json,
     timestamp,
 )
+from slurm.parse_sacct import parse_sacct_json, parse_sacct_text
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
 OLD = FIX / "22.05"
