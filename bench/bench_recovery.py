@@ -71,15 +71,18 @@ def job_nodes(cluster: LocalCluster, job: str) -> tuple[str, list[str]]:
     return (batch.group(1) if batch else ""), (expand(nodes.group(1)) if nodes else [])
 
 
-def rank_pid_of_plain(cluster: LocalCluster, job: str, node: str) -> int:
-    """The pid of the training rank on ``node`` of a plain job (no live table there): listpids on that node."""
+def rank_pid_of_plain(job: str, node: str) -> int:
+    """The pid of the training rank of a plain job on ``node`` (no live table there): its environment says."""
+    want = {f"SLURM_JOB_ID={job}".encode(), f"SLURMD_NODENAME={node}".encode()}
     for _ in range(120):
-        text = cluster.slurm("scontrol", "listpids", job, node).stdout
-        pids = [int(line.split()[0]) for line in text.splitlines()[1:] if line.split()[1:2] == ["0"]]
-        for pid in pids:
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
             try:
-                if "train_ddp.py" in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "):
-                    return pid
+                if b"train_ddp.py" not in (proc / "cmdline").read_bytes():
+                    continue
+                if want <= set((proc / "environ").read_bytes().split(b"\0")):
+                    return int(proc.name)
             except OSError:
                 continue
         time.sleep(1)
@@ -124,7 +127,7 @@ def bench_hang(cluster: LocalCluster, work: Path, window: float) -> tuple[float,
     try:
         batch, nodes = wait_for("the plain job to run", lambda: job_nodes(cluster, bjob)[1] and job_nodes(cluster, bjob), 120)
         victim = next(n for n in nodes if n != batch)
-        pid = rank_pid_of_plain(cluster, bjob, victim)
+        pid = rank_pid_of_plain(bjob, victim)
         wait_for("plain training to run", lambda: len(STEP.findall(out.read_text(errors="replace"))) > 10
                  if out.exists() else None, 300)  # fmt: skip
         os.kill(pid, signal.SIGSTOP)
