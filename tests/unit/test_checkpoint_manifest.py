@@ -132,3 +132,22 @@ def test_retention_keeps_newest_last_k_and_milestones(steps: set[int], keep_last
     if keep_every:
         assert {s for s in steps if s % keep_every == 0} <= kept
     assert len(kept) <= max(1, keep_last) + len({s for s in steps if keep_every and s % keep_every == 0})
+
+
+def test_a_file_truncated_while_hashed_never_crashes_the_verifier(tmp_path: Path) -> None:
+    """Mapped hashing runs in worker processes: a truncation under a mapping (SIGBUS) kills a worker, and the
+    files are hashed again with plain reads. The answer is the file as it was or as it is, never a crash."""
+    import threading
+
+    from supervisor.checkpoint.hashing import hash_file_mapped
+
+    data = os.urandom(1 << 20) * 48
+    for attempt in range(3):
+        p = tmp_path / f"shard{attempt}"
+        p.write_bytes(data)
+        full = hash_file_mapped(p, "crc32")
+        cutter = threading.Timer(0.005 * attempt, lambda p=p: os.truncate(p, 0))
+        cutter.start()
+        (result,) = hash_files([p], "crc32")
+        cutter.join()
+        assert result in (full, (0, "00000000"))
