@@ -103,8 +103,35 @@ def hash_file_mapped(path: str | os.PathLike[str], algorithm: str = DEFAULT_ALGO
     return size, hasher.hexdigest()  # type: ignore[attr-defined]
 
 
+def looks_cached(path: str | os.PathLike[str], probes: int = 8) -> bool:
+    """Whether the file seems to be in the page cache: a few 1-byte reads that must not wait for the disk
+    (``RWF_NOWAIT``) at spread offsets. Cached files hash faster mapped; cold ones faster with read()'s
+    read-ahead."""
+    flag = getattr(os, "RWF_NOWAIT", None)
+    if flag is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        buf = bytearray(1)
+        for i in range(probes):
+            try:
+                os.preadv(fd, [buf], (size - 1) * i // max(1, probes - 1), flag)
+            except BlockingIOError:
+                return False
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def _mapped_task(job: tuple[str, str]) -> tuple[int, str]:
-    return hash_file_mapped(job[0], job[1])
+    path, algorithm = job
+    return hash_file_mapped(path, algorithm) if looks_cached(path) else hash_file(path, algorithm)
 
 
 def hash_files(
@@ -128,7 +155,7 @@ def hash_files(
     results: list[tuple[int, str]] = [(0, "")] * len(paths)
     if isolated:
         try:
-            with ProcessPoolExecutor(max_workers=min(workers, os.cpu_count() or 1)) as pool:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
                 jobs = [(os.fspath(paths[i]), algorithm) for i in order]
                 for i, result in zip(order, pool.map(_mapped_task, jobs, chunksize=max(1, len(jobs) // 64)),
                                      strict=True):  # fmt: skip
