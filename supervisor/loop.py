@@ -47,6 +47,8 @@ log = structlog.get_logger("supervisor")
 AGENT_START_TIMEOUT_S = 60.0  # node agents start with the python interpreter: seconds on a loaded node
 AGENT_RESTART_MIN_S = 10.0  # at most one restart of the agents' step per this many seconds
 CHECKPOINT_SCAN_S = 5.0
+TIMEOUTS_JOURNAL_S = 600.0  # learned timeouts are journaled this often (and whenever a step ends)
+TIMEOUTS_LEARNED = "timeouts_learned"
 SLURM_TERM_WAIT_S = 30.0  # when Slurm is ending the job, how long its own SIGTERM/SIGKILL may take  # how often the checkpoint directory is looked at for new valid checkpoints
 EXIT_GRACE_S = 5.0  # a rank gone while srun still runs for this long is a fault (not a normal finish)
 
@@ -105,6 +107,8 @@ class Supervisor(Actuators):
 
         self.history = read(self.paths.journal)
         for e in self.history:  # what earlier runs already journaled is not journaled again
+            if e["type"] == TIMEOUTS_LEARNED:  # the last one wins: a requeued run keeps what was learned
+                self.detector.timeouts.restore(e.get("histograms", {}))
             if e["type"] == "checkpoint_quarantined":
                 self.quarantined.add(str(e.get("path")))
             elif e["type"] == ev.CHECKPOINT_COMMITTED and isinstance(e.get("step"), int):
@@ -192,6 +196,7 @@ class Supervisor(Actuators):
             resume, resume_step = self._pick_resume()
             step = self._launch(resume, resume_step, excluded)
             ending = self._watch(step)
+            self._journal_timeouts()
             ledger = Ledger.fold(self.history, self.ledger_config)
             interruption, decision = respond(
                 ending, self.history, self.layout.nodes, self.layout.train_nodes, self.policy, ledger,
@@ -279,7 +284,7 @@ class Supervisor(Actuators):
     def _watch(self, step: Step) -> StepEnding:
         """Watch until the step exits, a fault is detected, or a signal asks us to act."""
         assert self.server is not None
-        next_eval = next_scan = 0.0
+        next_eval = next_scan = next_timeouts = 0.0
         exited_since: float | None = None  # a rank exited while srun still runs: normal at the very end
         pending: list[DetectionEvent] = []
         while True:
@@ -298,6 +303,10 @@ class Supervisor(Actuators):
             if now >= next_scan:
                 next_scan = now + CHECKPOINT_SCAN_S
                 self._scan_checkpoints()
+            if now >= next_timeouts:
+                if next_timeouts:
+                    self._journal_timeouts()
+                next_timeouts = now + TIMEOUTS_JOURNAL_S
             if now < next_eval:
                 continue
             next_eval = now + self.config.run.loop_interval_s
@@ -343,6 +352,12 @@ class Supervisor(Actuators):
         nodes = tuple(n for n in self.layout.nodes if states.get(n, "up") == "up")
         self.record({"type": "agents_restarted", "t": self.clock(), "nodes": list(nodes)})
         self._spawn_agents(nodes)
+
+    def _journal_timeouts(self) -> None:
+        learned = self.detector.timeouts.to_dict()
+        if learned:
+            self.record({"type": TIMEOUTS_LEARNED, "t": self.clock(), "histograms": learned,
+                         "timeouts_s": self.detector.timeouts.learned()})
 
     def _settle(self, seconds: float) -> None:
         assert self.server is not None

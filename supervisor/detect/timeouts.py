@@ -11,7 +11,9 @@ speed changes.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 STEP = "step"
 INIT = "init"
@@ -123,3 +125,23 @@ class PhaseTimeouts:
     def learned(self) -> dict[str, float]:
         """Current timeouts per observed phase (for status output and the journal)."""
         return {phase: self.timeout(phase) for phase in sorted(self.histograms)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form of what was learned (non-empty buckets only), so a requeued run starts where this one was."""
+        return {
+            phase: {"buckets": {str(i): w for i, w in enumerate(h.weights) if w > 0}, "total": h.total,
+                    "count": h.count, "max_seen": h.max_seen}
+            for phase, h in self.histograms.items()
+        }  # fmt: skip
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        """Load what ``to_dict`` wrote (ignoring anything malformed: relearning is the safe fallback)."""
+        for phase, h in data.items():
+            try:
+                hist = LogHistogram(total=float(h["total"]), count=int(h["count"]), max_seen=float(h["max_seen"]))
+                for index, weight in h["buckets"].items():
+                    if 0 <= int(index) < _N and float(weight) >= 0:
+                        hist.weights[int(index)] = float(weight)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+            self.histograms[str(phase)] = hist

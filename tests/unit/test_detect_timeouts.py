@@ -95,3 +95,23 @@ def test_detect_config_from_the_flat_config_table():
         DetectConfig.from_mapping({"step_k": "3"})
     with pytest.raises(ValueError, match="detect.step_floor_s"):
         DetectConfig.from_mapping({"step_floor_s": -1})
+
+
+def test_learned_timeouts_survive_a_round_trip_through_the_journal():
+    """A requeued run restores what the previous run learned (via a JSON journal event), instead of
+    falling back to the long warm-up timeout right when a fresh hang is most likely."""
+    import json
+
+    from supervisor.detect.timeouts import PhaseTimeouts
+
+    learned = PhaseTimeouts()
+    for i in range(200):
+        learned.observe("step", 0.5 + (i % 7) * 0.01)
+    learned.observe("checkpoint", 12.0)
+    fresh = PhaseTimeouts()
+    fresh.restore(json.loads(json.dumps(learned.to_dict())))
+    assert fresh.learned() == learned.learned()
+    assert fresh.timeout("step") < fresh.config.warmup_timeout_s
+    broken = PhaseTimeouts()
+    broken.restore({"step": {"buckets": "nonsense"}, "eval": 3})
+    assert broken.learned() == {}  # malformed: relearn, never crash
