@@ -26,11 +26,14 @@ import psutil
 
 from supervisor import wire
 from supervisor.agent import SLOT_DIR_ENV, expand_slot_dir, slot_dir_for
+from supervisor.agent.discover import find_ranks
 from supervisor.agent.sampler import RankSlots
 from supervisor.agent.stacks import StackDumps
 from supervisor.client.slot import check_slot_dir
 from supervisor.errors import ConfigError, SupervisorError, UsageError
 from supervisor.secret import ensure_private_dir, load_secret
+
+DISCOVER_S = 2.0  # how often /proc is scanned for ranks that have no slot (they never call the client)
 
 
 def _change_key(entries: list[wire.RankEntry]) -> tuple[tuple[int, int, int, int], ...]:
@@ -58,6 +61,7 @@ class Agent:
         self.guard = wire.ReplayGuard()
         self.counters: Counter[str] = Counter()
         self.stop_reason = ""
+        self._next_discover = 0.0
         self._last_key: tuple[tuple[int, int, int, int], ...] | None = None
         self._refused_since = 0.0
 
@@ -156,6 +160,9 @@ class Agent:
             if now >= next_sample:
                 next_sample = max(next_sample + self.sample_s, now)
                 self.slots.scan()
+                if now >= self._next_discover:
+                    self._next_discover = now + DISCOVER_S
+                    self.slots.adopt(find_ranks(self.job, self.node, os.environ.get("SLURM_STEP_ID")))
                 entries = self.slots.sample()
                 key = _change_key(entries)
                 if key != self._last_key or now >= next_report:

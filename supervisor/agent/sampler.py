@@ -22,6 +22,7 @@ class RankSlots:
         self.readers: dict[int, tuple[SlotReader, int]] = {}  # rank -> (reader, inode)
         self.records: dict[int, SlotRecord] = {}
         self.procs = ProcWatch()
+        self.slotless: dict[int, int] = {}  # rank -> pid of ranks that never call the client
 
     def scan(self) -> None:
         """Open new slot files, reopen replaced ones, drop vanished ones."""
@@ -48,8 +49,12 @@ class RankSlots:
         self.records.pop(rank, None)
         reader.close()
 
+    def adopt(self, ranks: dict[int, int]) -> None:
+        """Ranks found without a slot (rank -> pid): watched through their process only."""
+        self.slotless = {r: pid for r, pid in ranks.items() if r not in self.readers}
+
     def sample(self, now_ns: int | None = None) -> list[wire.RankEntry]:
-        """One entry per rank whose slot holds a valid record, sorted by rank."""
+        """One entry per rank whose slot holds a valid record, plus the slot-less ranks, sorted by rank."""
         now = time.monotonic_ns() if now_ns is None else now_ns
         out = []
         for rank in sorted(self.readers):
@@ -71,7 +76,17 @@ class RankSlots:
                 ewma_s=rec.iter_ewma_ns / 1e9, min_s=rec.iter_min_ns / 1e9, max_s=rec.iter_max_ns / 1e9,
                 loss=rec.loss, loss_step=rec.loss_step, beats=rec.beats, exit_code=wire.EXIT_UNKNOWN, exit_signal=0, cpu_s=cpu,
             ))
-        self.procs.forget_except({r.pid for r in self.records.values()})
+        for rank, pid in sorted(self.slotless.items()):
+            if rank in self.records:
+                continue
+            state, cpu = self.procs.sample(pid)
+            out.append(wire.RankEntry(
+                rank=rank, pid=pid, step=0, phase=0, state=state, rank_flags=0, control_flags=0,
+                beat_age_ms=wire.NO_BEAT, ewma_s=0.0, min_s=0.0, max_s=0.0, loss=float("nan"), loss_step=-1,
+                beats=0, exit_code=wire.EXIT_UNKNOWN, exit_signal=0, cpu_s=cpu,
+            ))
+        out.sort(key=lambda e: e.rank)
+        self.procs.forget_except({r.pid for r in self.records.values()} | set(self.slotless.values()))
         return out
 
     def set_flags(self, rank: int, flags: int, at_step: int) -> bool:
