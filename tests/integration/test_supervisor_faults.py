@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import pytest
-from campaign_tools import cancel, launches, rank_pid, submit, wait_for
+from campaign_tools import Campaign, cancel, launches, rank_pid, submit, supervise, wait_for
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
@@ -118,7 +119,9 @@ def test_preemption_checkpoints_and_lets_slurm_requeue_without_blame(tmp_path, s
 
 
 def test_nan_loss_stops_the_campaign_with_a_clear_message_and_keeps_good_checkpoints(tmp_path):
-    camp = submit(tmp_path, steps=200, step_time=0.2, ckpt_every=5, train=("--nan-at-step", "12"))
+    # NaN from step 12; the next periodic checkpoint would be at step 20, 2.4 s later: the supervisor must stop the
+    # run before it (detection takes about a second) and never ask for a checkpoint of the NaN state itself.
+    camp = submit(tmp_path, steps=200, step_time=0.3, ckpt_every=10, train=("--nan-at-step", "12"))
     try:
         ended = wait_for("the campaign to stop", camp.ended, START_TIMEOUT + 60)
         assert ended["state"] == "failed"
@@ -128,11 +131,12 @@ def test_nan_loss_stops_the_campaign_with_a_clear_message_and_keeps_good_checkpo
         alert = next(e for e in camp.of_type("action") if e["kind"] == "alert")
         assert alert["tier"] in ("L3", "L4")
         assert len(launches(camp)) == 1  # never restarted
+        assert camp.of_type("checkpoint_requested") == []
         # No checkpoint of the NaN state was requested: the newest valid one predates the divergence.
         from supervisor.checkpoint.store import CheckpointStore
 
         newest = CheckpointStore(camp.ckpt).newest_valid(full=True, quarantine=False)
-        assert newest is not None and newest.step is not None and newest.step < 12
+        assert newest is not None and newest.step == 10
     finally:
         cancel(camp.job_id)
 
@@ -151,3 +155,23 @@ def test_scancel_stops_the_campaign_as_cancelled_and_leaves_no_rank_behind(tmp_p
         wait_for("every rank to be gone", lambda: not any(_is_training(p) for p in pids), 30)
     finally:
         cancel(camp.job_id)
+
+
+def test_ranks_without_the_client_are_still_watched_a_stopped_one_is_a_hang(tmp_path):
+    root = tmp_path / "campaign"
+    program = "import time\nfor _ in range(3000):\n    time.sleep(0.1)\n"
+    out = supervise("submit", "--nodes=2", "--ntasks-per-node=1", "--time=10", "--campaign", str(root), "--",
+                    sys.executable, "-c", program)  # fmt: skip
+    job_id = out.stdout.split()[1]
+    camp = Campaign(job_id, root, tmp_path / "none")
+    try:
+        row = wait_for("the slot-less rank 1 in the live table",
+                       lambda: next((r for r in camp.live().get("ranks", []) if r["rank"] == 1
+                                     and r["state"] in ("sleeping", "running")), None), START_TIMEOUT)  # fmt: skip
+        assert row["beat_age_s"] is None  # no heartbeats: it never calls the client
+        os.kill(int(row["pid"]), signal.SIGSTOP)
+        relaunch = wait_for("a relaunch", lambda: launches(camp)[1:] or None, 60)[0]
+        interruption = camp.of_type("interruption")[0]
+        assert interruption["class"] == "hang" and relaunch["launch"] == 2
+    finally:
+        cancel(job_id)
