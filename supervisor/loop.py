@@ -9,6 +9,7 @@ out their decisions; every decision is journaled before it is carried out.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import subprocess
 import time
@@ -94,6 +95,7 @@ class Supervisor(Actuators):
         self.best_step: int | None = None
         self.agents_started = 0.0
         self.scheduled_end: float | None = None
+        self.last_finite_loss_step: int | None = None
 
     # ----------------------------------------------------------------------------------------- journal
     def record(self, event: dict[str, Any]) -> None:
@@ -206,6 +208,8 @@ class Supervisor(Actuators):
             self.record({**interruption.to_event(self.clock()), "launch": step.launch,
                          "last_step": last_step(ending)})
             outcome = self._carry_out(decision, interruption, step, ending)
+            if interruption.cls == ev.NUMERICAL:  # the step is gone now: no checkpoint can appear after this
+                self._quarantine_after_divergence()
             if outcome is not None:
                 return outcome
             excluded = self._next_exclusions(decision)
@@ -249,6 +253,21 @@ class Supervisor(Actuators):
             return None, None
         self._note_checkpoint(newest)
         return str(newest.path), newest.step
+
+    def _quarantine_after_divergence(self) -> None:
+        """After a NaN/Inf loss, checkpoints newer than the last step seen with a finite loss may hold the
+        diverged weights: move them aside so no later run resumes from them (never deleted)."""
+        store = self._store()
+        if store is None:
+            return
+        since = self.last_finite_loss_step or 0
+        for info in store.list():
+            if info.step is not None and info.step > since and info.status in ("valid", "unverified"):
+                reason = f"saved at step {info.step}, after the last finite loss seen (step {since}) and before " \
+                         "the NaN/Inf loss was detected: may hold diverged weights"
+                moved = store.quarantine(info.path, reason)
+                self.quarantined.add(str(moved))
+                self.record({"type": "checkpoint_quarantined", "t": self.clock(), "path": str(moved), "reason": reason})
 
     def _note_checkpoint(self, info: Any) -> None:
         """Journal a newly seen valid checkpoint: it is the campaign's progress (budgets, lost work)."""
@@ -377,6 +396,9 @@ class Supervisor(Actuators):
 
     def _observe(self, step: Step) -> list[DetectionEvent]:
         live = self._live(step)
+        finite = [r.loss_step for r in live.ranks if r.loss_step >= 0 and math.isfinite(r.loss)]
+        if finite:  # the newest step known to have a finite loss: later checkpoints are suspect after a NaN
+            self.last_finite_loss_step = max(self.last_finite_loss_step or 0, max(finite))
         snap = snapshot_from_live(live, launch_age_s=time.monotonic() - step.started)
         return self.detector.observe(snap, self.clock())
 

@@ -267,8 +267,9 @@ def _over_budget(cls: str, history: History, config: PolicyConfig, now: float) -
 _ADVICE = {
     ev.APP_ERROR: "the program itself fails: fix the error in the logs, then resubmit (training resumes from the "
     "last valid checkpoint)",
-    ev.NUMERICAL: "the loss became NaN/Inf: the bad state was not checkpointed; lower the learning rate or check the "
-    "data, then resubmit (it resumes from the last good checkpoint)",
+    ev.NUMERICAL: "the loss became NaN/Inf: no checkpoint of it was requested and checkpoints saved after the last "
+    "finite loss are quarantined; lower the learning rate or check the data, then resubmit (it resumes from the last "
+    "good checkpoint)",
     ev.HANG: "the program keeps hanging: read the saved stack dumps in the campaign dir",
     ev.CANCELLED: "the job was cancelled from outside",
     ev.TIMEOUT: "no new checkpoint was committed between time limits: checkpoint more often, raise --time, or "
