@@ -294,6 +294,7 @@ class Supervisor(Actuators):
         self.record({**ev.step_launched(self.clock(), self.launches, nodes, excluded, resume),
                      "resume_step": resume_step})
         self.detector.new_launch()
+        self.last_finite_loss_step = resume_step  # this launch's losses start after the checkpoint it resumes
         if self.server is not None:
             self.old_pids.update(r.pid for r in self.server.table.snapshot().ranks)
         proc = launcher.start(argv, self._step_env(resume), log_path, self.spec.cwd)
