@@ -28,9 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from slurm.hostlist import expand  # noqa: E402
 from slurm.localcluster import LocalCluster  # noqa: E402
-from supervisor.campaign_view import events, live_rank, wait_for  # noqa: E402
+from supervisor.campaign_view import events, job_nodes, live_rank, wait_for  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
 STEP = re.compile(r"^step=(\d+) ", re.M)
@@ -62,13 +61,6 @@ def plain_submit(cluster: LocalCluster, work: Path, steps: int, step_time: float
     got = cluster.slurm("sbatch", "--parsable", "--requeue", "-N", "2", "--ntasks-per-node=1", "--time=15",
                         "--open-mode=append", "-o", str(out), str(script))  # fmt: skip
     return got.stdout.strip().split(";")[0], out
-
-
-def job_nodes(cluster: LocalCluster, job: str) -> tuple[str, list[str]]:
-    text = cluster.slurm("scontrol", "show", "job", "-o", job).stdout
-    batch = re.search(r"\bBatchHost=(\S+)", text)
-    nodes = re.search(r"(?:^|\s)NodeList=(\S+)", text)
-    return (batch.group(1) if batch else ""), (expand(nodes.group(1)) if nodes else [])
 
 
 def rank_pid_of_plain(job: str, node: str) -> int:
@@ -125,7 +117,7 @@ def bench_hang(cluster: LocalCluster, work: Path, window: float) -> tuple[float,
     # Baseline: plain job, same hang, watch whether anything reacts within the window.
     bjob, out = plain_submit(cluster, work / "hang-plain", steps=400, step_time=1.0)
     try:
-        batch, nodes = wait_for("the plain job to run", lambda: job_nodes(cluster, bjob)[1] and job_nodes(cluster, bjob), 120)
+        batch, nodes = wait_for("the plain job to run", lambda: job_nodes(bjob)[1] and job_nodes(bjob), 120)
         victim = next(n for n in nodes if n != batch)
         pid = rank_pid_of_plain(bjob, victim)
         wait_for("plain training to run", lambda: len(STEP.findall(out.read_text(errors="replace"))) > 10
@@ -169,7 +161,7 @@ def bench_node_crash(cluster: LocalCluster, work: Path) -> tuple[float, float]:
     job, root = supervise_submit(work / "crash", steps=400, step_time=0.3)
     try:
         wait_for("training", lambda: live_rank(root, 0, 12), 300)
-        batch, nodes = job_nodes(cluster, job)
+        batch, nodes = job_nodes(job)
         victim = next(n for n in nodes if n != batch)
         t0 = time.time()
         cluster.crash_node(victim)
@@ -182,7 +174,7 @@ def bench_node_crash(cluster: LocalCluster, work: Path) -> tuple[float, float]:
     bjob, out = plain_submit(cluster, work / "crash-plain", steps=400, step_time=0.3)
     try:
         wait_for("plain training", lambda: out.exists() and len(STEP.findall(out.read_text(errors="replace"))) > 12, 300)
-        batch, nodes = job_nodes(cluster, bjob)
+        batch, nodes = job_nodes(bjob)
         victim = next(n for n in nodes if n != batch)
         size = {out: out.stat().st_size}
         t0 = time.time()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,9 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from slurm.hostlist import expand  # noqa: E402
 from slurm.localcluster import LocalCluster  # noqa: E402
-from supervisor.campaign_view import events, live_rank, wait_for  # noqa: E402
+from supervisor.campaign_view import events, job_nodes, live_rank, wait_for  # noqa: E402
 
 
 def say(text: str) -> None:
@@ -41,13 +39,6 @@ def supervise(*args: str) -> str:
     if proc.returncode != 0:
         raise SystemExit(f"supervise {args[0]} failed: {proc.stderr.strip()}")
     return proc.stdout
-
-
-def job_nodes(cluster: LocalCluster, job_id: str) -> tuple[str, list[str]]:
-    out = cluster.slurm("scontrol", "show", "job", "-o", job_id).stdout
-    batch = re.search(r"\bBatchHost=(\S+)", out)
-    nodes = re.search(r"(?:^|\s)NodeList=(\S+)", out)
-    return (batch.group(1) if batch else ""), (expand(nodes.group(1)) if nodes else [])
 
 
 def main() -> int:  # noqa: C901 - a script, read top to bottom
@@ -85,7 +76,7 @@ def main() -> int:  # noqa: C901 - a script, read top to bottom
 
         row = wait_for("the relaunched ranks to train", lambda: live_rank(root, 0, (relaunch.get("resume_step") or 0) + 10),
                    240)  # fmt: skip
-        batch, nodes = job_nodes(cluster, job_id)
+        batch, nodes = job_nodes(job_id)
         victim = next((n for n in nodes if n != batch), nodes[-1])
         say(f"FAULT 2: crashing node {victim} (job on {','.join(nodes)}, batch host {batch}) at step {row['step']}")
         cluster.crash_node(victim)

@@ -44,3 +44,13 @@ def wait_for(what: str, predicate: Callable[[], T | None], timeout: float, poll:
             return value
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def job_nodes(job_id: str) -> tuple[str, list[str]]:
+    """(batch host, nodes) of a running job, from the Slurm adapter; empty while it does not run."""
+    from slurm.cli_backend import CliSlurmClient
+
+    job = CliSlurmClient().job(job_id)
+    if job is None or not job.is_running:
+        return "", []
+    return job.batch_host or "", list(job.nodes)

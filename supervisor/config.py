@@ -41,8 +41,6 @@ class RunConfig:
     agent_interval_s: float = 0.25
     summary_interval_s: float = 1.0
     loop_interval_s: float = 0.5
-    # How often slurmctld is polled when nothing happens (it is also polled on events).
-    slurm_poll_s: float = 30.0
     # Allocation nodes kept out of the training step, to replace a blamed node without requeueing.
     spare_nodes: int = 0
 

@@ -45,20 +45,6 @@ class Step:
     nodes: tuple[str, ...]
 
 
-def tasks_per_node(env: Mapping[str, str]) -> int:
-    """Tasks per node of the allocation, from sbatch's environment (SLURM_NTASKS_PER_NODE or NTASKS/NNODES)."""
-    raw = env.get("SLURM_NTASKS_PER_NODE", "")
-    if raw:
-        # "2" or "2(x3)"; heterogeneous counts like "2(x2),1" use the first
-        head = raw.split(",")[0].split("(")[0]
-        if head.isdigit():
-            return int(head)
-    ntasks, nnodes = env.get("SLURM_NTASKS", ""), env.get("SLURM_NNODES", "") or env.get("SLURM_JOB_NUM_NODES", "")
-    if ntasks.isdigit() and nnodes.isdigit() and int(nnodes) > 0:
-        return max(1, int(ntasks) // int(nnodes))
-    return 1
-
-
 def agent_argv(
     nodes: Sequence[str], python: str, campaign: Path, supervisor_addr: tuple[str, int], extra: Sequence[str] = ()
 ) -> list[str]:

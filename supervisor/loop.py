@@ -83,7 +83,7 @@ class Supervisor(Actuators):
         self.ledger_config = LedgerConfig.from_mapping(config.ledger)
         self.signatures = signatures_from_table(config.log_signatures)
         self.layout = launcher.Layout(
-            nodes=env.nodelist, tasks_per_node=launcher.tasks_per_node(os.environ),
+            nodes=env.nodelist, tasks_per_node=env.tasks_per_node[0] if env.tasks_per_node else 1,
             spare_nodes=config.run.spare_nodes,
         )  # fmt: skip
         self.server: AggregatorServer | None = None

@@ -7,7 +7,7 @@ row remaps (a reset is needed), a failed row remap (the GPU should be replaced),
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 FATAL = "fatal"  # the node should not run training: exclude it (exit code 8)
 WARN = "warn"  # worth an alert; training may go on
@@ -48,7 +48,6 @@ class Problem:
 class Limits:
     min_shm_free_bytes: int = 64 << 20  # slots are 1 KiB per rank; stack dumps and DCP staging need more
     max_temperature_c: int = 90
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 def evaluate(reading: NodeReading, limits: Limits = Limits()) -> list[Problem]:
