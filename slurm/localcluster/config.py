@@ -192,6 +192,8 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
         "KillWait=5",
         "MinJobAge=60",
         "JobRequeue=1",
+        # Job ids differ between clusters on one host (per-job /dev/shm slot directories never collide).
+        f"FirstJobId={spec.base_port * 100}",
         "InactiveLimit=0",
         f"NodeName=DEFAULT CPUs={CPUS_PER_NODE} Boards=1 SocketsPerBoard=1 CoresPerSocket={CPUS_PER_NODE} "
         f"ThreadsPerCore=1 RealMemory={MEMORY_MB_PER_NODE} State=UNKNOWN",
