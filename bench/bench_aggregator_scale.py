@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervisor import wire  # noqa: E402
-from supervisor.aggregator import AggregatorServer, LiveTable, live_document, write_private_json  # noqa: E402
+from supervisor.heartbeat import wire  # noqa: E402
+from supervisor.heartbeat.aggregator import AggregatorServer, LiveTable, live_document, write_private_json  # noqa: E402
 
 SECRET = b"b" * 32
 KEY = wire.derive_key(SECRET)

@@ -33,8 +33,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervisor import wire  # noqa: E402
-from supervisor.aggregator import AggregatorServer  # noqa: E402
+from supervisor.heartbeat import wire  # noqa: E402
+from supervisor.heartbeat.aggregator import AggregatorServer  # noqa: E402
 
 SLURMD_TIMEOUT_DEFAULT_S = 300.0  # slurm.conf(5): "The default value is 300 seconds."
 JOB = "777"

@@ -70,25 +70,25 @@ _SECTIONS = {"submit": SubmitConfig, "run": RunConfig, "alerts": AlertConfig}
 
 
 def _detect_loader() -> Any:
-    from supervisor.detect import DetectConfig
+    from supervisor.decisions.detect import DetectConfig
 
     return DetectConfig.from_mapping
 
 
 def _policy_loader() -> Any:
-    from supervisor.policy import PolicyConfig
+    from supervisor.decisions.policy import PolicyConfig
 
     return PolicyConfig.from_mapping
 
 
 def _ledger_loader() -> Any:
-    from supervisor.ledger import LedgerConfig
+    from supervisor.decisions.ledger import LedgerConfig
 
     return LedgerConfig.from_mapping
 
 
 def _signatures_loader() -> Any:
-    from supervisor.classify import signatures_from_table
+    from supervisor.decisions.classify import signatures_from_table
 
     return signatures_from_table
 

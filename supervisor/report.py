@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from supervisor import events as ev
+from supervisor.decisions import events as ev
 
 Event = dict[str, Any]
 

@@ -24,14 +24,14 @@ from pathlib import Path
 
 import psutil
 
-from supervisor import wire
 from supervisor.agent import SLOT_DIR_ENV, expand_slot_dir, slot_dir_for
 from supervisor.agent.discover import find_ranks
 from supervisor.agent.sampler import RankSlots
 from supervisor.agent.stacks import StackDumps
 from supervisor.client.slot import check_slot_dir
 from supervisor.errors import ConfigError, SupervisorError, UsageError
-from supervisor.secret import ensure_private_dir, load_secret
+from supervisor.heartbeat import wire
+from supervisor.heartbeat.secret import ensure_private_dir, load_secret
 
 DISCOVER_S = 2.0  # how often /proc is scanned for ranks that have no slot (they never call the client)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import psutil
 
-from supervisor import wire
+from supervisor.heartbeat import wire
 
 _STATUS = {
     psutil.STATUS_RUNNING: wire.ST_RUNNING,

@@ -11,9 +11,9 @@ import os
 import time
 from pathlib import Path
 
-from supervisor import wire
 from supervisor.agent.procwatch import ProcWatch
 from supervisor.client.slot import SlotReader, SlotRecord, open_slot_for_reading, slot_paths
+from supervisor.heartbeat import wire
 
 
 class RankSlots:

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor import wire
 from supervisor.client.slot import RANK_FLAG_STACK_DUMPS, STACK_DUMP_SIGNAL, SlotRecord, stacks_path
-from supervisor.secret import ensure_private_dir
+from supervisor.heartbeat import wire
+from supervisor.heartbeat.secret import ensure_private_dir
 
 MAX_DUMP_BYTES = 4 << 20
 SETTLE_S = 0.2  # faulthandler writes thread after thread; wait until the file stops growing

@@ -23,9 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from slurm.hostlist import validate_node_name
     from supervisor import campaign, config, journal
-    from supervisor import events as ev
+    from supervisor.decisions import events as ev
+    from supervisor.decisions.ledger import Ledger, LedgerConfig
     from supervisor.errors import ConfigError
-    from supervisor.ledger import Ledger, LedgerConfig
 
     paths, spec = campaign.load(args.campaign)
     cfg = config.from_mapping(spec.config, str(paths.spec))

@@ -67,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
     from slurm.cli_backend import CliSlurmClient
     from slurm.env import SlurmEnv
     from supervisor import config
+    from supervisor.driver.loop import Supervisor
+    from supervisor.heartbeat.secret import create_secret
     from supervisor.logsetup import configure
-    from supervisor.loop import Supervisor
-    from supervisor.secret import create_secret
 
     env = SlurmEnv.from_environ()
     if not env.job_id or not env.nodelist:

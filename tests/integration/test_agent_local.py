@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import wire
-from supervisor.aggregator import AggregatorServer, RankView
 from supervisor.client.slot import FLAG_CHECKPOINT
+from supervisor.heartbeat import wire
+from supervisor.heartbeat.aggregator import AggregatorServer, RankView
 
 RANK_SCRIPT = """
 import sys, time

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.aggregator import AggregatorServer, RankView
+from supervisor.heartbeat.aggregator import AggregatorServer, RankView
 
 pytestmark = pytest.mark.slurm
 

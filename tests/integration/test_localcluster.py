@@ -88,6 +88,7 @@ def test_slurm_conf_puts_every_node_on_its_own_port_under_root(tmp_path: Path) -
                 assert path.startswith(str(tmp_path)), line
 
 
+@pytest.mark.slurm  # pid_of compares with the installed slurmctld program
 def test_a_recorded_pid_that_is_not_our_daemon_counts_as_dead(tmp_path: Path) -> None:
     """A recycled pid (here: this pytest process) must not be mistaken for a live slurmctld."""
     cluster = LocalCluster(tmp_path, base_port=21000)

@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 
-from supervisor import wire
 from supervisor.agent.discover import find_ranks
 from supervisor.agent.sampler import RankSlots
+from supervisor.heartbeat import wire
 
 
 def _task(job: str, node: str, procid: int, step: str = "1") -> subprocess.Popen[bytes]:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import wire
-from supervisor.aggregator import AggregatorServer, LiveTable, live_document
+from supervisor.heartbeat import wire
+from supervisor.heartbeat.aggregator import AggregatorServer, LiveTable, live_document
 
 KEY = wire.derive_key(b"s" * 32)
 WALL = 1_700_000_000 * 10**9

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import wire
-from supervisor.aggregator import LiveTable, live_document, write_private_json
 from supervisor.cli import main
+from supervisor.heartbeat import wire
+from supervisor.heartbeat.aggregator import LiveTable, live_document, write_private_json
 
 KEY = wire.derive_key(b"q" * 32)
 

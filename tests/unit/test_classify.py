@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor import events as ev
-from supervisor.classify import (
+from supervisor.decisions import events as ev
+from supervisor.decisions.classify import (
     NO_BLAME,
     Evidence,
     LogLine,
@@ -16,7 +16,13 @@ from supervisor.classify import (
     node_state_is_bad,
     signatures_from_table,
 )
-from supervisor.detect import GLOBAL_STALL, NODE_SILENT, NONFINITE_LOSS, RANK_STOPPED, DetectionEvent
+from supervisor.decisions.detect import (
+    GLOBAL_STALL,
+    NODE_SILENT,
+    NONFINITE_LOSS,
+    RANK_STOPPED,
+    DetectionEvent,
+)
 
 GLOO_CLOSED = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer"
 

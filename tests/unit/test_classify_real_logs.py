@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from supervisor import events as ev
-from supervisor.classify import Evidence, LogLine, RankExit, classify
+from supervisor.decisions import events as ev
+from supervisor.decisions.classify import Evidence, LogLine, RankExit, classify
 
 pytestmark = pytest.mark.torch
 

@@ -63,6 +63,6 @@ def test_the_documented_example_config_is_valid_and_complete(tmp_path):
     cfg = config.load(path)
     defaults = config.Config()
     assert cfg.submit == defaults.submit and cfg.run == defaults.run and cfg.alerts == defaults.alerts
-    from supervisor.detect import DetectConfig
+    from supervisor.decisions.detect import DetectConfig
 
     assert DetectConfig.from_mapping(cfg.detect) == DetectConfig()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from supervisor import aggregator
-from supervisor.detect import RANK_EXITED, RANK_STOPPED, Detector, snapshot_from_live
+from supervisor.decisions.detect import RANK_EXITED, RANK_STOPPED, Detector, snapshot_from_live
+from supervisor.heartbeat import aggregator
 
 
 def rank(node, r, **kw):

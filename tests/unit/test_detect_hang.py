@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.detect import (
+from supervisor.decisions.detect import (
     GLOBAL_STALL,
     NODE_SILENT,
     RANK_EXITED,

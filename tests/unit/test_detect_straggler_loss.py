@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.detect import (
+from supervisor.decisions.detect import (
     LOSS_SPIKE,
     NONFINITE_LOSS,
     STRAGGLER,
@@ -21,7 +21,7 @@ from supervisor.detect import (
     StragglerConfig,
     StragglerDetector,
 )
-from supervisor.detect.straggler import median_without
+from supervisor.decisions.detect.straggler import median_without
 
 
 def table(ewmas, step=10):

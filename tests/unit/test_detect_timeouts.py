@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.detect import LogHistogram, PhaseTimeouts, TimeoutConfig
+from supervisor.decisions.detect import LogHistogram, PhaseTimeouts, TimeoutConfig
 
 _durations = st.lists(st.floats(min_value=1e-3, max_value=1e4, allow_nan=False), min_size=1, max_size=300)
 
@@ -81,7 +81,7 @@ def test_bad_timeout_config_names_the_key(kwargs, key):
 
 
 def test_detect_config_from_the_flat_config_table():
-    from supervisor.detect import DetectConfig
+    from supervisor.decisions.detect import DetectConfig
 
     config = DetectConfig.from_mapping({"step_floor_s": 3, "node_silence_s": 20.0, "straggler_factor": 2.0,
                                         "loss_window": 30})  # fmt: skip
@@ -102,7 +102,7 @@ def test_learned_timeouts_survive_a_round_trip_through_the_journal():
     falling back to the long warm-up timeout right when a fresh hang is most likely."""
     import json
 
-    from supervisor.detect.timeouts import PhaseTimeouts
+    from supervisor.decisions.detect.timeouts import PhaseTimeouts
 
     learned = PhaseTimeouts()
     for i in range(200):

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor import events as ev
 from supervisor import journal
+from supervisor.decisions import events as ev
 from supervisor.journal import Journal, JournalCorrupt, JournalLocked, JournalTooNew
 
 _text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=20)

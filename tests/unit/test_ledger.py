@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor import events as ev
-from supervisor.detect import STRAGGLER, DetectionEvent
-from supervisor.ledger import Ledger, LedgerConfig
+from supervisor.decisions import events as ev
+from supervisor.decisions.detect import STRAGGLER, DetectionEvent
+from supervisor.decisions.ledger import Ledger, LedgerConfig
 
 H = 3600.0
 

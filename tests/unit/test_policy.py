@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor import events as ev
-from supervisor.classify import Interruption
-from supervisor.policy import (
+from supervisor.decisions import events as ev
+from supervisor.decisions.classify import Interruption
+from supervisor.decisions.policy import (
     ALERT,
     AWAIT_REQUEUE,
     BACKOFF,

@@ -3,10 +3,10 @@ then history and ledger recomputed from the journal file alone."""
 
 from __future__ import annotations
 
-from supervisor import events as ev
 from supervisor import journal
-from supervisor.classify import Evidence, RankExit, classify
-from supervisor.detect import (
+from supervisor.decisions import events as ev
+from supervisor.decisions.classify import Evidence, RankExit, classify
+from supervisor.decisions.detect import (
     RANK_STOPPED,
     DetectConfig,
     Detector,
@@ -15,9 +15,16 @@ from supervisor.detect import (
     Snapshot,
     TimeoutConfig,
 )
+from supervisor.decisions.ledger import Ledger
+from supervisor.decisions.policy import (
+    DUMP_STACKS,
+    KILL_STEP,
+    RESTART_IN_ALLOCATION,
+    Allocation,
+    History,
+    decide,
+)
 from supervisor.journal import Journal
-from supervisor.ledger import Ledger
-from supervisor.policy import DUMP_STACKS, KILL_STEP, RESTART_IN_ALLOCATION, Allocation, History, decide
 
 NODE_OF = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor import events as ev
-from supervisor.decide import infer_previous_outcome
+from supervisor.decisions import events as ev
+from supervisor.decisions.respond import infer_previous_outcome
 from supervisor.report import fold, render_text
 
 
@@ -95,7 +95,7 @@ def test_a_run_that_died_with_its_batch_host_is_inferred_a_node_failure():
 def test_a_completing_job_whose_end_moved_earlier_is_a_cancel():
     from types import SimpleNamespace
 
-    from supervisor.decide import job_state_of
+    from supervisor.decisions.respond import job_state_of
 
     completing = SimpleNamespace(base_state=None, state="COMPLETING", end_time=1000, preempt_time=None)
     assert job_state_of(completing, scheduled_end=4600) == "CANCELLED"  # scancel moved EndTime to now

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor import wire
-from supervisor.aggregator import LiveTable
+from supervisor.heartbeat import wire
+from supervisor.heartbeat.aggregator import LiveTable
 
 KEY = wire.derive_key(b"k" * 32)
 OTHER_KEY = wire.derive_key(b"x" * 32)

@@ -21,15 +21,12 @@ import structlog
 
 from slurm.cli_backend import CliSlurmClient
 from slurm.env import SlurmEnv
-from supervisor import events as ev
-from supervisor import launcher, policy, wire
-from supervisor.actions import Actuators, slot_flag
-from supervisor.aggregator import AggregatorServer
 from supervisor.campaign import CampaignPaths, CampaignSpec
-from supervisor.classify import RankExit, signatures_from_table
 from supervisor.config import Config
-from supervisor.decide import StepEnding, infer_previous_outcome, last_step, respond
-from supervisor.detect import (
+from supervisor.decisions import events as ev
+from supervisor.decisions import policy
+from supervisor.decisions.classify import RankExit, signatures_from_table
+from supervisor.decisions.detect import (
     HANG_KINDS,
     NODE_SILENT,
     RANK_EXITED,
@@ -38,10 +35,15 @@ from supervisor.detect import (
     Detector,
     snapshot_from_live,
 )
+from supervisor.decisions.ledger import Ledger, LedgerConfig
+from supervisor.decisions.respond import StepEnding, infer_previous_outcome, last_step, respond
+from supervisor.driver import launcher
+from supervisor.driver.actuators import Actuators, slot_flag
+from supervisor.driver.launcher import Step
+from supervisor.driver.signals import Received, SignalInbox
+from supervisor.heartbeat import wire
+from supervisor.heartbeat.aggregator import AggregatorServer
 from supervisor.journal import Journal
-from supervisor.launcher import Step
-from supervisor.ledger import Ledger, LedgerConfig
-from supervisor.signals import Received, SignalInbox
 
 log = structlog.get_logger("supervisor")
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
-from supervisor import events as ev
-from supervisor.classify import Interruption
+from supervisor.decisions import events as ev
+from supervisor.decisions.classify import Interruption
 
 # Action kinds (the journal's "action" events carry these).
 ALERT = "alert"  # tier L1: log; L2+: also the alert hook (webhook/command)

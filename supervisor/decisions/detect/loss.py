@@ -12,7 +12,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from supervisor.detect.model import LOSS_SPIKE, NONFINITE_LOSS, DetectionEvent, Snapshot
+from supervisor.decisions.detect.model import LOSS_SPIKE, NONFINITE_LOSS, DetectionEvent, Snapshot
 
 
 @dataclass(frozen=True)

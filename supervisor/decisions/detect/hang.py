@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from supervisor.detect.model import (
+from supervisor.decisions.detect.model import (
     GLOBAL_STALL,
     NODE_SILENT,
     RANK_EXITED,
@@ -27,7 +27,7 @@ from supervisor.detect.model import (
     proc_meaning,
     sorted_nodes,
 )
-from supervisor.detect.timeouts import STEP, PhaseTimeouts, TimeoutConfig
+from supervisor.decisions.detect.timeouts import STEP, PhaseTimeouts, TimeoutConfig
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from supervisor import classify as cl
-from supervisor import events as ev
-from supervisor import policy
-from supervisor.detect import DetectionEvent
-from supervisor.ledger import Ledger
+from supervisor.decisions import classify as cl
+from supervisor.decisions import events as ev
+from supervisor.decisions import policy
+from supervisor.decisions.detect import DetectionEvent
+from supervisor.decisions.ledger import Ledger
 
 
 @dataclasses.dataclass(frozen=True)

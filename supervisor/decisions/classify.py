@@ -15,8 +15,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from supervisor import events as ev
-from supervisor.detect.model import (
+from supervisor.decisions import events as ev
+from supervisor.decisions.detect.model import (
     GLOBAL_STALL,
     NODE_SILENT,
     NONFINITE_LOSS,

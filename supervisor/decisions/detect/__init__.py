@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from supervisor.detect.hang import HangConfig, HangDetector, HangState
-from supervisor.detect.loss import LossConfig, LossDetector, LossState
-from supervisor.detect.model import (
+from supervisor.decisions.detect.hang import HangConfig, HangDetector, HangState
+from supervisor.decisions.detect.loss import LossConfig, LossDetector, LossState
+from supervisor.decisions.detect.model import (
     FAULT_KINDS,
     GLOBAL_STALL,
     HANG_KINDS,
@@ -32,8 +32,8 @@ from supervisor.detect.model import (
     Snapshot,
     snapshot_from_live,
 )
-from supervisor.detect.straggler import StragglerConfig, StragglerDetector, StragglerState
-from supervisor.detect.timeouts import LogHistogram, PhaseTimeouts, TimeoutConfig
+from supervisor.decisions.detect.straggler import StragglerConfig, StragglerDetector, StragglerState
+from supervisor.decisions.detect.timeouts import LogHistogram, PhaseTimeouts, TimeoutConfig
 
 __all__ = [
     "FAULT_KINDS",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from supervisor import events as ev
+from supervisor.decisions import events as ev
 
 DEFAULT_WEIGHTS: Mapping[str, float] = MappingProxyType(
     {

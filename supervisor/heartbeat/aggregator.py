@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from supervisor import wire
-from supervisor.secret import create_secret, ensure_private_dir
+from supervisor.heartbeat import wire
+from supervisor.heartbeat.secret import create_secret, ensure_private_dir
 
 LIVE_NAME = "live.json"
 ADDR_NAME = "aggregator.json"
@@ -435,8 +435,8 @@ class AggregatorServer:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m supervisor.aggregator``: a standalone aggregator (used by tests and benches)."""
-    p = argparse.ArgumentParser(prog="python -m supervisor.aggregator", description=__doc__.splitlines()[0])
+    """``python -m supervisor.heartbeat.aggregator``: a standalone aggregator (used by tests and benches)."""
+    p = argparse.ArgumentParser(prog="python -m supervisor.heartbeat.aggregator", description=__doc__.splitlines()[0])
     p.add_argument("--campaign", required=True)
     p.add_argument("--job-id", required=True)
     p.add_argument("--bind", default="127.0.0.1:0", help="HOST:PORT to listen on (port 0 = any)")

@@ -1,6 +1,6 @@
 """Carrying out the policy's actions: alerts, checkpoint-and-stop, stack dumps, kills, requeues, exclusions.
 
-A mixin of the supervisor loop (``supervisor.loop.Supervisor``), split out so each file keeps one concern: the
+A mixin of the supervisor loop (``supervisor.driver.loop.Supervisor``), split out so each file keeps one concern: the
 loop decides *when* to ask, ``decide``/``policy`` decide *what*, and this module knows *how* with Slurm and the
 node agents. Every action is journaled before it is carried out.
 """
@@ -15,11 +15,14 @@ from typing import Any
 
 import structlog
 
-from supervisor import alerts, launcher, policy, wire
-from supervisor import events as ev
-from supervisor.decide import StepEnding, job_state_of, last_step
-from supervisor.launcher import Step
-from supervisor.ledger import Ledger
+from supervisor import alerts
+from supervisor.decisions import events as ev
+from supervisor.decisions import policy
+from supervisor.decisions.ledger import Ledger
+from supervisor.decisions.respond import StepEnding, job_state_of, last_step
+from supervisor.driver import launcher
+from supervisor.driver.launcher import Step
+from supervisor.heartbeat import wire
 
 log = structlog.get_logger("supervisor")
 

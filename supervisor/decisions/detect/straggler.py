@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from supervisor.detect.model import STRAGGLER, DetectionEvent, Snapshot, proc_meaning
+from supervisor.decisions.detect.model import STRAGGLER, DetectionEvent, Snapshot, proc_meaning
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ def step_launched(
 
 
 def detection_event(detection: Any, t: float) -> Event:
-    """Journal form of a :class:`supervisor.detect.DetectionEvent`."""
+    """Journal form of a :class:`supervisor.decisions.detect.DetectionEvent`."""
     event: Event = {"type": DETECTION, "t": t}
     event.update(detection.to_dict())
     return event
