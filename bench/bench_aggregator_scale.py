@@ -33,7 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from supervisor.heartbeat import wire  # noqa: E402
-from supervisor.heartbeat.aggregator import AggregatorServer, LiveTable, live_document, write_private_json  # noqa: E402
+from supervisor.heartbeat.live import live_document, write_private_json  # noqa: E402
+from supervisor.heartbeat.server import AggregatorServer  # noqa: E402
+from supervisor.heartbeat.table import LiveTable  # noqa: E402
 
 SECRET = b"b" * 32
 KEY = wire.derive_key(SECRET)

@@ -34,7 +34,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from supervisor.heartbeat import wire  # noqa: E402
-from supervisor.heartbeat.aggregator import AggregatorServer  # noqa: E402
+from supervisor.heartbeat.server import AggregatorServer  # noqa: E402
 
 SLURMD_TIMEOUT_DEFAULT_S = 300.0  # slurm.conf(5): "The default value is 300 seconds."
 JOB = "777"

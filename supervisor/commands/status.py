@@ -15,7 +15,7 @@ from typing import Any
 from supervisor.errors import CampaignError
 
 HELP = "show the live state of a campaign"
-LIVE_NAME = "live.json"  # written by supervisor.heartbeat.aggregator (kept literal: this command stays light)
+LIVE_NAME = "live.json"  # written by supervisor.heartbeat.live (kept literal: this command stays light)
 STALE_AFTER_S = 10.0
 
 

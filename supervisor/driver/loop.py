@@ -42,7 +42,7 @@ from supervisor.driver.actuators import Actuators, slot_flag
 from supervisor.driver.launcher import Step
 from supervisor.driver.signals import Received, SignalInbox
 from supervisor.heartbeat import wire
-from supervisor.heartbeat.aggregator import AggregatorServer
+from supervisor.heartbeat.server import AggregatorServer
 from supervisor.journal import Journal
 
 log = structlog.get_logger("supervisor")

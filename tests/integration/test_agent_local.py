@@ -17,7 +17,8 @@ import pytest
 
 from supervisor.client.slot import FLAG_CHECKPOINT
 from supervisor.heartbeat import wire
-from supervisor.heartbeat.aggregator import AggregatorServer, RankView
+from supervisor.heartbeat.server import AggregatorServer
+from supervisor.heartbeat.table import RankView
 
 RANK_SCRIPT = """
 import sys, time

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.heartbeat.aggregator import AggregatorServer, RankView
+from supervisor.heartbeat.server import AggregatorServer
+from supervisor.heartbeat.table import RankView
 
 pytestmark = pytest.mark.slurm
 

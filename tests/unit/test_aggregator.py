@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.heartbeat import wire
-from supervisor.heartbeat.aggregator import AggregatorServer, LiveTable, live_document
+from supervisor.heartbeat.live import live_document
+from supervisor.heartbeat.server import AggregatorServer
+from supervisor.heartbeat.table import LiveTable
 
 KEY = wire.derive_key(b"s" * 32)
 WALL = 1_700_000_000 * 10**9

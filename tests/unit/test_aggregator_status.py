@@ -10,7 +10,8 @@ import pytest
 
 from supervisor.cli import main
 from supervisor.heartbeat import wire
-from supervisor.heartbeat.aggregator import LiveTable, live_document, write_private_json
+from supervisor.heartbeat.live import live_document, write_private_json
+from supervisor.heartbeat.table import LiveTable
 
 KEY = wire.derive_key(b"q" * 32)
 

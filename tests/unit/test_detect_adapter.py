@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from supervisor.decisions.detect import RANK_EXITED, RANK_STOPPED, Detector, snapshot_from_live
-from supervisor.heartbeat import aggregator
+from supervisor.heartbeat import table as aggregator
 
 
 def rank(node, r, **kw):

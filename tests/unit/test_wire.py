@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.heartbeat import wire
-from supervisor.heartbeat.aggregator import LiveTable
+from supervisor.heartbeat.table import LiveTable
 
 KEY = wire.derive_key(b"k" * 32)
 OTHER_KEY = wire.derive_key(b"x" * 32)

@@ -123,7 +123,7 @@ def sorted_nodes(nodes: Sequence[str] | set[str]) -> tuple[str, ...]:
 
 
 def snapshot_from_live(live: Any, launch_age_s: float = 0.0) -> Snapshot:
-    """Adapt an aggregator snapshot (``supervisor.heartbeat.aggregator.Snapshot``: ``.nodes`` name -> view with
+    """Adapt an aggregator snapshot (``supervisor.heartbeat.table.Snapshot``: ``.nodes`` name -> view with
     ``staleness_s``, ``.ranks`` views with ``beat_age_s``, ``ewma_s``...) without importing the aggregator.
 
     A rank view's ``loss_step < 0`` means "no loss given" (the slot stores NaN then); without that field a

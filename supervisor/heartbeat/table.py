@@ -1,0 +1,204 @@
+"""The live per-node / per-rank table the detectors read: authenticated frames in, snapshots out.
+
+Why this shape: at 16,384 nodes x 8 ranks at 1 Hz the hot path must cost a few microseconds per frame,
+so a frame is authenticated, its header parsed, and its rank body kept as bytes in the node's entry;
+ranks are decoded only when a snapshot is taken.  Beat ages are computed by the agent (same host, same
+CLOCK_MONOTONIC as the rank) and aged here by our own clock since receipt, so no clock offset between
+hosts enters any age.  Rates use the agent's monotonic send times of two frames >= ``rate_window_s`` apart.
+
+Pure: no sockets, no files; clocks are injectable.  ``server.AggregatorServer`` is the UDP adapter around it,
+``live`` writes its ``live.json`` view.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from supervisor.heartbeat import wire
+
+ABNORMAL = frozenset((wire.ST_STOPPED, wire.ST_ZOMBIE, wire.ST_GONE, wire.ST_EXITED, wire.ST_NO_PID))
+ABNORMAL_NAMES = frozenset(wire.STATES[s] for s in ABNORMAL)
+
+
+@dataclass(slots=True)
+class _Node:
+    node: str
+    addr: Any
+    recv_mono: float
+    recv_wall_ns: int
+    sent_wall_ns: int
+    sent_mono_ns: int
+    seq: int
+    body: bytes
+    frames: int = 1
+    base_body: bytes | None = None  # a frame >= rate_window_s older than `pending`, for rates
+    base_mono_ns: int = 0
+    pending_body: bytes | None = None
+    pending_mono_ns: int = 0
+
+
+class RankView(NamedTuple):
+    """One rank as last reported (a NamedTuple: 131k of them are built per snapshot)."""
+
+
+    node: str
+    rank: int
+    pid: int
+    step: int
+    phase: str
+    state: str
+    beat_age_s: float | None
+    steps_per_s: float | None  # from step deltas over the rate window; None until two frames are that far apart
+    ewma_steps_per_s: float | None  # 1 / the client's iteration-time EWMA
+    ewma_s: float
+    min_s: float
+    max_s: float
+    loss: float
+    loss_step: int  # -1: the rank never gave a loss (``loss`` is then a meaningless NaN)
+    beats: int
+    cpu_s: float
+    cpu_frac: float | None  # CPU seconds per wall second over the rate window (progress of a silent rank)
+    rank_flags: int
+    control_flags: int
+    exit_code: int | None
+    exit_signal: int | None
+
+
+class NodeView(NamedTuple):
+    node: str
+    staleness_s: float  # our clock since the last summary arrived
+    ranks: int
+    frames: int
+    seq: int
+    lag_s: float  # receive wall time - send wall time (transit + clock offset)
+    addr: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_wall: float
+    job: str
+    nodes: dict[str, NodeView]
+    ranks: list[RankView]
+    counters: dict[str, int]
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _phase_names() -> tuple[str, ...]:
+    try:
+        from supervisor.client.slot import PHASES  # tiny stdlib module
+
+        return tuple(PHASES)
+    except (ImportError, AttributeError):
+        return ()
+
+
+PHASE_NAMES = _phase_names()
+_PHASE = PHASE_NAMES + tuple(f"phase{i}" for i in range(len(PHASE_NAMES), 256))
+_STATE = tuple(wire.STATES) + tuple(f"state{i}" for i in range(len(wire.STATES), 256))
+
+
+class LiveTable:
+    """Pure core: authenticated frames in, snapshots out.  No sockets, no files; clocks are injectable."""
+
+    def __init__(self, key: bytes, job: str, *, rate_window_s: float = 3.0, replay_window_s: float = 60.0,
+                 mono: Callable[[], float] = time.monotonic, wall_ns: Callable[[], int] = time.time_ns) -> None:
+        self.key, self.job = key, job
+        self.rate_window_ns = int(rate_window_s * 1e9)
+        self.guard = wire.ReplayGuard(window_s=replay_window_s)
+        self.nodes: dict[str, _Node] = {}
+        self.counters: Counter[str] = Counter()
+        self.events: deque[dict[str, Any]] = deque(maxlen=1000)
+        self._mono, self._wall_ns = mono, wall_ns
+
+    def feed(self, data: bytes, addr: Any = None) -> bool:
+        """Take one datagram; count it as ok or by refusal reason.  Never raises on bad input."""
+        try:
+            frame = wire.decode(self.key, data, self.job)
+        except wire.FrameError as err:
+            self.counters["rejected_" + err.reason] += 1
+            return False
+        if frame.kind == wire.KIND_CONTROL:
+            self.counters["rejected_kind"] += 1
+            return False
+        now_wall = self._wall_ns()
+        why = self.guard.check(frame.node, frame.instance, frame.seq, frame.sent_wall_ns, now_wall)
+        if why is not None:
+            self.counters["rejected_" + why] += 1
+            return False
+        self.counters["ok"] += 1
+        if frame.kind == wire.KIND_EVENT:
+            for ev in wire.events(frame):
+                name = wire.EVENT_NAMES[ev.kind] if ev.kind < len(wire.EVENT_NAMES) else f"event{ev.kind}"
+                self.events.append({"node": frame.node, "rank": ev.rank, "event": name, "text": ev.text,
+                                    "wall": now_wall / 1e9})
+            return True
+        self._store(frame, addr, now_wall)
+        return True
+
+    def _store(self, frame: wire.Frame, addr: Any, now_wall: int) -> None:
+        st = self.nodes.get(frame.node)
+        mono = frame.sent_mono_ns
+        if st is None:
+            st = self.nodes[frame.node] = _Node(frame.node, addr, self._mono(), now_wall, frame.sent_wall_ns, mono,
+                                                frame.seq, frame.body, pending_body=frame.body, pending_mono_ns=mono)
+            return
+        if mono < st.sent_mono_ns:  # agent restarted (maybe after a reboot): rates start over
+            st.base_body = None
+            st.pending_body, st.pending_mono_ns = frame.body, mono
+        elif mono - st.pending_mono_ns >= self.rate_window_ns:
+            st.base_body, st.base_mono_ns = st.pending_body, st.pending_mono_ns
+            st.pending_body, st.pending_mono_ns = frame.body, mono
+        st.addr, st.recv_mono, st.recv_wall_ns = addr, self._mono(), now_wall
+        st.sent_wall_ns, st.sent_mono_ns, st.seq, st.body = frame.sent_wall_ns, mono, frame.seq, frame.body
+        st.frames += 1
+
+    def node_views(self, nodes: Iterable[str] | None = None) -> dict[str, NodeView]:
+        now = self._mono()
+        states = self.nodes.values() if nodes is None else [self.nodes[n] for n in nodes if n in self.nodes]
+        return {st.node: NodeView(st.node, now - st.recv_mono, len(st.body) // wire.RANK.size, st.frames, st.seq,
+                                  (st.recv_wall_ns - st.sent_wall_ns) / 1e9, _addr_text(st.addr))
+                for st in states}
+
+    def rank_views(self, nodes: Iterable[str] | None = None) -> list[RankView]:
+        """Decode the last frame of every node (or of ``nodes``): the only per-rank work, a few us per rank.
+        Pass slices of node names to spread a big table's decoding between receive bursts."""
+        now = self._mono()
+        out: list[RankView] = []
+        append, unpack, no_beat, unknown = out.append, wire.RANK.iter_unpack, wire.NO_BEAT, wire.EXIT_UNKNOWN
+        isfinite = math.isfinite
+        states = self.nodes.values() if nodes is None else [self.nodes[n] for n in nodes if n in self.nodes]
+        for st in states:
+            node, since = st.node, now - st.recv_mono
+            base: dict[int, tuple[Any, ...]] = {}
+            span = 0.0
+            if st.base_body is not None:
+                span = (st.sent_mono_ns - st.base_mono_ns) / 1e9
+                base = {t[0]: t for t in unpack(st.base_body)}
+            for (rank, pid, step, phase, state, rflags, cflags, age, ewma, mn, mx, loss, loss_step, beats, ecode,
+                 esig, cpu) in unpack(st.body):
+                rate = cpu_frac = None
+                b = base.get(rank)
+                if b is not None and span > 0 and b[1] == pid and step >= b[2]:
+                    rate = (step - b[2]) / span
+                    cpu_frac = max(0.0, cpu - b[16]) / span
+                append(RankView(
+                    node, rank, pid, step, _PHASE[phase], _STATE[state],
+                    None if age == no_beat else age / 1000.0 + since, rate,
+                    1.0 / ewma if ewma > 0 and isfinite(ewma) else None, ewma, mn, mx, loss, loss_step, beats, cpu,
+                    cpu_frac,
+                    rflags, cflags, None if ecode == unknown else ecode, esig or None))
+        return out
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self._wall_ns() / 1e9, self.job, self.node_views(), self.rank_views(),
+                        dict(self.counters), list(self.events))
+
+
+def _addr_text(addr: Any) -> str:
+    return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else str(addr or "")
