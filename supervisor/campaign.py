@@ -1,8 +1,7 @@
-"""The campaign directory (contract): where a multi-attempt training campaign keeps its state.
+"""The campaign directory (contract): create it at submit, load its spec at run.
 
-Layout: ``campaign.json`` (what to run and how, written once at submit), ``batch.sh``, ``journal.jsonl``,
-``secret`` (0600, authenticates the heartbeat channel), ``logs/`` (one folder per attempt), ``live.json``
-(the live table), ``stacks/`` (stack dumps). The directory is private (0700): it holds the job secret.
+The file names live in ``supervisor.paths`` (``CampaignPaths``). The directory is private (0700): it holds
+the job secret.
 """
 
 from __future__ import annotations
@@ -15,44 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.errors import CampaignError
+from supervisor.paths import CampaignPaths
 
 SPEC_VERSION = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class CampaignPaths:
-    root: Path
-
-    @property
-    def spec(self) -> Path:
-        return self.root / "campaign.json"
-
-    @property
-    def batch_script(self) -> Path:
-        return self.root / "batch.sh"
-
-    @property
-    def journal(self) -> Path:
-        return self.root / "journal.jsonl"
-
-    @property
-    def secret(self) -> Path:
-        return self.root / "secret"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def live(self) -> Path:
-        return self.root / "live.json"
-
-    @property
-    def stacks(self) -> Path:
-        return self.root / "stacks"
-
-    def attempt_logs(self, job_id: str, restart: int) -> Path:
-        return self.logs / f"job{job_id}-restart{restart}"
 
 
 @dataclasses.dataclass(frozen=True)

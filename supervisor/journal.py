@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from supervisor import paths
 from supervisor.errors import CampaignError
 
 SCHEMA_VERSION = 1
-JOURNAL_NAME = "journal.jsonl"
+JOURNAL_NAME = paths.JOURNAL_NAME
 RESUMED = "journal_resumed"
 
 Event = dict[str, Any]

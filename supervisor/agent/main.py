@@ -24,7 +24,6 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.agent import SLOT_DIR_ENV, expand_slot_dir, slot_dir_for
 from supervisor.agent.discover import find_ranks
 from supervisor.agent.sampler import RankSlots
 from supervisor.agent.stacks import StackDumps
@@ -32,6 +31,7 @@ from supervisor.client.slot import check_slot_dir
 from supervisor.errors import ConfigError, SupervisorError, UsageError
 from supervisor.heartbeat import wire
 from supervisor.heartbeat.secret import ensure_private_dir, load_secret
+from supervisor.paths import SLOT_DIR_ENV, CampaignPaths, default_slot_dir, expand_slot_dir
 
 DISCOVER_S = 2.0  # how often /proc is scanned for ranks that have no slot (they never call the client)
 
@@ -51,7 +51,7 @@ class Agent:
         self.parent_pid, self.keep_slot_dir = parent_pid, keep_slot_dir
         self.slot_dir = slot_dir
         self.slots = RankSlots(slot_dir)
-        self.stacks = StackDumps(slot_dir, campaign / "stacks", node)
+        self.stacks = StackDumps(slot_dir, CampaignPaths(campaign).stacks, node)
         info = socket.getaddrinfo(supervisor[0], supervisor[1], type=socket.SOCK_DGRAM)[0]
         self.sock = socket.socket(info[0], socket.SOCK_DGRAM)
         self.sock.connect(info[4])  # only the supervisor's address can reach us; port-closed errors surface
@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _supervisor_from_campaign(campaign: Path) -> tuple[str, int]:
     try:
-        doc = json.loads((campaign / "aggregator.json").read_text())
+        doc = json.loads(CampaignPaths(campaign).address.read_text())
         return str(doc["host"]), int(doc["port"])
     except (OSError, ValueError, KeyError, TypeError):
         raise UsageError("no --supervisor given and no readable aggregator.json in the campaign directory",
@@ -236,8 +236,8 @@ def agent_from_args(args: argparse.Namespace) -> Agent:
     if min(args.sample_interval, args.report_interval, args.supervisor_timeout) <= 0:
         raise UsageError("intervals and timeouts must be positive", "pass values > 0")
     supervisor = _parse_hostport(args.supervisor) if args.supervisor else _supervisor_from_campaign(campaign)
-    key = wire.derive_key(load_secret(args.secret_file or campaign / "secret"))
-    slot_dir = expand_slot_dir(args.slot_dir or os.environ.get(SLOT_DIR_ENV) or str(slot_dir_for(args.job_id)),
+    key = wire.derive_key(load_secret(args.secret_file or CampaignPaths(campaign).secret))
+    slot_dir = expand_slot_dir(args.slot_dir or os.environ.get(SLOT_DIR_ENV) or str(default_slot_dir(args.job_id)),
                                job=args.job_id, node=args.node)
     ensure_private_dir(slot_dir)
     try:

@@ -20,9 +20,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from supervisor import paths as _paths
 from supervisor.client import slot as _slot
 
-ENV_SLOT_DIR = "SUPERVISOR_SLOT_DIR"
+ENV_SLOT_DIR = _paths.SLOT_DIR_ENV
 ENV_RESUME_FROM = "SUPERVISOR_RESUME_FROM"
 
 _init_lock = _thread.RLock()
@@ -149,8 +150,7 @@ def _init_locked() -> None:
     # One srun line serves every node: the agent and the rank fill in the node name the same way, so
     # several slurmd sharing one host (the local test cluster) never share a slot directory.
     node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-    slot_dir = slot_dir.replace("{node}", node).replace("{job}", os.environ.get("SLURM_JOB_ID", ""))
-    slot_dir = slot_dir.replace("{uid}", str(os.getuid()))
+    slot_dir = str(_paths.expand_slot_dir(slot_dir, job=os.environ.get("SLURM_JOB_ID", ""), node=node))
     try:
         # torchrun's RANK wins over SLURM_PROCID: under `srun torchrun`, PROCID numbers nodes.
         rank = _env_int(("RANK", "SLURM_PROCID"), 0)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor.errors import CampaignError, UsageError
+from supervisor.paths import CampaignPaths
 
 HELP = "supervise the training step inside an allocation (the batch step)"
 
@@ -52,7 +53,7 @@ def _campaign(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     if not args.command:
         raise UsageError("nothing to supervise", "pass --campaign DIR (made by supervise submit) or -- CMD...")
     root = Path(args.campaign) if args.campaign else Path("campaigns") / f"job{os.environ.get('SLURM_JOB_ID', 'local')}"
-    if (root / "campaign.json").exists():
+    if CampaignPaths(root).spec.exists():
         paths, spec = campaign.load(root)
         if list(spec.command) != list(args.command):
             raise CampaignError(f"{root} holds a campaign for another command", "pick a new --campaign directory")

@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from supervisor import paths
 from supervisor.errors import CampaignError
 
 HELP = "show the live state of a campaign"
-LIVE_NAME = "live.json"  # written by supervisor.heartbeat.live (kept literal: this command stays light)
+LIVE_NAME = paths.LIVE_NAME  # written by supervisor.heartbeat.live
 STALE_AFTER_S = 10.0
 
 
@@ -92,7 +93,7 @@ def campaign_summary(campaign: Path) -> dict[str, Any]:
     from supervisor import report
     from supervisor.journal import JournalError, read
 
-    path = campaign / "journal.jsonl"
+    path = campaign / paths.JOURNAL_NAME
     try:
         events = read(path) if path.exists() else []
     except JournalError as err:

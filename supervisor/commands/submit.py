@@ -15,6 +15,7 @@ from pathlib import Path
 
 from supervisor import __version__
 from supervisor.errors import UsageError
+from supervisor.paths import CampaignPaths
 
 HELP = "write a campaign's batch script and submit it with sbatch"
 
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     from supervisor import campaign
 
     root, spec, script, flags = build(args)
-    sbatch_argv = ["sbatch", "--parsable", *flags, str(root / "batch.sh")]
+    sbatch_argv = ["sbatch", "--parsable", *flags, str(CampaignPaths(root).batch_script)]
     if args.dry_run:
         print(script, end="")
         print("# submit with: " + " ".join(sbatch_argv))

@@ -78,14 +78,6 @@ def train_argv(
     return [*argv, *extra, *command]
 
 
-def slot_dir_template(job_id: str, uid: int | None = None) -> str:
-    """``SUPERVISOR_SLOT_DIR`` for ranks and agents: node-local shared memory, private to the job and user.
-
-    ``{node}`` is filled in by the client and the agent with the Slurm node name, so that several slurmd on one
-    host (the local test cluster) never share a slot directory."""
-    return f"/dev/shm/supervisor-{job_id}-{os.getuid() if uid is None else uid}-{{node}}"
-
-
 def start(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: str | None = None) -> subprocess.Popen[bytes]:
     """Start a step; its output is appended to ``log_path`` (0600). A new session keeps terminal signals out."""
     log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

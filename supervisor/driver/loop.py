@@ -21,7 +21,7 @@ import structlog
 
 from slurm.cli_backend import CliSlurmClient
 from slurm.env import SlurmEnv
-from supervisor.campaign import CampaignPaths, CampaignSpec
+from supervisor.campaign import CampaignSpec
 from supervisor.config import Config
 from supervisor.decisions import events as ev
 from supervisor.decisions import policy
@@ -44,6 +44,7 @@ from supervisor.driver.signals import Received, SignalInbox
 from supervisor.heartbeat import wire
 from supervisor.heartbeat.server import AggregatorServer
 from supervisor.journal import Journal
+from supervisor.paths import SLOT_DIR_ENV, CampaignPaths, slot_dir_template
 
 log = structlog.get_logger("supervisor")
 
@@ -228,7 +229,7 @@ class Supervisor(Actuators):
     def _step_env(self, resume: str | None) -> dict[str, str]:
         env = dict(os.environ)
         env["SUPERVISOR_CAMPAIGN"] = str(self.paths.root)
-        env["SUPERVISOR_SLOT_DIR"] = str(launcher.slot_dir_template(self.job_id))
+        env[SLOT_DIR_ENV] = slot_dir_template(self.job_id)
         env["SUPERVISOR_RESUME_FROM"] = resume or ""
         return env
 

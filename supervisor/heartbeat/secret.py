@@ -12,9 +12,10 @@ import secrets
 import stat
 from pathlib import Path
 
+from supervisor import paths
 from supervisor.errors import CampaignError, ConfigError
 
-SECRET_NAME = "secret"
+SECRET_NAME = paths.SECRET_NAME
 SECRET_BYTES = 32
 
 

@@ -17,13 +17,14 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from supervisor import paths
 from supervisor.heartbeat import wire
 from supervisor.heartbeat.live import live_document, write_private_json
 from supervisor.heartbeat.secret import create_secret, ensure_private_dir
 from supervisor.heartbeat.table import ABNORMAL_NAMES, LiveTable, NodeView, RankView, Snapshot
 
-ADDR_NAME = "aggregator.json"
-LIVE_NAME = "live.json"
+ADDR_NAME = paths.ADDRESS_NAME
+LIVE_NAME = paths.LIVE_NAME
 
 
 class AggregatorServer:

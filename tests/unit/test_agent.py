@@ -12,12 +12,12 @@ import psutil
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.agent import expand_slot_dir
 from supervisor.agent.main import Agent
 from supervisor.agent.procwatch import ProcWatch
 from supervisor.agent.sampler import RankSlots
 from supervisor.client.slot import FLAG_STOP, SlotWriter
 from supervisor.heartbeat import wire
+from supervisor.paths import expand_slot_dir
 
 KEY = wire.derive_key(b"a" * 32)
 
