@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from supervisor import alerts
+from supervisor import alerts, procstate
 from supervisor.decisions import events as ev
 from supervisor.decisions import policy
 from supervisor.decisions.ledger import Ledger
@@ -144,11 +144,11 @@ class Actuators:
         wanted = 0
         for node in step.nodes:
             ranks = [r for r in self._live(step).ranks if r.node == node]
-            stopped = [r.rank for r in ranks if r.state == "stopped"]
+            stopped = [r.rank for r in ranks if r.state == procstate.STOPPED]
             for rank in stopped:
                 self.record({"type": "stacks", "t": self.clock(), "node": node, "rank": rank,
                              "result": "stacks_failed", "detail": "the process is stopped (SIGSTOP/debugger)"})
-            live = [r.rank for r in ranks if r.state not in ("stopped", "exited", "gone", "zombie")]
+            live = [r.rank for r in ranks if r.state != procstate.STOPPED and r.state not in procstate.ENDED]
             if live:
                 self.server.send(node, [wire.Command(wire.CMD_DUMP_STACKS, r) for r in live])
                 wanted += len(live)

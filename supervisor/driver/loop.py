@@ -21,6 +21,7 @@ import structlog
 
 from slurm.cli_backend import CliSlurmClient
 from slurm.env import SlurmEnv
+from supervisor import procstate
 from supervisor.campaign import CampaignSpec
 from supervisor.config import Config
 from supervisor.decisions import events as ev
@@ -400,7 +401,7 @@ class Supervisor(Actuators):
 
     def _observe(self, step: Step) -> list[DetectionEvent]:
         live = self._live(step)
-        finite = [r.loss_step for r in live.ranks if r.loss_step >= 0 and math.isfinite(r.loss)]
+        finite = [r.loss_step for r in live.ranks if r.loss is not None and math.isfinite(r.loss)]
         if finite:  # the newest step known to have a finite loss: later checkpoints are suspect after a NaN
             self.last_finite_loss_step = max(self.last_finite_loss_step or 0, max(finite))
         snap = snapshot_from_live(live, launch_age_s=time.monotonic() - step.started)
@@ -415,7 +416,7 @@ class Supervisor(Actuators):
         ranks = self._live(step).ranks
         exits = tuple(
             RankExit(node=r.node, rank=r.rank, exit_code=r.exit_code, signal=r.exit_signal)
-            for r in ranks if r.state in ("exited", "zombie", "gone") and (r.exit_code is not None or r.exit_signal)
+            for r in ranks if r.state in procstate.ENDED and (r.exit_code is not None or r.exit_signal)
         )  # fmt: skip
         hung: dict[str, set[int]] = {}
         for d in detections or []:

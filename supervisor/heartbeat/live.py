@@ -54,12 +54,12 @@ def live_document(snap: Snapshot, *, max_rank_rows: int = 4096, max_node_rows: i
         d = r._asdict()
         for k in ("beat_age_s", "steps_per_s", "ewma_steps_per_s", "ewma_s", "min_s", "max_s", "cpu_s", "cpu_frac"):
             d[k] = _num(d[k])
-        d["loss"] = _num(r.loss, 6) if math.isfinite(r.loss) else repr(r.loss)
+        d["loss"] = None if r.loss is None else _num(r.loss, 6) if math.isfinite(r.loss) else repr(r.loss)
         rows.append(d)
     return {
         "schema": LIVE_SCHEMA, "job": snap.job, "written_wall": snap.taken_wall,
         "nodes_total": len(snap.nodes),
-        "nodes": [{"node": n.node, "staleness_s": _num(n.staleness_s), "ranks": n.ranks, "frames": n.frames,
+        "nodes": [{"node": n.node, "staleness_s": _num(n.staleness_s), "ranks": n.rank_count, "frames": n.frames,
                    "seq": n.seq, "lag_s": _num(n.lag_s), "addr": n.addr} for n in sorted(nodes, key=lambda n: n.node)],
         "ranks_total": len(snap.ranks), "ranks": rows, "counters": snap.counters, "events": snap.events[-50:],
     }

@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from supervisor import procstate
 from supervisor.heartbeat import wire
 
-ABNORMAL = frozenset((wire.ST_STOPPED, wire.ST_ZOMBIE, wire.ST_GONE, wire.ST_EXITED, wire.ST_NO_PID))
-ABNORMAL_NAMES = frozenset(wire.STATES[s] for s in ABNORMAL)
+ABNORMAL_NAMES = procstate.ABNORMAL
 
 
 @dataclass(slots=True)
@@ -43,36 +43,44 @@ class _Node:
 
 
 class RankView(NamedTuple):
-    """One rank as last reported (a NamedTuple: 131k of them are built per snapshot)."""
+    """One rank as the supervisor last saw it: what the table produces and every detector reads.
 
+    A NamedTuple because 131k of them are built per snapshot.  Ages are seconds measured by the supervisor.
+    Only ``rank`` and ``node`` are required, so detectors' tests and simulations can build views by hand.
+    """
 
-    node: str
     rank: int
-    pid: int
-    step: int
-    phase: str
-    state: str
-    beat_age_s: float | None
-    steps_per_s: float | None  # from step deltas over the rate window; None until two frames are that far apart
-    ewma_steps_per_s: float | None  # 1 / the client's iteration-time EWMA
-    ewma_s: float
-    min_s: float
-    max_s: float
-    loss: float
-    loss_step: int  # -1: the rank never gave a loss (``loss`` is then a meaningless NaN)
-    beats: int
-    cpu_s: float
-    cpu_frac: float | None  # CPU seconds per wall second over the rate window (progress of a silent rank)
-    rank_flags: int
-    control_flags: int
-    exit_code: int | None
-    exit_signal: int | None
+    node: str
+    pid: int = 0  # 0: no process known (as on the wire)
+    step: int | None = None  # None: no step reported (hand-built views; the table always has the slot's step)
+    phase: str | None = None  # "init", "step", "checkpoint", ... None: unknown
+    beat_age_s: float | None = None  # None: the rank never beat (it does not use the client)
+    state: str = procstate.UNKNOWN  # process state, a name from ``supervisor.procstate``
+    ewma_s: float | None = None  # the client's iteration-time EWMA; None before the first timed iteration
+    min_s: float | None = None  # fastest / slowest iteration in the client's window; None before one
+    max_s: float | None = None
+    loss: float | None = None  # the last loss given (NaN/Inf kept: the NaN detector needs them); None: none given
+    loss_step: int = -1  # the step of ``loss``; -1 when no loss was ever given
+    exit_code: int | None = None  # when the agent saw the process end with a known code
+    exit_signal: int | None = None  # the signal that killed it, when known
+    steps_per_s: float | None = None  # step deltas over the rate window; None until two frames are that far apart
+    ewma_steps_per_s: float | None = None  # 1 / ewma_s
+    beats: int = 0
+    cpu_s: float = 0.0
+    cpu_frac: float | None = None  # CPU seconds per wall second over the rate window (progress of a silent rank)
+    rank_flags: int = 0
+    control_flags: int = 0
+
+    @property
+    def exit_status(self) -> int | None:
+        """The shell's convention in one number: minus the signal when killed by one, else the exit code."""
+        return -self.exit_signal if self.exit_signal else self.exit_code
 
 
 class NodeView(NamedTuple):
     node: str
     staleness_s: float  # our clock since the last summary arrived
-    ranks: int
+    rank_count: int
     frames: int
     seq: int
     lag_s: float  # receive wall time - send wall time (transit + clock offset)
@@ -100,7 +108,7 @@ def _phase_names() -> tuple[str, ...]:
 
 PHASE_NAMES = _phase_names()
 _PHASE = PHASE_NAMES + tuple(f"phase{i}" for i in range(len(PHASE_NAMES), 256))
-_STATE = tuple(wire.STATES) + tuple(f"state{i}" for i in range(len(wire.STATES), 256))
+_STATE = tuple(procstate.name(i) for i in range(256))
 
 
 class LiveTable:
@@ -188,11 +196,10 @@ class LiveTable:
                     rate = (step - b[2]) / span
                     cpu_frac = max(0.0, cpu - b[16]) / span
                 append(RankView(
-                    node, rank, pid, step, _PHASE[phase], _STATE[state],
-                    None if age == no_beat else age / 1000.0 + since, rate,
-                    1.0 / ewma if ewma > 0 and isfinite(ewma) else None, ewma, mn, mx, loss, loss_step, beats, cpu,
-                    cpu_frac,
-                    rflags, cflags, None if ecode == unknown else ecode, esig or None))
+                    rank, node, pid, step, _PHASE[phase], None if age == no_beat else age / 1000.0 + since,
+                    _STATE[state], ewma if ewma > 0 else None, mn if mn > 0 else None, mx if mx > 0 else None,
+                    None if loss_step < 0 else loss, loss_step, None if ecode == unknown else ecode, esig or None,
+                    rate, 1.0 / ewma if ewma > 0 and isfinite(ewma) else None, beats, cpu, cpu_frac, rflags, cflags))
         return out
 
     def snapshot(self) -> Snapshot:

@@ -20,9 +20,11 @@ import hmac
 import math
 import struct
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from supervisor import procstate
 
 MAGIC = b"SVW1"
 VERSION = 1
@@ -61,10 +63,11 @@ EVENT_STACKS_SAVED = 1  # text = path of the saved dump
 EVENT_STACKS_FAILED = 2  # text = why
 EVENT_NAMES = ("", "stacks_saved", "stacks_failed")
 
-# Process states as seen by the agent.  ``gone``: the pid vanished and, not being its parent, the agent
-# cannot know the exit code (srun's exit status tells it); ``exited`` is for a future parent-side agent.
-STATES = ("unknown", "running", "sleeping", "disk_wait", "stopped", "zombie", "gone", "exited", "no_pid")
-ST_UNKNOWN, ST_RUNNING, ST_SLEEPING, ST_DISK, ST_STOPPED, ST_ZOMBIE, ST_GONE, ST_EXITED, ST_NO_PID = range(9)
+# Process states travel as one byte: the code of a name in ``supervisor.procstate`` (the one vocabulary).
+STATES = procstate.NAMES
+ST_UNKNOWN, ST_RUNNING, ST_SLEEPING = procstate.CODES["unknown"], procstate.CODES["running"], procstate.CODES["sleeping"]
+ST_DISK, ST_STOPPED, ST_ZOMBIE = procstate.CODES["disk_wait"], procstate.CODES["stopped"], procstate.CODES["zombie"]
+ST_GONE, ST_EXITED, ST_NO_PID = procstate.CODES["gone"], procstate.CODES["exited"], procstate.CODES["no_pid"]
 
 NO_BEAT = 0xFFFFFFFF  # beat_age_ms when the rank never beat
 EXIT_UNKNOWN = -1
@@ -318,12 +321,3 @@ def flags_arg(flags: int, at_step: int = 0) -> int:
 
 def split_flags_arg(arg: int) -> tuple[int, int]:
     return arg & 0xFF, arg >> 8
-
-
-def describe_commands(cmds: Iterable[Command]) -> list[str]:
-    """Human-readable command list, for logs."""
-    out = []
-    for c in cmds:
-        name = COMMAND_NAMES[c.command] if c.command < len(COMMAND_NAMES) else f"cmd{c.command}"
-        out.append(f"{name}(rank={'all' if c.rank == ALL_RANKS else c.rank}, arg={c.arg})")
-    return out

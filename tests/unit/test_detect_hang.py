@@ -35,7 +35,7 @@ class Cluster:
         self.last_beat = {r: 0.0 for r in range(ranks)}
         self.step = {r: 0 for r in range(ranks)}
         self.frozen: set[int] = set()
-        self.state = {r: "S" for r in range(ranks)}
+        self.state = {r: "sleeping" for r in range(ranks)}
         self.node_age = {"node1": 0.0, "node2": 0.0}
 
     def advance(self, now, durations=None):
@@ -57,7 +57,7 @@ class Cluster:
                 step=self.step[r],
                 phase="step",
                 beat_age_s=now - self.last_beat[r],
-                proc_state=self.state[r],
+                state=self.state[r],
             )
             for r in self.last_beat
         ]
@@ -120,11 +120,11 @@ def test_a_stopped_process_is_a_hang_after_a_short_grace():
     det, cl = Detector(fast_config()), Cluster()
     run(det, cl, 0, 30)
     cl.frozen.add(2)
-    cl.state[2] = "T"
+    cl.state[2] = "stopped"
     found = run(det, cl, 30, 33)
     kinds = [(t, e.kind, e.ranks) for t, e in found]
     assert kinds and kinds[0][1:] == (RANK_STOPPED, (2,)) and kinds[0][0] <= 32.25
-    cl.state[2], cl.frozen = "S", set()  # SIGCONT: it resumes
+    cl.state[2], cl.frozen = "sleeping", set()  # SIGCONT: it resumes
     cl.last_beat[2] = 33.0
     assert run(det, cl, 33, 36) == []
     cl.state[2] = "stopped"
@@ -136,8 +136,8 @@ def test_exited_and_zombie_ranks_are_reported_with_their_exit_code():
     run(det, cl, 0, 5)
     snap = cl.snapshot(5.0)
     views = list(snap.ranks())
-    views[0] = RankView(0, "node1", 1000, 5, "step", 0.1, proc_state="exited", exit_code=-9)
-    views[1] = RankView(1, "node1", 1001, 5, "step", 0.1, proc_state="Z")
+    views[0] = RankView(0, "node1", 1000, 5, "step", 0.1, state="exited", exit_signal=9)
+    views[1] = RankView(1, "node1", 1001, 5, "step", 0.1, state="zombie")
     snap = Snapshot((NodeView("node1", 0.0, tuple(views[:2])), NodeView("node2", 0.0, tuple(views[2:]))))
     found = det.observe(snap, 5.0)
     assert sorted((e.kind, e.ranks) for e in found) == [(RANK_EXITED, (0,)), (RANK_EXITED, (1,))]
@@ -161,7 +161,7 @@ def test_a_silent_node_is_reported_as_such_and_not_as_hung_ranks():
 
 def test_ranks_without_the_client_are_never_called_hung():
     det = Detector(fast_config())
-    views = tuple(RankView(r, "node1", 10 + r, proc_state="S") for r in range(2))
+    views = tuple(RankView(r, "node1", 10 + r, state="sleeping") for r in range(2))
     for t in range(0, 5000, 100):
         assert det.observe(Snapshot((NodeView("node1", 0.0, views),)), float(t)) == []
 
@@ -221,8 +221,8 @@ def test_ranks_waiting_for_a_peers_checkpoint_are_not_hung_but_a_stuck_checkpoin
     run(det, cl, 0, 30)
 
     def table(t, saver_phase="checkpoint"):
-        views = [RankView(0, "node1", 1000, 30, saver_phase, t - 30.0, proc_state="S")]
-        views += [RankView(r, NODES[r], 1000 + r, 30, "step", t - 30.0, proc_state="S") for r in (1, 2, 3)]
+        views = [RankView(0, "node1", 1000, 30, saver_phase, t - 30.0, state="sleeping")]
+        views += [RankView(r, NODES[r], 1000 + r, 30, "step", t - 30.0, state="sleeping") for r in (1, 2, 3)]
         return Snapshot(tuple(NodeView(n, 0.0, tuple(v for v in views if v.node == n)) for n in ("node1", "node2")))
 
     assert [e for t in range(30, 90) for e in det.observe(table(float(t)), float(t))] == []

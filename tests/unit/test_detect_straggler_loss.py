@@ -26,7 +26,7 @@ from supervisor.decisions.detect.straggler import median_without
 
 def table(ewmas, step=10):
     views = tuple(
-        RankView(r, f"node{r // 2 + 1}", 100 + r, step, "step", 0.1, iter_ewma_s=e)
+        RankView(r, f"node{r // 2 + 1}", 100 + r, step, "step", 0.1, ewma_s=e)
         for r, e in enumerate(ewmas)
     )
     return Snapshot((NodeView("all", 0.0, views),))

@@ -35,8 +35,8 @@ def snapshot(t, stopped_rank=None, stopped_at=None):
         frozen = stopped_rank == r and stopped_at is not None and t >= stopped_at
         last = stopped_at if frozen else float(int(t))
         views.append(
-            RankView(r, node, 100 + r, int(last), "step", t - last, iter_ewma_s=1.0, iter_max_s=1.05,
-                     proc_state="T" if frozen else "S")
+            RankView(r, node, 100 + r, int(last), "step", t - last, ewma_s=1.0, max_s=1.05,
+                     state="stopped" if frozen else "sleeping")
         )  # fmt: skip
     return Snapshot(tuple(NodeView(n, 0.1, tuple(v for v in views if v.node == n)) for n in ("node1", "node2")))
 

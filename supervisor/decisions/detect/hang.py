@@ -107,7 +107,7 @@ class HangDetector:
     def observe(self, snapshot: Snapshot, now: float) -> list[DetectionEvent]:
         events: list[DetectionEvent] = []
         current: set[tuple[str, str]] = set()
-        silent_nodes = [n for n in snapshot.nodes if n.summary_age_s > self.config.node_silence_s]
+        silent_nodes = [n for n in snapshot.nodes if n.staleness_s > self.config.node_silence_s]
         for node in silent_nodes:
             key = (NODE_SILENT, node.node)
             current.add(key)
@@ -118,32 +118,32 @@ class HangDetector:
                         ranks=tuple(sorted(r.rank for r in node.ranks)),
                         nodes=(node.node,),
                         metric="summary_age_s",
-                        value=node.summary_age_s,
+                        value=node.staleness_s,
                         threshold=self.config.node_silence_s,
-                        duration_s=node.summary_age_s,
-                        evidence=(f"no summary from the node agent on {node.node} for {node.summary_age_s:.1f}s",),
+                        duration_s=node.staleness_s,
+                        evidence=(f"no summary from the node agent on {node.node} for {node.staleness_s:.1f}s",),
                     )
                 )
-        stale_names = {n.node for n in snapshot.nodes if n.summary_age_s > self.config.node_stale_s}
+        stale_names = {n.node for n in snapshot.nodes if n.staleness_s > self.config.node_stale_s}
         beating: list[tuple[RankView, RankTrack]] = []
         hung: list[tuple[RankView, float, float]] = []  # (view, age, timeout)
         for view in snapshot.ranks():
             if view.node in stale_names:
                 continue  # its data is not current (and if it stays so, node_silent covers it)
             track = self._learn(view, now)
-            meaning = proc_meaning(view.proc_state)
+            meaning = proc_meaning(view.state)
             if meaning == "gone":
                 key = (RANK_EXITED, str(view.rank))
                 current.add(key)
                 if key not in self.state.active:
-                    code = "unknown" if view.exit_code is None else str(view.exit_code)
+                    code = "unknown" if view.exit_status is None else str(view.exit_status)
                     events.append(
                         DetectionEvent(
                             kind=RANK_EXITED,
                             ranks=(view.rank,),
                             nodes=(view.node,),
                             metric="exit_code",
-                            value=None if view.exit_code is None else float(view.exit_code),
+                            value=None if view.exit_status is None else float(view.exit_status),
                             evidence=(f"rank {view.rank} on {view.node} (pid {view.pid}) exited, code {code}",),
                         )
                     )
@@ -166,7 +166,7 @@ class HangDetector:
                                 duration_s=stopped_for,
                                 evidence=(
                                     f"rank {view.rank} on {view.node} (pid {view.pid}) is in stopped state "
-                                    f"({view.proc_state}) for {stopped_for:.1f}s",
+                                    f"({view.state}) for {stopped_for:.1f}s",
                                 ),
                             )
                         )

@@ -1,18 +1,22 @@
 """What the detectors see and what they say.
 
-The aggregator's live table is adapted into these small immutable views (one per rank and per node) so the
-detectors stay pure and can be driven by hand-written snapshots in tests and simulations.
+A rank is the live table's own ``RankView`` (``supervisor.heartbeat.table``: one type, one set of field names
+from the table to the detectors); a detector snapshot groups those views by node with each node's staleness,
+so the detectors stay pure and can be driven by hand-written snapshots in tests and simulations.  Process
+states are the names of ``supervisor.procstate``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# Process states as psutil or /proc report them, folded into three meanings.
-_STOPPED = frozenset({"T", "t", "stopped", "tracing-stop"})
-_GONE = frozenset({"Z", "X", "x", "zombie", "dead", "exited", "gone"})
+from supervisor import procstate
+from supervisor.heartbeat.table import RankView as RankView  # re-exported: detectors name it from here
+
+if TYPE_CHECKING:
+    from supervisor.heartbeat import table
 
 # Detection kinds. "fault" kinds interrupt the run (the loop classifies and acts); "warning" kinds are alerts.
 RANK_HANG = "rank_hang"  # some ranks silent longer than their phase's timeout
@@ -29,37 +33,13 @@ WARNING_KINDS = frozenset({STRAGGLER, LOSS_SPIKE})
 HANG_KINDS = frozenset({RANK_HANG, RANK_STOPPED, GLOBAL_STALL})
 
 
-def proc_meaning(state: str | None) -> str:
-    """'stopped', 'gone' or 'alive' (unknown states count as alive: only positive evidence raises alarms)."""
-    if state in _STOPPED:
-        return "stopped"
-    if state in _GONE:
-        return "gone"
-    return "alive"
-
-
-@dataclass(frozen=True)
-class RankView:
-    """One rank as the supervisor last saw it. Ages are seconds, measured by the aggregator."""
-
-    rank: int
-    node: str
-    pid: int | None = None
-    step: int | None = None  # None: the rank has not reported a step yet
-    phase: str | None = None  # "init", "step", "checkpoint", "eval", ... None: never beat (no client)
-    beat_age_s: float | None = None  # None: the rank never beat (it does not use the client)
-    iter_ewma_s: float | None = None
-    iter_min_s: float | None = None
-    iter_max_s: float | None = None
-    loss: float | None = None
-    proc_state: str | None = None  # psutil status or /proc state letter
-    exit_code: int | None = None  # when the agent saw the process end (negative: killed by that signal)
+proc_meaning = procstate.meaning  # 'stopped', 'gone' or 'alive' (unknown states count as alive)
 
 
 @dataclass(frozen=True)
 class NodeView:
     node: str
-    summary_age_s: float  # time since the node agent's last summary
+    staleness_s: float  # time since the node agent's last summary
     ranks: tuple[RankView, ...] = ()
 
 
@@ -99,59 +79,17 @@ class DetectionEvent:
         data["evidence"] = list(self.evidence)
         return data
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DetectionEvent:
-        """Rebuild from a journal line (unknown fields ignored)."""
-        return cls(
-            kind=str(data["kind"]),
-            ranks=tuple(int(r) for r in data.get("ranks", ())),
-            nodes=tuple(str(n) for n in data.get("nodes", ())),
-            metric=str(data.get("metric", "")),
-            value=_opt_float(data.get("value")),
-            threshold=_opt_float(data.get("threshold")),
-            duration_s=_opt_float(data.get("duration_s")),
-            evidence=tuple(str(e) for e in data.get("evidence", ())),
-        )
-
-
-def _opt_float(value: Any) -> float | None:
-    return None if value is None else float(value)  # float('nan') parses the journal's "nan" strings too
-
 
 def sorted_nodes(nodes: Sequence[str] | set[str]) -> tuple[str, ...]:
     return tuple(sorted(set(nodes)))
 
 
-def snapshot_from_live(live: Any, launch_age_s: float = 0.0) -> Snapshot:
-    """Adapt an aggregator snapshot (``supervisor.heartbeat.table.Snapshot``: ``.nodes`` name -> view with
-    ``staleness_s``, ``.ranks`` views with ``beat_age_s``, ``ewma_s``...) without importing the aggregator.
-
-    A rank view's ``loss_step < 0`` means "no loss given" (the slot stores NaN then); without that field a
-    NaN loss cannot be told from "never given" and is reported as non-finite."""
+def snapshot_from_live(live: table.Snapshot, launch_age_s: float = 0.0) -> Snapshot:
+    """Group a live-table snapshot's rank views by node, each node with its staleness (a node that lost all
+    its ranks still counts: its silence is evidence)."""
     by_node: dict[str, list[RankView]] = {name: [] for name in live.nodes}
     for r in live.ranks:
-        signal = getattr(r, "exit_signal", None)
-        code = -int(signal) if signal else getattr(r, "exit_code", None)
-        ewma = getattr(r, "ewma_s", None)
-        loss = getattr(r, "loss", None)
-        if getattr(r, "loss_step", 0) < 0:  # the slot's "no loss ever given" (its loss field is then NaN)
-            loss = None
-        by_node.setdefault(r.node, []).append(
-            RankView(
-                rank=r.rank,
-                node=r.node,
-                pid=r.pid,
-                step=r.step,
-                phase=r.phase,
-                beat_age_s=r.beat_age_s,
-                iter_ewma_s=ewma if ewma is not None and ewma > 0 else None,
-                iter_min_s=getattr(r, "min_s", None) or None,
-                iter_max_s=getattr(r, "max_s", None) or None,
-                loss=loss,
-                proc_state=r.state,
-                exit_code=code,
-            )
-        )
+        by_node.setdefault(r.node, []).append(r)
     nodes = tuple(
         NodeView(name, live.nodes[name].staleness_s if name in live.nodes else float("inf"), tuple(views))
         for name, views in sorted(by_node.items())

@@ -68,23 +68,23 @@ class StragglerDetector:
             v
             for v in snapshot.ranks()
             if v.phase == "step"
-            and v.iter_ewma_s is not None
-            and math.isfinite(v.iter_ewma_s)
-            and v.iter_ewma_s > 0
+            and v.ewma_s is not None
+            and math.isfinite(v.ewma_s)
+            and v.ewma_s > 0
             and v.beat_age_s is not None
             and v.beat_age_s <= c.max_beat_age_s
-            and proc_meaning(v.proc_state) == "alive"
+            and proc_meaning(v.state) == "alive"
         ]
         if len(views) < c.min_ranks:
             self.state.streaks = {}
             return []
-        ordered = sorted(v.iter_ewma_s for v in views if v.iter_ewma_s is not None)
+        ordered = sorted(v.ewma_s for v in views if v.ewma_s is not None)
         events = []
         streaks: dict[int, int] = {}
         for v in views:
-            assert v.iter_ewma_s is not None
-            peers = median_without(ordered, v.iter_ewma_s)
-            if v.iter_ewma_s > c.factor * peers:
+            assert v.ewma_s is not None
+            peers = median_without(ordered, v.ewma_s)
+            if v.ewma_s > c.factor * peers:
                 streaks[v.rank] = self.state.streaks.get(v.rank, 0) + 1
                 if streaks[v.rank] == c.consecutive:
                     events.append(
@@ -93,12 +93,12 @@ class StragglerDetector:
                             ranks=(v.rank,),
                             nodes=(v.node,),
                             metric="iter_ewma_s",
-                            value=v.iter_ewma_s,
+                            value=v.ewma_s,
                             threshold=c.factor * peers,
                             duration_s=(c.consecutive - 1) * c.interval_s,
                             evidence=(
-                                f"rank {v.rank} on {v.node}: {v.iter_ewma_s:.3g}s/iteration vs peers' median "
-                                f"{peers:.3g}s ({v.iter_ewma_s / peers:.2f}x) at {c.consecutive} checks in a row",
+                                f"rank {v.rank} on {v.node}: {v.ewma_s:.3g}s/iteration vs peers' median "
+                                f"{peers:.3g}s ({v.ewma_s / peers:.2f}x) at {c.consecutive} checks in a row",
                             ),
                         )
                     )
