@@ -142,7 +142,7 @@ def over_udp(total_ranks: int, seconds: int) -> dict[str, float]:
     nodes = total_ranks // RANKS_PER_NODE
     with tempfile.TemporaryDirectory() as tmp:
         # Production defaults: keepalives to every node each 5 s, live.json each >= 1 s (adaptive).
-        server = AggregatorServer(tmp, JOB, secret=SECRET, rate_window_s=1.0)
+        server = AggregatorServer(tmp, JOB, secret=SECRET, channel=b"", rate_window_s=1.0)  # frames pre-encoded with KEY
         # Frames carry their encode time; accept them however long the sender took to pre-encode.
         server.table.guard.window_s = 3600
         ctx = mp.get_context("fork")

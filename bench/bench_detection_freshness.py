@@ -70,6 +70,7 @@ class Rig:
     def __init__(self, tmp: Path, sample_s: float, report_s: float) -> None:
         self.server = AggregatorServer(tmp / "campaign", JOB, rate_window_s=1.0, keepalive_interval_s=1.0,
                                        live_interval_s=3600)
+        self.server.write_address_file()  # the agent reads this run's channel value there
         self.slots = tmp / "slots"
         self.slots.mkdir(mode=0o700)
         self.script = tmp / "rank.py"

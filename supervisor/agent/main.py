@@ -16,6 +16,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import sys
 import time
 from collections import Counter
@@ -26,11 +27,12 @@ import psutil
 
 from supervisor.agent.discover import find_ranks
 from supervisor.agent.sampler import RankSlots
+from supervisor.agent.slotdir import make_slot_dir
 from supervisor.agent.stacks import StackDumps
 from supervisor.client.slot import check_slot_dir
 from supervisor.errors import ConfigError, SupervisorError, UsageError
 from supervisor.heartbeat import wire
-from supervisor.heartbeat.secret import ensure_private_dir, load_secret
+from supervisor.heartbeat.secret import load_secret
 from supervisor.paths import SLOT_DIR_ENV, CampaignPaths, default_slot_dir, expand_slot_dir
 
 DISCOVER_S = 2.0  # how often /proc is scanned for ranks that have no slot (they never call the client)
@@ -202,7 +204,7 @@ def _parse_hostport(text: str) -> tuple[str, int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m supervisor.agent", description=__doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--campaign", required=True, help="campaign directory (holds `secret`; stack dumps go there)")
-    p.add_argument("--supervisor", help="HOST:PORT of the aggregator (default: from CAMPAIGN/aggregator.json)")
+    p.add_argument("--supervisor", help="HOST:PORT of the aggregator (default: from CAMPAIGN/aggregator.json, which the agent reads in any case for this Slurm run's channel key)")
     p.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID", ""), help="default: $SLURM_JOB_ID")
     p.add_argument("--node", default=os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
                    help="node name reported (default: $SLURMD_NODENAME or the short hostname)")
@@ -218,13 +220,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _supervisor_from_campaign(campaign: Path) -> tuple[str, int]:
+def read_address_file(campaign: Path) -> tuple[tuple[str, int], bytes]:
+    """This Slurm run's aggregator address and channel value from ``CAMPAIGN/aggregator.json`` (0600).
+
+    The channel value is mixed into the wire key, so the agent must read it even when ``--supervisor`` names
+    the address: it is published only through this private file, never on a command line."""
+    path = CampaignPaths(campaign).address
     try:
-        doc = json.loads(CampaignPaths(campaign).address.read_text())
-        return str(doc["host"]), int(doc["port"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UsageError("no --supervisor given and no readable aggregator.json in the campaign directory",
-                         "pass --supervisor HOST:PORT") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        raise UsageError(f"no readable {path.name} in the campaign directory {campaign}",
+                         "start the agents after the supervisor's aggregator wrote it") from None
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        if not stat.S_ISREG(mode) or mode & 0o077:
+            raise ConfigError(f"{path} is readable by others (mode {stat.S_IMODE(mode):o})", f"run `chmod 600 {path}`")
+        raw = fh.read(1 << 16)
+    try:
+        doc = json.loads(raw)
+        channel = bytes.fromhex(doc.get("channel", ""))
+        return (str(doc["host"]), int(doc["port"])), channel
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ConfigError(f"{path} is not an aggregator address file",
+                          "let the supervisor rewrite it (restart the Slurm run)") from None
 
 
 def agent_from_args(args: argparse.Namespace) -> Agent:
@@ -235,12 +253,14 @@ def agent_from_args(args: argparse.Namespace) -> Agent:
         raise ConfigError(f"campaign directory {campaign} does not exist", "pass the directory the supervisor made")
     if min(args.sample_interval, args.report_interval, args.supervisor_timeout) <= 0:
         raise UsageError("intervals and timeouts must be positive", "pass values > 0")
-    supervisor = _parse_hostport(args.supervisor) if args.supervisor else _supervisor_from_campaign(campaign)
-    key = wire.derive_key(load_secret(args.secret_file or CampaignPaths(campaign).secret))
+    secret = load_secret(args.secret_file or CampaignPaths(campaign).secret)
+    published, channel = read_address_file(campaign)
+    supervisor = _parse_hostport(args.supervisor) if args.supervisor else published
+    key = wire.derive_key(secret, channel)
     slot_dir = expand_slot_dir(args.slot_dir or os.environ.get(SLOT_DIR_ENV) or str(default_slot_dir(args.job_id)),
                                job=args.job_id, node=args.node)
-    ensure_private_dir(slot_dir)
     try:
+        make_slot_dir(slot_dir)
         check_slot_dir(slot_dir)
     except OSError as err:
         raise ConfigError(f"slot directory {slot_dir} is unsafe: {err}", "remove it or pass another --slot-dir") from None

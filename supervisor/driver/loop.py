@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import secrets
 import subprocess
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import structlog
 
 from slurm.cli_backend import CliSlurmClient
 from slurm.env import SlurmEnv
+from slurm.hostlist import compress
 from supervisor import procstate
 from supervisor.campaign import CampaignSpec
 from supervisor.config import Config
@@ -43,7 +45,7 @@ from supervisor.driver.actuators import Actuators, slot_flag
 from supervisor.driver.launcher import Step
 from supervisor.driver.signals import Received, SignalInbox
 from supervisor.heartbeat import wire
-from supervisor.heartbeat.server import AggregatorServer
+from supervisor.heartbeat.server import BIND_ENV, AggregatorServer, bind_address, resolve_sources
 from supervisor.journal import Journal
 from supervisor.paths import SLOT_DIR_ENV, CampaignPaths, slot_dir_template
 
@@ -100,6 +102,7 @@ class Supervisor(Actuators):
         self.agents_started = 0.0
         self.scheduled_end: float | None = None
         self.last_finite_loss_step: int | None = None
+        self.slot_token = secrets.token_hex(8)  # this Slurm run's slot directories get unguessable names
 
     # ----------------------------------------------------------------------------------------- journal
     def record(self, event: dict[str, Any]) -> None:
@@ -134,8 +137,10 @@ class Supervisor(Actuators):
             self._shutdown()
 
     def _start_channel(self) -> None:
-        host = self._bind_address()
-        self.server = AggregatorServer(self.paths.root, self.job_id, bind=(host, 0))
+        addrs = self._node_addrs()
+        host = bind_address(os.environ.get(BIND_ENV), addrs.get(self.env.batch_host or ""))
+        allowed = resolve_sources(addrs.get(n) for n in self.layout.nodes)
+        self.server = AggregatorServer(self.paths.root, self.job_id, bind=(host, 0), allowed_sources=allowed)
         self.server.write_address_file()
         self._spawn_agents(self.layout.nodes)
         self._wait_for_agents()
@@ -163,19 +168,20 @@ class Supervisor(Actuators):
         self.record({"type": "agents_missing", "t": self.clock(), "nodes": missing,
                      "reason": "node agents did not report in time; ranks there run without heartbeats"})
 
-    def _bind_address(self) -> str:
-        """Listen where the agents can reach the batch host: its NodeAddr (127.0.0.1 on the local cluster)."""
-        override = os.environ.get("SUPERVISOR_BIND")
-        if override:
-            return override
+    def _node_addrs(self) -> dict[str, str]:
+        """NodeAddr of the batch host and the allocation's nodes (127.0.0.1 on the local cluster); a node
+        missing from the answer is unknown (the bind address then fails clearly, the source filter is off)."""
+        names = sorted({*self.layout.nodes, *([self.env.batch_host] if self.env.batch_host else [])})
+        out: dict[str, str] = {}
         try:
-            out = self.slurm.run(["scontrol", "show", "node", "-o", self.env.batch_host or ""]).stdout
-            for token in out.split():
-                if token.startswith("NodeAddr="):
-                    return token.split("=", 1)[1]
-        except Exception:  # noqa: BLE001 - fall back to all interfaces; the channel is authenticated anyway
-            pass
-        return "0.0.0.0"  # noqa: S104
+            text = self.slurm.run(["scontrol", "show", "node", "-o", compress(names)]).stdout
+        except Exception:  # noqa: BLE001 - unknown, not empty: the callers decide what unknown means
+            return out
+        for line in text.splitlines():
+            fields = dict(t.split("=", 1) for t in line.split() if "=" in t)
+            if fields.get("NodeName") and fields.get("NodeAddr"):
+                out[fields["NodeName"]] = fields["NodeAddr"]
+        return out
 
     def _shutdown(self) -> None:
         if self.server is not None:
@@ -230,7 +236,7 @@ class Supervisor(Actuators):
     def _step_env(self, resume: str | None) -> dict[str, str]:
         env = dict(os.environ)
         env["SUPERVISOR_CAMPAIGN"] = str(self.paths.root)
-        env[SLOT_DIR_ENV] = slot_dir_template(self.job_id)
+        env[SLOT_DIR_ENV] = slot_dir_template(self.job_id, self.slot_token)
         env["SUPERVISOR_RESUME_FROM"] = resume or ""
         return env
 

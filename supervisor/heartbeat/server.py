@@ -14,10 +14,11 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from supervisor import paths
+from supervisor.errors import ConfigError
 from supervisor.heartbeat import wire
 from supervisor.heartbeat.live import live_document, write_private_json
 from supervisor.heartbeat.secret import create_secret, ensure_private_dir
@@ -25,6 +26,50 @@ from supervisor.heartbeat.table import ABNORMAL_NAMES, LiveTable, NodeView, Rank
 
 ADDR_NAME = paths.ADDRESS_NAME
 LIVE_NAME = paths.LIVE_NAME
+CHANNEL_BYTES = 16
+DRAIN_BUDGET_S = 0.02  # one poll reads datagrams for at most this long: a junk flood cannot stall the loop
+BIND_ENV = "SUPERVISOR_BIND"
+_WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]", "*", "0:0:0:0:0:0:0:0"})  # noqa: S104 - the ones refused
+_BIND_FIX = f"set {BIND_ENV} to this batch host's address on the network the compute nodes use"
+
+
+class ChannelError(ConfigError):
+    """The heartbeat channel cannot be set up so that the agents reach it (exit 3, a configuration problem)."""
+
+
+def bind_address(override: str | None, node_addr: str | None) -> str:
+    """The address the aggregator binds and advertises to the agents: ``override`` (``SUPERVISOR_BIND``) if set,
+    else the batch host's Slurm ``NodeAddr`` (None when it could not be read).
+
+    Never a wildcard: a socket bound to 0.0.0.0 listens on every network of the batch host, and the address
+    the agents are told must be one they can reach; without a usable address the run stops at once with
+    ``ChannelError`` rather than starting agents that could never report."""
+    if override is not None and override.strip():
+        host = override.strip().strip("[]")
+        if host in _WILDCARDS:
+            raise ChannelError(f"{BIND_ENV}={override!r} is a wildcard: agents cannot be told to reach it", _BIND_FIX)
+        return host
+    if node_addr is None:
+        raise ChannelError("cannot tell the batch host's address (its Slurm NodeAddr could not be read)", _BIND_FIX)
+    host = node_addr.strip().strip("[]")
+    if host in _WILDCARDS:
+        raise ChannelError(f"the batch host's Slurm NodeAddr is {node_addr!r}, which agents cannot reach", _BIND_FIX)
+    return host
+
+
+def resolve_sources(hosts: Iterable[str | None]) -> frozenset[str] | None:
+    """The IP addresses datagrams from ``hosts`` (the allocation's node addresses) arrive from; None when any is
+    unknown or does not resolve (then no datagram is dropped by source: nobody is silenced on missing data)."""
+    out: set[str] = set()
+    for host in hosts:
+        if not host:
+            return None
+        try:
+            infos = socket.getaddrinfo(host.strip("[]"), None, type=socket.SOCK_DGRAM)
+        except (OSError, UnicodeError):
+            return None
+        out.update(str(info[4][0]) for info in infos)
+    return frozenset(out) or None
 
 
 class AggregatorServer:
@@ -34,10 +79,14 @@ class AggregatorServer:
     """
 
     def __init__(self, campaign: str | os.PathLike[str], job: str, *, bind: tuple[str, int] = ("127.0.0.1", 0),
-                 secret: bytes | None = None, live_interval_s: float = 1.0, keepalive_interval_s: float = 5.0,
-                 rate_window_s: float = 3.0, max_rank_rows: int = 4096, rcvbuf: int = 64 << 20) -> None:
+                 secret: bytes | None = None, channel: bytes | None = None, live_interval_s: float = 1.0,
+                 keepalive_interval_s: float = 5.0, rate_window_s: float = 3.0, max_rank_rows: int = 4096,
+                 rcvbuf: int = 64 << 20, allowed_sources: Iterable[str] | None = None) -> None:
         self.campaign = ensure_private_dir(campaign)
-        self.key = wire.derive_key(secret if secret is not None else create_secret(self.campaign))
+        # A fresh channel value per server (= per Slurm run): mixed into the key, published only in the 0600
+        # address file, so frames recorded in an earlier run never authenticate here.  b"": none (tests, benches).
+        self.channel = secrets.token_bytes(CHANNEL_BYTES) if channel is None else channel
+        self.key = wire.derive_key(secret if secret is not None else create_secret(self.campaign), self.channel)
         self.table = LiveTable(self.key, job, rate_window_s=rate_window_s)
         self.job = job
         self.live_interval_s, self.keepalive_interval_s = live_interval_s, keepalive_interval_s
@@ -64,6 +113,8 @@ class AggregatorServer:
         self._live_cost = 0.0
         self._keepalive_queue: list[str] = []
         self.live_write_s = 0.0  # cost of the last live.json write, for benches
+        # Source IPs of the allocation's nodes: other datagrams are dropped before the HMAC. None: unknown.
+        self.allowed_sources: frozenset[str] | None = None if allowed_sources is None else frozenset(allowed_sources)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -71,24 +122,35 @@ class AggregatorServer:
         return host, port
 
     def write_address_file(self) -> Path:
+        """Publish the address and this run's channel value to the agents (``CAMPAIGN/aggregator.json``, 0600)."""
         path = self.campaign / ADDR_NAME
         write_private_json(path, {"host": self.address[0], "port": self.address[1], "pid": os.getpid(),
-                                  "job": self.job})
+                                  "job": self.job, "channel": self.channel.hex()})
         return path
 
-    def drain(self, limit: int = 100_000) -> int:
-        """Feed every queued datagram (up to ``limit``); return how many were read."""
-        recv, feed = self.sock.recvfrom, self.table.feed
+    def drain(self, budget_s: float = DRAIN_BUDGET_S) -> int:
+        """Feed queued datagrams for at most ``budget_s`` seconds; return how many were read.
+
+        Bounded by time, not count: rejecting a junk 65 kB datagram costs ~40 us, so a flood read to the end
+        would stall the supervisor's loop for seconds and make real nodes look silent."""
+        recv, feed, allowed, counters = self.sock.recvfrom, self.table.feed, self.allowed_sources, self.table.counters
+        clock = time.perf_counter
+        deadline = clock() + budget_s
         n = 0
-        while n < limit:
+        while True:
+            if n & 15 == 15 and clock() >= deadline:
+                break
             try:
                 data, addr = recv(wire.MAX_FRAME + 1)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:  # e.g. ECONNREFUSED echoes of ICMP errors: nothing to read
                 break
-            feed(data, addr)
             n += 1
+            if allowed is not None and addr[0] not in allowed:
+                counters["rejected_source"] += 1
+                continue
+            feed(data, addr)
         return n
 
     def poll(self, timeout: float) -> int:

@@ -9,8 +9,10 @@ when someone looks (no per-rank Python objects on the hot path).
 Frame = header | job id | node name | body | HMAC-SHA256(key, everything before the MAC).
 The MAC is checked first (``hmac.compare_digest``), so no attacker-chosen byte is parsed before it is
 authenticated; lengths are bounded and parsing is total: every bad frame raises ``FrameError`` with a
-short reason that receivers count, and nothing else.  Replays are refused by ``ReplayGuard``
-(per-sender instance id + strictly increasing seq, and a freshness window for a sender never seen).
+short reason that receivers count, and nothing else.  The key is per Slurm run (``derive_key(secret,
+channel)``); within a run replays are refused by ``ReplayGuard`` (per-sender instance id + strictly
+increasing seq, a freshness window on every frame, and a new instance replaces the current one only when
+it was sent after the current one's last frame).
 """
 
 from __future__ import annotations
@@ -125,9 +127,11 @@ class Frame(NamedTuple):
     body: bytes
 
 
-def derive_key(secret: bytes) -> bytes:
-    """Domain-separate the wire key from the raw job secret (the secret may be reused elsewhere)."""
-    return hmac.digest(secret, b"slurm-supervisor wire v1", hashlib.sha256)
+def derive_key(secret: bytes, channel: bytes = b"") -> bytes:
+    """The wire key: domain-separated from the raw campaign secret (which may be reused elsewhere) and mixed
+    with ``channel``, a fresh random value per Slurm run, so frames recorded in one run of the campaign never
+    authenticate in another (the secret is the same for every run)."""
+    return hmac.digest(secret, b"slurm-supervisor wire v1" + (b"\x00" + channel if channel else b""), hashlib.sha256)
 
 
 def _name(text: str) -> bytes:
@@ -276,6 +280,7 @@ def _parse_events(body: bytes, count: int) -> list[Event]:
 class _Peer:
     instance: int
     seq: int
+    last_sent_ns: int  # the sender's wall clock in its newest accepted frame
     retired: deque[int] = field(default_factory=lambda: deque(maxlen=16))
 
 
@@ -284,9 +289,11 @@ class ReplayGuard:
     """Refuse replayed or reordered-old frames per sender.
 
     A sender (agent or supervisor) picks a random 64-bit ``instance`` when it starts and numbers its frames
-    1, 2, 3...  For a known instance only a larger seq passes (the gap is counted as lost frames); a new
-    instance must be fresh (sent within ``window_s`` of our wall clock, which is NTP-synced on clusters) and
-    retires the previous one for good, so a recorded frame of an earlier agent run never passes again.
+    1, 2, 3...  Every frame must be fresh (sent within ``window_s`` of our wall clock, which is NTP-synced on
+    clusters).  For the current instance only a larger seq passes (the gap is counted as lost frames).  Another
+    instance replaces the current one only if it was sent after the current one's newest frame (a restarted
+    sender), and the replaced one is retired for good: a recorded frame of an earlier sender instance can
+    neither retire the live one (it is older than the live one's frames) nor pass again later.
     """
 
     window_s: float = 60.0
@@ -295,22 +302,22 @@ class ReplayGuard:
 
     def check(self, sender: str, instance: int, seq: int, sent_wall_ns: int, now_wall_ns: int) -> str | None:
         """Return a refusal reason, or None after recording the frame as accepted."""
+        if abs(now_wall_ns - sent_wall_ns) > self.window_s * 1e9:
+            return "stale"
         peer = self.peers.get(sender)
-        if peer is not None and peer.instance == instance:
+        if peer is None:
+            self.peers[sender] = _Peer(instance, seq, sent_wall_ns)
+            return None
+        if peer.instance == instance:
             if seq <= peer.seq:
                 return "replay"
             self.lost += seq - peer.seq - 1
-            peer.seq = seq
+            peer.seq, peer.last_sent_ns = seq, max(peer.last_sent_ns, sent_wall_ns)
             return None
-        if abs(now_wall_ns - sent_wall_ns) > self.window_s * 1e9:
-            return "stale"
-        if peer is None:
-            self.peers[sender] = _Peer(instance, seq)
-            return None
-        if instance in peer.retired:
+        if instance in peer.retired or sent_wall_ns <= peer.last_sent_ns:
             return "replay"
         peer.retired.append(peer.instance)
-        peer.instance, peer.seq = instance, seq
+        peer.instance, peer.seq, peer.last_sent_ns = instance, seq, sent_wall_ns
         return None
 
 

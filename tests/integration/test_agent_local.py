@@ -40,6 +40,7 @@ class Harness:
         self.slots = tmp / "slots"
         self.server = AggregatorServer(self.campaign, JOB, rate_window_s=1.0, keepalive_interval_s=0.5,
                                        live_interval_s=0.2)
+        self.server.write_address_file()  # the agents read this run's channel value there
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.server.serve, args=(self.stop, 0.05), daemon=True)
         self.thread.start()

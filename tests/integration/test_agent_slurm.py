@@ -60,6 +60,7 @@ def test_two_nodes_two_ranks_live_status_stop_kill_and_agent_exit(tmp_path: Path
     campaign = tmp_path / "campaign"
     server = AggregatorServer(campaign, job="pending", rate_window_s=1.0, keepalive_interval_s=0.5,
                               live_interval_s=0.3)
+    server.write_address_file()  # the agents read this run's channel value there
     stop = threading.Event()
     thread: threading.Thread | None = None
     job = ""

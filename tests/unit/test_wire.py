@@ -13,6 +13,7 @@ from supervisor.heartbeat.table import LiveTable
 
 KEY = wire.derive_key(b"k" * 32)
 OTHER_KEY = wire.derive_key(b"x" * 32)
+S = 10**9
 NOW = 1_700_000_000 * 10**9
 
 
@@ -136,9 +137,23 @@ def test_replay_guard_refuses_repeats_old_seqs_and_retired_instances() -> None:
     assert g.lost == 3
     assert g.check("n1", 1, 4, NOW, NOW) == "replay"  # reordered older frame
     assert g.check("n1", 2, 1, NOW - 61 * 10**9, NOW) == "stale"  # a recorded frame of some other run
-    assert g.check("n1", 2, 1, NOW, NOW) is None  # agent restarted
-    assert g.check("n1", 1, 6, NOW, NOW) == "replay"  # the old instance is retired for good
+    assert g.check("n1", 2, 1, NOW, NOW) == "replay"  # not sent after the current instance's last frame
+    assert g.check("n1", 2, 1, NOW + S, NOW + S) is None  # agent restarted
+    assert g.check("n1", 1, 6, NOW + 2 * S, NOW + 2 * S) == "replay"  # the old instance is retired for good
     assert g.check("n2", 1, 1, NOW + 61 * 10**9, NOW) == "stale"  # from the future
+    assert g.check("n1", 2, 2, NOW - 61 * 10**9, NOW + 2 * S) == "stale"  # the window applies to every frame
+
+
+def test_recorded_frames_of_an_earlier_agent_cannot_lock_out_the_live_one() -> None:
+    """Issue 10 finding 1 (within one run): a recorded frame of an earlier agent instance, replayed inside the
+    freshness window, must not retire the live instance (its frames would then be refused as replays)."""
+    g = wire.ReplayGuard(window_s=60)
+    assert g.check("n1", 7, 1, NOW, NOW) is None  # an earlier agent; an attacker records this frame
+    assert g.check("n1", 8, 1, NOW + S, NOW + S) is None  # the agent restarts: the live instance
+    assert g.check("n1", 8, 2, NOW + 2 * S, NOW + 2 * S) is None
+    assert g.check("n1", 9, 1, NOW + S // 2, NOW + 3 * S) == "replay"  # recorded before the live one's last frame
+    assert g.check("n1", 7, 2, NOW + 3 * S, NOW + 3 * S) == "replay"  # retired
+    assert g.check("n1", 8, 3, NOW + 3 * S, NOW + 3 * S) is None  # the live agent is still heard
 
 
 def test_table_counts_replays_and_wrong_keys_without_storing_them() -> None:
