@@ -196,7 +196,7 @@ class Agent:
 
 def _parse_hostport(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    if not sep or not port.isdigit() or len(port) > 5 or not host or not 0 < int(port) < 65536:
         raise UsageError(f"--supervisor {text!r} is not HOST:PORT", "pass e.g. --supervisor batchhost:40123")
     return host.strip("[]"), int(port)
 
@@ -239,8 +239,11 @@ def read_address_file(campaign: Path) -> tuple[tuple[str, int], bytes]:
     try:
         doc = json.loads(raw)
         channel = bytes.fromhex(doc.get("channel", ""))
-        return (str(doc["host"]), int(doc["port"])), channel
-    except (ValueError, KeyError, TypeError, AttributeError):
+        host, port = doc["host"], doc["port"]
+        if not isinstance(host, str) or not host or type(port) is not int or not 0 < port < 65536:
+            raise ValueError("bad host or port")
+        return (host, port), channel
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise ConfigError(f"{path} is not an aggregator address file",
                           "let the supervisor rewrite it (restart the Slurm run)") from None
 
