@@ -171,16 +171,16 @@ class Supervisor(Actuators):
     def _node_addrs(self) -> dict[str, str]:
         """NodeAddr of the batch host and the allocation's nodes (127.0.0.1 on the local cluster); a node
         missing from the answer is unknown (the bind address then fails clearly, the source filter is off)."""
-        names = sorted({*self.layout.nodes, *([self.env.batch_host] if self.env.batch_host else [])})
         out: dict[str, str] = {}
-        try:
-            text = self.slurm.run(["scontrol", "show", "node", "-o", compress(names)]).stdout
-        except Exception:  # noqa: BLE001 - unknown, not empty: the callers decide what unknown means
-            return out
-        for line in text.splitlines():
-            fields = dict(t.split("=", 1) for t in line.split() if "=" in t)
-            if fields.get("NodeName") and fields.get("NodeAddr"):
-                out[fields["NodeName"]] = fields["NodeAddr"]
+        for names in ([self.env.batch_host] if self.env.batch_host else [], list(self.layout.nodes)):
+            try:  # two queries: a problem with the allocation's list must not cost the bind address
+                text = self.slurm.run(["scontrol", "show", "node", "-o", compress(names)]).stdout if names else ""
+            except Exception:  # noqa: BLE001 - unknown, not empty: the callers decide what unknown means
+                continue
+            for line in text.splitlines():
+                fields = dict(t.split("=", 1) for t in line.split() if "=" in t)
+                if fields.get("NodeName") and fields.get("NodeAddr"):
+                    out[fields["NodeName"]] = fields["NodeAddr"]
         return out
 
     def _shutdown(self) -> None:
