@@ -190,3 +190,21 @@ def test_each_run_gets_an_unguessable_slot_dir_name() -> None:
     a, b = slot_dir_template("5", "a1b2c3d4e5f60718"), slot_dir_template("5", "0f1e2d3c4b5a6978")
     assert a != b and a.endswith("-{node}") and "a1b2c3d4e5f60718" in a
     assert expand_slot_dir(a, job="5", node="node2").name == f"supervisor-5-{os.getuid()}-a1b2c3d4e5f60718-node2"
+
+
+def test_the_agent_refuses_a_planted_slot_dir_with_one_clear_line(tmp_path: Path) -> None:
+    from supervisor.agent.main import agent_from_args, build_parser
+
+    server = AggregatorServer(tmp_path / "c", JOB)
+    try:
+        server.write_address_file()
+        (tmp_path / "victim").mkdir()
+        (tmp_path / "planted").symlink_to(tmp_path / "victim")
+        args = build_parser().parse_args(["--campaign", str(tmp_path / "c"), "--job-id", JOB, "--node", "n1",
+                                          "--slot-dir", str(tmp_path / "planted")])
+        with pytest.raises(ConfigError) as err:
+            agent_from_args(args)
+        line = err.value.one_line()
+        assert "planted" in line and "unsafe" in line and "\n" not in line and err.value.exit_code == 3
+    finally:
+        server.close()
