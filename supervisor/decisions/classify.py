@@ -422,11 +422,13 @@ def _drop_consequences(findings: list[Finding]) -> list[Finding]:
     rank (a gloo error surfaces as a Python traceback and exit 1), and hangs that began after a rank died."""
     comm_groups = {f.group for f in findings if f.cls == ev.COMM_ERROR and f.group is not None}
     comm_nodes = {g.split("/")[0] for g in comm_groups}
+    comm_ranks = {g.split("/")[1] for g in comm_groups} - {"*"}  # ranks are unique: a line's node may be unknown
     kept = []
     for f in findings:
         if f.cls == ev.APP_ERROR and f.group is not None:
             node, rank = f.group.split("/")
-            if f.group in comm_groups or f"{node}/*" in comm_groups or (rank == "*" and node in comm_nodes):
+            if f.group in comm_groups or f"{node}/*" in comm_groups or (rank == "*" and node in comm_nodes) \
+                    or rank in comm_ranks:  # fmt: skip
                 continue
         kept.append(f)
     death_times = [f.t for f in kept if f.cls in (ev.APP_ERROR, "killed", ev.HARDWARE) and f.t is not None]

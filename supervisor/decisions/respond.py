@@ -64,6 +64,7 @@ def evidence_from(ending: StepEnding) -> cl.Evidence:
         job_reason=getattr(job, "reason", None),
         end_time=getattr(job, "end_time", None),
         scheduled_end=ending.scheduled_end,
+        allocation_nodes=ending.step_nodes,  # (a silent agent blames its node only when the step's nodes are known)
         preempt_time=getattr(job, "preempt_time", None),
         batch_signals=tuple((s.removeprefix("SIG"), t) for s, t in zip(ending.signals, ending.signal_times, strict=False)),
         signal_lead_s=ending.signal_lead_s,

@@ -114,8 +114,8 @@ def test_a_crash_before_the_stall_is_the_cause():
 
 def test_an_application_traceback_outranks_the_comm_errors_it_causes():
     lines = (LogLine("Traceback (most recent call last):", "node1", 0), LogLine("KeyError: 'x'", "node1", 0))
-    lines += comm_errors_on("node2", "node2")
-    exits = (RankExit("node1", 0, 1), RankExit("node2", 0, 1), RankExit("node2", 1, 1))
+    lines += (LogLine(GLOO_CLOSED, "node2", 2), LogLine(GLOO_CLOSED, "node2", 3))  # ranks are unique in a step
+    exits = (RankExit("node1", 0, 1), RankExit("node2", 2, 1), RankExit("node2", 3, 1))
     result = classify(Evidence(log_lines=lines, rank_exits=exits))
     assert result.cls == ev.APP_ERROR and result.blamed_nodes == ()
 

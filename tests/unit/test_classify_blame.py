@@ -213,3 +213,9 @@ def test_no_node_is_blamed_on_missing_data(silent, states, allocation):
         assert allocation and node in states and node in silent
     if allocation and set(silent) == set(allocation):
         assert result.blamed_nodes == ()
+
+
+def test_a_labelled_comm_error_explains_its_ranks_exit_even_without_the_task_layout():
+    lines = tuple(LogLine(f"{r}: RuntimeError: [pair.cc:598] Connection closed by peer") for r in (0, 1))
+    exits = (RankExit("node1", 0, 1), RankExit("node2", 1, 1))
+    assert classify(Evidence(job_state="RUNNING", log_lines=lines, rank_exits=exits)).cls == ev.COMM_ERROR

@@ -60,3 +60,11 @@ def test_every_task_maps_to_its_block_and_labels_round_trip(nodes, per_node, tex
         assert split_label(labelled) == (task, text)
         (line,) = attribute([labelled], layout)
         assert (line.rank, line.node, line.text) == (task, node, text)
+
+
+def test_real_srun_label_output_maps_to_the_nodes_slurm_used():
+    """Measured on the local cluster: ``srun -N 3 --ntasks-per-node=4 --label bash -c 'echo x $SLURMD_NODENAME'``."""
+    out = [f"{t:>2}: x node{t // 4 + 1}" for t in range(12)]
+    assert out[0] == " 0: x node1" and out[10] == "10: x node3"
+    for line in attribute(out, task_nodes(("node1", "node2", "node3"), 4)):
+        assert line.text == f"x {line.node}"
