@@ -25,7 +25,7 @@ from supervisor.decisions.detect.model import (
     RANK_STOPPED,
     DetectionEvent,
 )
-from supervisor.decisions.tasklog import LogLine, rank_of
+from supervisor.decisions.tasklog import LogLine, address_book, named_peers, rank_of
 
 # Higher wins. "killed" (an outside SIGKILL: OOM killer, an admin) is reported as class unknown, but it is a
 # root cause, so it outranks the communication errors it triggers on the peers.
@@ -347,40 +347,8 @@ def _with_rank(line: LogLine, task_nodes: Sequence[str]) -> LogLine:
     return line if (rank, node) == (line.rank, line.node) else LogLine(line.text, node, rank)
 
 
-_TOKEN = re.compile(r"[A-Za-z0-9][\w.\-]*")
-
-
 def _address_book(e: Evidence) -> dict[str, str]:
-    """Every name a log line may use for a node -> the node: its Slurm name, short host name, addresses."""
-    book: dict[str, str] = {}
-    for node in (*e.allocation_nodes, *e.task_nodes, *e.node_states, *e.node_addresses):
-        book[node] = node
-        book.setdefault(node.split(".")[0], node)
-    owners: dict[str, set[str]] = {}
-    for node, address in e.node_addresses.items():
-        owners.setdefault(address, set()).add(node)
-    for address, nodes in owners.items():
-        if len(nodes) == 1 and not address.startswith(("127.", "localhost", "::1")) and address not in book:
-            book[address] = next(iter(nodes))
-    return book
-
-
-_NCCL_WRITER = re.compile(r"^\s*([\w.\-]+):\d+:\d+ ")  # NCCL's "host:pid:tid [dev] NCCL WARN ..." names the writer
-
-
-def _named_peers(text: str, book: Mapping[str, str], own: str | None) -> tuple[str, ...]:
-    """Nodes a communication error names as the remote end ("closed by peer [10.0.0.2]:1234", "node2<4567>")."""
-    m = _NCCL_WRITER.match(text)
-    if m is not None:
-        own = own or book.get(m.group(1)) or book.get(m.group(1).split(".")[0])
-        text = text[m.end() :]
-    named = set()
-    for token in _TOKEN.findall(text):
-        token = token.rstrip(".-")
-        node = book.get(token) or book.get(token.split(".")[0] if not token[:1].isdigit() else "")
-        if node and node != own:
-            named.add(node)
-    return tuple(sorted(named))
+    return address_book((*e.allocation_nodes, *e.task_nodes, *e.node_states), e.node_addresses)
 
 
 def _log_findings(e: Evidence, signatures: Sequence[LogSignature]) -> list[Finding]:
@@ -398,7 +366,7 @@ def _log_findings(e: Evidence, signatures: Sequence[LogSignature]) -> list[Findi
             elif sig.cls == ev.HARDWARE and line.node:
                 nodes = (line.node,)
             elif sig.cls == ev.COMM_ERROR:
-                nodes = _named_peers(text, book, line.node)
+                nodes = named_peers(text, book, line.node)
             where = f" [{line.node}{'' if line.rank is None else f' rank {line.rank}'}]" if line.node else ""
             found.append(Finding(sig.cls, sig.confidence, f"log{where}: {line.text.strip()[:200]} ({sig.name})",
                                  nodes, _group(line.node, line.rank)))  # fmt: skip
