@@ -32,7 +32,7 @@ from slurm.localcluster import LocalCluster  # noqa: E402
 from supervisor.campaign_view import events, job_nodes, live_rank, wait_for  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
-STEP = re.compile(r"^step=(\d+) ", re.M)
+STEP = re.compile(r"^(?:\s*\d+: )?step=(\d+) ", re.M)  # the supervisor's launch logs carry srun --label's "N: "
 
 
 def supervise_submit(work: Path, steps: int, step_time: float) -> tuple[str, Path]:

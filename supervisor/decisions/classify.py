@@ -25,6 +25,7 @@ from supervisor.decisions.detect.model import (
     RANK_STOPPED,
     DetectionEvent,
 )
+from supervisor.decisions.tasklog import LogLine, address_book, named_peers, rank_of
 
 # Higher wins. "killed" (an outside SIGKILL: OOM killer, an admin) is reported as class unknown, but it is a
 # root cause, so it outranks the communication errors it triggers on the peers.
@@ -41,7 +42,9 @@ PRIORITY: dict[str, int] = {
     ev.COMM_ERROR: 20,
     ev.UNKNOWN: 10,
 }
-NO_BLAME = frozenset({ev.PREEMPTION, ev.TIMEOUT, ev.CANCELLED, ev.NUMERICAL, ev.APP_ERROR, ev.UNKNOWN, "killed"})
+NO_BLAME = frozenset({ev.PREEMPTION, ev.TIMEOUT, ev.CANCELLED, ev.NUMERICAL, ev.UNKNOWN, "killed"})
+APP_ERROR_WINDOW = 3  # earlier app errors looked at when asking "does it repeat on one node only?"
+UNKNOWN_SLURM_FACTOR = 0.85  # confidence factor when Slurm's job state could not be read
 
 SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
                 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}  # fmt: skip
@@ -74,10 +77,14 @@ DEFAULT_LOG_SIGNATURES: tuple[LogSignature, ...] = (
     _sig("cuda-oom", r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError", ev.APP_ERROR, 0.9),
     _sig("ecc", r"uncorrectable ECC|ECC error|DBE \(double bit error\)", ev.HARDWARE, 0.9),
     _sig("xid", r"\bXid\b|NVRM: Xid|GPU has fallen off the bus", ev.HARDWARE, 0.9),
+    _sig("cuda-illegal-access", r"CUDA error: an illegal memory access|CUDA_ERROR_ILLEGAL_ADDRESS", ev.HARDWARE, 0.8),
+    _sig("nccl-system-error", r"unhandled system error|ncclSystemError", ev.HARDWARE, 0.7),
     _sig("cuda-error", r"CUDA error|CUDA_ERROR_|cudaError", ev.HARDWARE, 0.6),
     _sig("nccl-watchdog", r"Watchdog caught collective operation timeout", ev.COMM_ERROR, 0.8),
-    _sig("nccl", r"NCCL WARN|NCCL error|ncclSystemError|ncclRemoteError|ncclInternalError", ev.COMM_ERROR, 0.8),
-    _sig("peer-closed", r"Connection closed by peer|Connection reset by peer|Broken pipe", ev.COMM_ERROR, 0.7),
+    _sig("nccl-remote", r"remote process exit|ncclRemoteError", ev.COMM_ERROR, 0.8),
+    _sig("nccl", r"NCCL WARN|NCCL error|ncclInternalError", ev.COMM_ERROR, 0.8),
+    _sig("peer-closed", r"Connection closed by (?:remote )?peer|Connection reset by peer|Connection refused|Broken pipe",
+         ev.COMM_ERROR, 0.7),  # fmt: skip
     _sig("gloo", r"[Gg]loo.*(Connection|Timed out|timeout|Socket)", ev.COMM_ERROR, 0.8),
     _sig("dist-network", r"DistNetworkError|DistBackendError|c10d.*(timed out|Socket Timeout)", ev.COMM_ERROR, 0.7),
     _sig("segfault", r"Segmentation fault|Fatal Python error", ev.APP_ERROR, 0.8),
@@ -125,17 +132,15 @@ class RankExit:
 
 
 @dataclass(frozen=True)
-class LogLine:
-    text: str
-    node: str | None = None
-    rank: int | None = None
-
-
-@dataclass(frozen=True)
 class Evidence:
-    """Everything known when the step stopped (or when a detection asks whether to stop it). All optional."""
+    """Everything known when the step stopped (or when a detection asks whether to stop it). All optional.
 
-    job_state: str | None = None  # Slurm job state: RUNNING, PREEMPTED, TIMEOUT, NODE_FAIL, CANCELLED, ...
+    Missing is *unknown*, never "nothing wrong": ``job_state=None`` means Slurm's view of the job could not be
+    read (the interruption's confidence is lowered and says so); a node absent from ``node_states`` has an
+    unknown state, and an empty ``allocation_nodes`` means the step's nodes are unknown: no node is blamed on
+    an agent's silence alone without both."""
+
+    job_state: str | None = None  # the *job's* Slurm state: RUNNING, PREEMPTED, TIMEOUT, NODE_FAIL, CANCELLED, ...
     job_reason: str | None = None
     end_time: float | None = None  # the job's EndTime (time limit), unix seconds
     preempt_time: float | None = None
@@ -149,6 +154,16 @@ class Evidence:
     gpu_faults: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # node -> problems found
     supervisor_killed: bool = False  # the supervisor stopped the step itself: SIGTERM/SIGKILL exits are ours
     allocation_nodes: tuple[str, ...] = ()  # the step's nodes (tells "every agent silent" from "one node gone")
+    # The job's EndTime when this run started (its time limit); None: no time limit, or unknown. Only a TERM at
+    # or after it is a time limit (scancel moves ``end_time`` to the moment of the cancel).
+    scheduled_end: float | None = None
+    task_nodes: tuple[str, ...] = ()  # node of each task id of the step (tasklog.task_nodes): attributes log lines
+    # node -> its address (NodeAddr) or host name, so a comm error naming a peer by address blames that node;
+    # an address several nodes share (one host running several slurmd) or a loopback address names nobody.
+    node_addresses: Mapping[str, str] = field(default_factory=dict)
+    # Nodes where each earlier app_error of the campaign happened (Interruption.origin_nodes), oldest first:
+    # an app error blames a node only when it repeats there and nowhere else (History.app_error_origins).
+    app_error_history: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -156,9 +171,15 @@ class Finding:
     cls: str  # an interruption class, or "killed"
     confidence: float
     text: str
-    nodes: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()  # nodes this finding blames
     group: str | None = None  # "node/rank" the finding belongs to, for consequence analysis
     t: float | None = None
+
+    @property
+    def where(self) -> str | None:
+        """The node the finding was observed on (not necessarily blamed), if known."""
+        node = self.group.split("/")[0] if self.group else None
+        return node if node and node != "None" else None
 
 
 @dataclass(frozen=True)
@@ -167,9 +188,13 @@ class Interruption:
     blamed_nodes: tuple[str, ...]
     confidence: float
     evidence: tuple[str, ...]
+    origin_nodes: tuple[str, ...] = ()  # where the winning evidence was observed, blamed or not
 
     def to_event(self, t: float) -> ev.Event:
-        return ev.interruption_event(t, self.cls, self.blamed_nodes, self.confidence, self.evidence)
+        event = ev.interruption_event(t, self.cls, self.blamed_nodes, self.confidence, self.evidence)
+        if self.origin_nodes:
+            event["origin_nodes"] = sorted(self.origin_nodes)
+        return event
 
 
 def node_state_is_bad(state: str) -> bool:
@@ -203,7 +228,7 @@ def _slurm_findings(e: Evidence) -> list[Finding]:
         found.append(Finding(ev.NODE_FAILURE, 0.9, f"Slurm reason: {reason}", _expand(node)))
     if "OUT_OF_MEMORY" in state:
         found.append(Finding(ev.APP_ERROR, 0.8, "Slurm job state OUT_OF_MEMORY (the program exceeded its memory)"))
-    if "CANCELLED" in state and not found and not e.supervisor_killed:
+    if "CANCELLED" in state and not found:  # the job's state: killing a step never cancels the job
         found.append(Finding(ev.CANCELLED, 0.9, f"Slurm job state {state} (cancelled by a user or an admin)"))
     for name, t in e.batch_signals:
         name = name.upper().removeprefix("SIG")
@@ -216,11 +241,12 @@ def _slurm_findings(e: Evidence) -> list[Finding]:
         elif name == "USR1":
             found.append(Finding(ev.PREEMPTION, 0.5, "batch step got SIGUSR1 far from the time limit and no "
                                  "preempt_time: taken as a preemption or a requested requeue"))  # fmt: skip
-        elif name == "TERM" and e.end_time is not None and t >= e.end_time and "CANCELLED" not in state:
-            # (scancel sets EndTime to the moment of the cancel: a cancelled job's TERM is never the time limit)
+        elif name == "TERM" and _at_time_limit(e, t) and "CANCELLED" not in state:
             found.append(Finding(ev.TIMEOUT, 0.8, "batch step got SIGTERM at the time limit"))
-        elif name == "TERM" and not e.supervisor_killed:
-            found.append(Finding(ev.CANCELLED, 0.6, "batch step got SIGTERM (scancel or requeue from outside)"))
+        elif name == "TERM":  # the supervisor never signals its own batch step: this came from outside
+            why = "the job has no known time limit" if e.scheduled_end is None else "before the time limit"
+            found.append(Finding(ev.CANCELLED, 0.6, f"batch step got SIGTERM and {why}: scancel (or a requeue "
+                                 "from outside)"))  # fmt: skip
     if e.sigterm_ranks and not e.supervisor_killed:
         ranks = ", ".join(str(r) for r in sorted(e.sigterm_ranks)[:8])
         if e.preempt_time:
@@ -229,6 +255,18 @@ def _slurm_findings(e: Evidence) -> list[Finding]:
             found.append(Finding(ev.PREEMPTION, 0.4, f"ranks {ranks} got SIGTERM from outside the supervisor; "
                                  "Slurm did not say why: treated as a preemption"))  # fmt: skip
     return found
+
+
+def _at_time_limit(e: Evidence, t: float) -> bool:
+    """Whether a TERM at ``t`` is the time limit: only a job with a time limit (``scheduled_end``) times out, at
+    or after it, and only while its EndTime was not moved earlier (scancel moves it to the moment of the cancel).
+    A TERM without a known time limit is never a timeout."""
+    limit = e.scheduled_end
+    if limit is None:
+        return False
+    if e.end_time is not None and e.end_time < limit - 30.0:
+        return False
+    return t >= limit - 5.0
 
 
 def _expand(expr: str) -> tuple[str, ...]:
@@ -276,14 +314,20 @@ def _exit_findings(e: Evidence) -> list[Finding]:
 def _detection_findings(e: Evidence) -> list[Finding]:
     found = []
     silent = {n for _, d in e.detections if d.kind == NODE_SILENT for n in d.nodes}
-    everyone_silent = len(e.allocation_nodes) > 1 and set(e.allocation_nodes) <= silent
+    everyone_silent = bool(e.allocation_nodes) and set(e.allocation_nodes) <= silent
     if everyone_silent:  # all nodes at once is far likelier our own link or the agents' step than every node
         found.append(Finding(ev.UNKNOWN, 0.5, f"all {len(e.allocation_nodes)} node agents are silent: the "
                              "supervisor's network or the agent step failed, not (only) the nodes"))  # fmt: skip
     for t, d in e.detections:
         text = d.evidence[0] if d.evidence else d.kind
         if d.kind == NODE_SILENT and not everyone_silent:
-            found.append(Finding(ev.NODE_FAILURE, 0.5, f"node agent silent: {text}", d.nodes, t=t))
+            # A silent agent blames its node only on complete evidence: the step's nodes are known (so this is
+            # not "everyone silent") and Slurm's state of the node was read.
+            known = tuple(n for n in d.nodes if e.allocation_nodes and n in e.node_states)
+            unknown = sorted(set(d.nodes) - set(known))
+            note = f" (not blamed: {'the step nodes' if not e.allocation_nodes else 'Slurm state'} unknown for " \
+                   f"{', '.join(unknown)})" if unknown else ""  # fmt: skip
+            found.append(Finding(ev.NODE_FAILURE, 0.5, f"node agent silent: {text}{note}", known, t=t))
         elif d.kind == NONFINITE_LOSS:
             found.append(Finding(ev.NUMERICAL, 0.9, text, (), t=t))
         elif d.kind in (RANK_HANG, RANK_STOPPED):
@@ -293,23 +337,27 @@ def _detection_findings(e: Evidence) -> list[Finding]:
     return found
 
 
-_RANK_PREFIX = re.compile(r"^\s*(?:\[rank(\d+)\]:|(\d+): )")  # torch's "[rank3]: ..." or srun --label's "3: ..."
+def _with_rank(line: LogLine, task_nodes: Sequence[str]) -> LogLine:
+    """Fill in the writer's rank (srun's label, torch's ``[rankN]:``) and node (the task layout)."""
+    rank, _ = rank_of(line.text)
+    rank = line.rank if line.rank is not None else rank
+    node = line.node
+    if node is None and rank is not None and 0 <= rank < len(task_nodes):
+        node = task_nodes[rank]
+    return line if (rank, node) == (line.rank, line.node) else LogLine(line.text, node, rank)
 
 
-def _with_rank(line: LogLine) -> LogLine:
-    if line.rank is not None:
-        return line
-    m = _RANK_PREFIX.match(line.text)
-    if m is None:
-        return line
-    return LogLine(line.text, line.node, int(m.group(1) or m.group(2)))
+def _address_book(e: Evidence) -> dict[str, str]:
+    return address_book((*e.allocation_nodes, *e.task_nodes, *e.node_states), e.node_addresses)
 
 
 def _log_findings(e: Evidence, signatures: Sequence[LogSignature]) -> list[Finding]:
     found = []
-    for line in map(_with_rank, e.log_lines):
+    book = _address_book(e)
+    for line in (_with_rank(x, e.task_nodes) for x in e.log_lines):
+        text = rank_of(line.text)[1]
         for sig in signatures:
-            m = sig.pattern.search(line.text)
+            m = sig.pattern.search(text)
             if m is None:
                 continue
             nodes: tuple[str, ...] = ()
@@ -317,6 +365,8 @@ def _log_findings(e: Evidence, signatures: Sequence[LogSignature]) -> list[Findi
                 nodes = _expand(m.group("node"))
             elif sig.cls == ev.HARDWARE and line.node:
                 nodes = (line.node,)
+            elif sig.cls == ev.COMM_ERROR:
+                nodes = named_peers(text, book, line.node)
             where = f" [{line.node}{'' if line.rank is None else f' rank {line.rank}'}]" if line.node else ""
             found.append(Finding(sig.cls, sig.confidence, f"log{where}: {line.text.strip()[:200]} ({sig.name})",
                                  nodes, _group(line.node, line.rank)))  # fmt: skip
@@ -340,11 +390,13 @@ def _drop_consequences(findings: list[Finding]) -> list[Finding]:
     rank (a gloo error surfaces as a Python traceback and exit 1), and hangs that began after a rank died."""
     comm_groups = {f.group for f in findings if f.cls == ev.COMM_ERROR and f.group is not None}
     comm_nodes = {g.split("/")[0] for g in comm_groups}
+    comm_ranks = {g.split("/")[1] for g in comm_groups} - {"*"}  # ranks are unique: a line's node may be unknown
     kept = []
     for f in findings:
         if f.cls == ev.APP_ERROR and f.group is not None:
             node, rank = f.group.split("/")
-            if f.group in comm_groups or f"{node}/*" in comm_groups or (rank == "*" and node in comm_nodes):
+            if f.group in comm_groups or f"{node}/*" in comm_groups or (rank == "*" and node in comm_nodes) \
+                    or rank in comm_ranks:  # fmt: skip
                 continue
         kept.append(f)
     death_times = [f.t for f in kept if f.cls in (ev.APP_ERROR, "killed", ev.HARDWARE) and f.t is not None]
@@ -383,18 +435,49 @@ def classify(e: Evidence, signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNA
     top = max(PRIORITY[f.cls] for f in credible)
     winners = [f for f in credible if PRIORITY[f.cls] == top]
     cls = winners[0].cls
+    origin = tuple(sorted({f.where for f in winners if f.where} | {n for f in winners for n in f.nodes}))
     blamed: tuple[str, ...] = ()
+    notes: list[str] = []
     if cls not in NO_BLAME:
         blamed = tuple(sorted({n for f in winners if f.confidence >= 0.5 for n in f.nodes}))
     if cls == ev.NODE_FAILURE and blamed:
         # a silent agent alone is weak; Slurm's word on the same node confirms it
         confirmed = {n for f in winners if f.confidence >= 0.9 for n in f.nodes}
         blamed = tuple(sorted(confirmed)) if confirmed else blamed
+    elif cls == ev.COMM_ERROR and len(blamed) > 1:
+        step_nodes = set(e.task_nodes) | set(e.allocation_nodes)
+        if not step_nodes or step_nodes <= set(blamed):  # every node named by another: the network, not a node
+            notes.append(f"(not blamed: the errors name every node: {', '.join(blamed)})")
+            blamed = ()
+    elif cls == ev.APP_ERROR:
+        node = repeated_on_one_node(origin, e.app_error_history)
+        blamed = (node,) if node else ()
+        if node:
+            notes.append(f"the application error repeats on {node} and on no other node: {node} is blamed")
     others = sorted((f for f in findings if f not in winners), key=lambda f: -PRIORITY[f.cls])
-    evidence = [f.text for f in winners] + [f"(also: {f.text})" for f in others]
+    evidence = [f.text for f in winners] + notes + [f"(also: {f.text})" for f in others]
+    confidence = _combine(f.confidence for f in winners)
+    if e.job_state is None:  # an outside decision (preemption, time limit, cancel) may be what we cannot see
+        confidence = round(confidence * UNKNOWN_SLURM_FACTOR, 3)
+        evidence.insert(len(winners), "(Slurm's job state is unknown: the query failed; confidence lowered)")
     return Interruption(
         cls="unknown" if cls == "killed" else cls,
         blamed_nodes=blamed,
-        confidence=_combine(f.confidence for f in winners),
+        confidence=confidence,
         evidence=tuple(evidence[:24]),
+        origin_nodes=origin,
     )
+
+
+def repeated_on_one_node(origin: Sequence[str], history: Sequence[Sequence[str]],
+                         window: int = APP_ERROR_WINDOW) -> str | None:  # fmt: skip
+    """The node to blame for an application error, if any: this one happened on one node only, an earlier one
+    (among the last ``window`` whose node is known) happened there too, and none of them happened elsewhere. A
+    bug in the program crashes wherever it runs; a crash that keeps to one machine is that machine's."""
+    if len(set(origin)) != 1:
+        return None
+    node = origin[0]
+    known = [set(o) for o in history if o][-window:]
+    if not any(o == {node} for o in known) or any(o - {node} for o in known):
+        return None
+    return node

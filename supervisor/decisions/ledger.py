@@ -24,10 +24,13 @@ DEFAULT_WEIGHTS: Mapping[str, float] = MappingProxyType(
         ev.HARDWARE: 2.0,
         ev.HANG: 0.5,
         ev.COMM_ERROR: 0.5,
+        ev.APP_ERROR: 1.0,  # blamed only when it repeated on that node and on no other
         ev.UNKNOWN: 0.25,
-        "straggler": 0.25,
+        "straggler": 0.25,  # a mark_suspect action for a straggler warning
+        "loss_spike": 0.25,  # (struck only when policy.strike_on_warnings lists it)
     }
 )
+WARNING_STRIKES = ("straggler", "loss_spike")
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class LedgerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"ledger.{name} must be a positive number, got {value!r}")
-        known = (*ev.INTERRUPTION_CLASSES, "straggler")
+        known = (*ev.INTERRUPTION_CLASSES, *WARNING_STRIKES)
         merged = dict(DEFAULT_WEIGHTS)
         for key, weight in self.weights.items():
             if key not in known:
@@ -123,9 +126,12 @@ class Ledger:
             weight = self.config.weights.get(str(event.get("class")), 0.0)
             for node in event.get("blamed_nodes", ()):
                 self.strike(str(node), weight, t, str(event.get("class")))
-        elif kind == ev.DETECTION and event.get("kind") == "straggler":
-            for node in event.get("nodes", ()):
-                self.strike(str(node), self.config.weights.get("straggler", 0.0), t, "straggler")
+        elif kind == ev.ACTION and event.get("kind") == "mark_suspect":
+            # policy.MARK_SUSPECT (warnings): params.strike names the weight; the detection itself never strikes
+            params = event.get("params") or {}
+            reason = str(params.get("strike", "")) if isinstance(params, Mapping) else ""
+            for node in event.get("target", ()):
+                self.strike(str(node), self.config.weights.get(reason, 0.0), t, reason)
         elif kind == ev.NODE_FORGIVEN and event.get("node"):
             self.forgive(str(event["node"]), t)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Interruption
+from supervisor.decisions.detect.model import LOSS_SPIKE, STRAGGLER, WARNING_KINDS, DetectionEvent
 
 # Action kinds (the journal's "action" events carry these).
 ALERT = "alert"  # tier L1: log; L2+: also the alert hook (webhook/command)
@@ -24,7 +25,10 @@ CHECKPOINT_NOW = "checkpoint_now"  # ask ranks to checkpoint at the next step bo
 STOP_STEP = "stop_step"  # L3: ask ranks to checkpoint (params.checkpoint) and exit; kill after params.grace_s
 DUMP_STACKS = "dump_stacks"  # L4: save every rank's stacks before killing
 KILL_STEP = "kill_step"  # L4: kill the training step now
-MARK_SUSPECT = "mark_suspect"  # strike the nodes in the ledger
+# Strike the target nodes in the ledger, by the ledger's weight for params["strike"] (a warning kind): carried
+# out by journaling the action, which Ledger.fold reads. Interruptions never need it: their event's
+# blamed_nodes strike already.
+MARK_SUSPECT = "mark_suspect"
 DRAIN = "drain"  # operator mode only: scontrol update nodename=... state=drain
 BACKOFF = "backoff"  # wait params.seconds before the recovery action
 RESTART_IN_ALLOCATION = "restart_in_allocation"  # relaunch the step in this allocation (params.exclude)
@@ -35,6 +39,9 @@ STOP = "stop"  # end the campaign (params.state: stopped|failed), with a message
 FINISH = "finish"  # the run completed
 
 FAULT_CLASSES = frozenset(ev.INTERRUPTION_CLASSES) - {ev.PREEMPTION, ev.TIMEOUT, ev.CANCELLED}
+# A node blamed for these is never reused for the next launch (an app error blames a node only once it
+# repeated there and nowhere else).
+HARD_BLAME = frozenset({ev.NODE_FAILURE, ev.HARDWARE, ev.APP_ERROR})
 _UNLIMITED = None
 
 DEFAULT_BUDGETS: Mapping[str, int | None] = MappingProxyType(
@@ -83,6 +90,7 @@ class PolicyConfig:
     checkpoint_on_numerical: bool = False  # never save NaN weights over good ones by default
     on_budget_exhausted: str = "stop"  # "stop" the campaign, or "hold" it queued for an operator
     operator_mode: bool = False  # may drain nodes (needs Slurm operator rights)
+    strike_on_warnings: tuple[str, ...] = (STRAGGLER,)  # warnings that strike their node (ledger.weights.<kind>)
 
     def __post_init__(self) -> None:
         budgets = dict(DEFAULT_BUDGETS)
@@ -122,6 +130,11 @@ class PolicyConfig:
         for name in ("checkpoint_on_numerical", "operator_mode"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"policy.{name} must be true or false, got {getattr(self, name)!r}")
+        strikes = self.strike_on_warnings
+        if isinstance(strikes, str) or not all(isinstance(k, str) and k in WARNING_KINDS for k in strikes):
+            raise ValueError(f"policy.strike_on_warnings must be a list of {', '.join(sorted(WARNING_KINDS))}, "
+                             f"got {strikes!r}")  # fmt: skip
+        object.__setattr__(self, "strike_on_warnings", tuple(strikes))
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> PolicyConfig:
@@ -168,10 +181,16 @@ class History:
     fault_times: tuple[float, ...] = ()
     faults_since_progress: int = 0
     best_step: int | None = None  # newest committed checkpoint step
+    # Where each app error of the campaign happened (the interruption's origin_nodes), oldest first: the input
+    # of the "repeats on one node only" blame rule (classify.Evidence.app_error_history).
+    app_error_origins: tuple[tuple[str, ...], ...] = ()
 
-    def record(self, interruption_class: str, t: float) -> History:
+    def record(self, interruption_class: str, t: float, origin_nodes: Iterable[str] = ()) -> History:
         if interruption_class == ev.COMPLETED:
             return self
+        origins = self.app_error_origins
+        if interruption_class == ev.APP_ERROR:
+            origins = (*origins[-63:], tuple(sorted(set(origin_nodes))))
         streaks = dict(self.streaks)
         streaks[interruption_class] = streaks.get(interruption_class, 0) + 1
         totals = dict(self.totals)
@@ -183,6 +202,7 @@ class History:
             totals=totals,
             fault_times=self.fault_times + ((t,) if fault else ()),
             faults_since_progress=self.faults_since_progress + (1 if fault else 0),
+            app_error_origins=origins,
         )
 
     def progress(self, step: int) -> History:
@@ -199,7 +219,9 @@ class History:
         history = cls()
         for e in events:
             if e.get("type") == ev.INTERRUPTION and e.get("class") in ev.OUTCOMES:
-                history = history.record(str(e["class"]), float(e.get("t", 0.0)))
+                origin = e.get("origin_nodes")
+                nodes = [str(n) for n in origin] if isinstance(origin, list) else []
+                history = history.record(str(e["class"]), float(e.get("t", 0.0)), nodes)
             elif e.get("type") == ev.CHECKPOINT_COMMITTED and isinstance(e.get("step"), int):
                 history = history.progress(int(e["step"]))
         return history
@@ -238,14 +260,9 @@ def _tier_actions(cls: str, tier: str, i: Interruption, alloc: Allocation, confi
     if tier == "L3" and alloc.step_running:
         checkpoint = cls != ev.NUMERICAL or config.checkpoint_on_numerical
         actions.append(Action(STOP_STEP, tier, (), why, {"checkpoint": checkpoint, "grace_s": config.stop_grace_s}))
-    if tier == "L4":
-        if alloc.step_running:
-            actions.append(Action(DUMP_STACKS, tier, (), why))
-            actions.append(Action(KILL_STEP, tier, (), why))
-        if i.blamed_nodes:
-            actions.append(Action(MARK_SUSPECT, tier, i.blamed_nodes, why))
-    elif i.blamed_nodes and cls in (ev.NODE_FAILURE, ev.HARDWARE):
-        actions.append(Action(MARK_SUSPECT, tier, i.blamed_nodes, why))
+    if tier == "L4" and alloc.step_running:
+        actions.append(Action(DUMP_STACKS, tier, (), why))
+        actions.append(Action(KILL_STEP, tier, (), why))
     if config.operator_mode and i.blamed_nodes and cls in (ev.NODE_FAILURE, ev.HARDWARE):
         actions.append(Action(DRAIN, tier, i.blamed_nodes, f"supervisor: {cls}"))
     return actions
@@ -326,9 +343,10 @@ def decide(
     if wait > 0:
         actions.append(Action(BACKOFF, None, (), f"fault {history.faults_since_progress} since progress",
                               {"seconds": wait}))  # fmt: skip
-    # Nodes blamed for a node failure or hardware fault are never reused; other suspects (a hang's or comm
-    # error's node, the ledger's excluded nodes) are left out only while the allocation has spares.
-    hard = set(interruption.blamed_nodes) if cls in (ev.NODE_FAILURE, ev.HARDWARE) else set()
+    # Nodes blamed for a node failure, a hardware fault or an app error that keeps to them are never reused;
+    # other suspects (a hang's or comm error's node, the ledger's excluded nodes) are left out only while the
+    # allocation has spares.
+    hard = set(interruption.blamed_nodes) if cls in HARD_BLAME else set()
     usable = [n for n in allocation.nodes if n not in exclude]
     if len(usable) < allocation.needed:
         usable = [n for n in allocation.nodes if n not in hard]
@@ -348,11 +366,25 @@ def decide(
     return Decision(tuple(actions), "pending", f"{cls}: requeueing without {', '.join(exclude) or 'any exclusion'}")
 
 
-def respond_to_warning(kind: str, nodes: tuple[str, ...], evidence: str, config: PolicyConfig | None = None
-                       ) -> tuple[Action, ...]:  # fmt: skip
-    """Warnings (stragglers, loss spikes) do not interrupt the run: an L2 alert with the suggested action."""
-    suggestion = {
-        "straggler": "if it persists, drain or exclude the node at the next restart",
-        "loss_spike": "watch the loss; roll back to an earlier checkpoint if it does not recover",
-    }.get(kind, "look at the live status")
-    return (Action(ALERT, "L2", nodes, evidence, {"warning": kind, "suggested_action": suggestion}),)
+_WARNING_ADVICE = {
+    STRAGGLER: "the node is struck in the ledger; if it persists it is left out at the next restart (or drain it)",
+    LOSS_SPIKE: "watch the loss; roll back to an earlier checkpoint if it does not recover",
+}
+
+
+def respond_to_warning(warning: DetectionEvent, config: PolicyConfig | None = None) -> tuple[Action, ...]:
+    """The one response to a warning detection (straggler, loss spike): the run goes on; an L2 alert says what
+    was seen and what to do, and for the warnings in ``strike_on_warnings`` a MARK_SUSPECT strikes the nodes
+    (the ledger weighs the strike by ``ledger.weights.<kind>``). Anything else (a fault) gets no actions here."""
+    config = config or PolicyConfig()
+    if warning.kind not in WARNING_KINDS:
+        return ()
+    evidence = warning.evidence[0] if warning.evidence else warning.kind
+    advice = _WARNING_ADVICE.get(warning.kind, "look at the live status")
+    ranks = list(warning.ranks)
+    actions = [Action(ALERT, "L2", warning.nodes, f"{warning.kind}: {evidence}",
+                      {"warning": warning.kind, "ranks": ranks, "suggested_action": advice})]  # fmt: skip
+    if warning.nodes and warning.kind in config.strike_on_warnings:
+        actions.append(Action(MARK_SUSPECT, "L2", warning.nodes, f"{warning.kind}: {evidence}",
+                              {"strike": warning.kind, "ranks": ranks}))  # fmt: skip
+    return tuple(actions)

@@ -63,6 +63,8 @@ def evidence_from(ending: StepEnding) -> cl.Evidence:
         job_state=job_state_of(job, ending.scheduled_end),
         job_reason=getattr(job, "reason", None),
         end_time=getattr(job, "end_time", None),
+        scheduled_end=ending.scheduled_end,
+        allocation_nodes=ending.step_nodes,  # (a silent agent blames its node only when the step's nodes are known)
         preempt_time=getattr(job, "preempt_time", None),
         batch_signals=tuple((s.removeprefix("SIG"), t) for s, t in zip(ending.signals, ending.signal_times, strict=False)),
         signal_lead_s=ending.signal_lead_s,
@@ -135,7 +137,9 @@ def respond(
 
     ``slurm_kills_on_node_failure`` is False for jobs submitted with ``--no-kill`` (spare nodes): Slurm then
     keeps the job running without the dead node, and recovery inside the allocation is ours to do."""
-    interruption = cl.classify(evidence_from(ending), signatures)
+    past = policy.History.fold(history)
+    interruption = cl.classify(dataclasses.replace(evidence_from(ending), app_error_history=past.app_error_origins),
+                               signatures)  # fmt: skip
     slurm_requeues = (
         slurm_kills_on_node_failure
         and interruption.cls == ev.NODE_FAILURE
@@ -145,5 +149,5 @@ def respond(
         nodes=nodes, needed=needed, excluded=ledger.excluded_nodes(ending.now),
         step_running=step_running, slurm_requeues=slurm_requeues, restarts_here=restarts_here,
     )  # fmt: skip
-    decision = policy.decide(interruption, policy.History.fold(history), allocation, config, now=ending.now)
+    decision = policy.decide(interruption, past, allocation, config, now=ending.now)
     return interruption, decision

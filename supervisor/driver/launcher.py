@@ -72,6 +72,7 @@ def train_argv(
         "srun", "--overlap", f"--job-name=train-{launch}", f"--nodes={nnodes}",
         f"--ntasks={nnodes * layout.tasks_per_node}",
         f"--ntasks-per-node={layout.tasks_per_node}", "--kill-on-bad-exit=1", "--mem=0",
+        "--label",  # "N: " before each line: log lines name their rank and node (decisions/tasklog.py)
     ]  # fmt: skip
     if exclude:
         argv.append(f"--exclude={compress(sorted(set(exclude)))}")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.campaign_view import events, live_rank, wait_for
+from supervisor.decisions.tasklog import strip_label
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_ddp.py"
@@ -91,4 +92,5 @@ def launches(campaign: Campaign) -> list[dict[str, Any]]:
 
 
 def step_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith("step=")]
+    """The program's ``step=N loss=X`` lines from a launch log (srun --label's ``N: `` prefix removed)."""
+    return [line for line in map(strip_label, text.splitlines()) if line.startswith("step=")]

@@ -51,7 +51,7 @@ def test_preemption_from_the_slurmstepd_line():
 def test_usr1_near_the_time_limit_is_a_timeout_and_far_from_it_a_preemption():
     near = classify(Evidence(end_time=1000.0, batch_signals=(("USR1", 940.0),), signal_lead_s=60))
     assert near.cls == ev.TIMEOUT and near.blamed_nodes == ()
-    far = classify(Evidence(end_time=10_000.0, batch_signals=(("USR1", 940.0),), signal_lead_s=60))
+    far = classify(Evidence(job_state="RUNNING", end_time=10_000.0, batch_signals=(("USR1", 940.0),), signal_lead_s=60))
     assert far.cls == ev.PREEMPTION and far.confidence == 0.5
     preempted = classify(Evidence(end_time=1000.0, preempt_time=930.0, batch_signals=(("SIGUSR1", 940.0),)))
     assert preempted.cls == ev.PREEMPTION
@@ -81,9 +81,10 @@ def test_requeue_reason_names_the_failed_nodes():
 
 def test_a_silent_agent_is_confirmed_by_slurm_or_stays_a_weak_blame():
     silent = (3.0, DetectionEvent(NODE_SILENT, (2, 3), ("node2",)))
-    weak = classify(Evidence(detections=(silent,)))
+    known = {"job_state": "RUNNING", "allocation_nodes": ("node1", "node2")}
+    weak = classify(Evidence(detections=(silent,), node_states={"node1": "MIXED", "node2": "MIXED"}, **known))
     assert weak.cls == ev.NODE_FAILURE and weak.blamed_nodes == ("node2",) and weak.confidence == 0.5
-    strong = classify(Evidence(detections=(silent,), node_states={"node2": "IDLE+NOT_RESPONDING"}))
+    strong = classify(Evidence(detections=(silent,), node_states={"node2": "IDLE+NOT_RESPONDING"}, **known))
     assert strong.confidence > 0.9
 
 
@@ -113,8 +114,8 @@ def test_a_crash_before_the_stall_is_the_cause():
 
 def test_an_application_traceback_outranks_the_comm_errors_it_causes():
     lines = (LogLine("Traceback (most recent call last):", "node1", 0), LogLine("KeyError: 'x'", "node1", 0))
-    lines += comm_errors_on("node2", "node2")
-    exits = (RankExit("node1", 0, 1), RankExit("node2", 0, 1), RankExit("node2", 1, 1))
+    lines += (LogLine(GLOO_CLOSED, "node2", 2), LogLine(GLOO_CLOSED, "node2", 3))  # ranks are unique in a step
+    exits = (RankExit("node1", 0, 1), RankExit("node2", 2, 1), RankExit("node2", 3, 1))
     result = classify(Evidence(log_lines=lines, rank_exits=exits))
     assert result.cls == ev.APP_ERROR and result.blamed_nodes == ()
 
@@ -164,7 +165,8 @@ def test_clean_exits_with_teardown_noise_are_completed():
 
 def test_cancel_by_a_user():
     assert classify(Evidence(job_state="CANCELLED")).cls == ev.CANCELLED
-    assert classify(Evidence(job_state="CANCELLED", supervisor_killed=True)).cls == ev.UNKNOWN
+    # the job's state: the supervisor killing its own step never cancels the job, so a cancel is the user's
+    assert classify(Evidence(job_state="CANCELLED", supervisor_killed=True)).cls == ev.CANCELLED
 
 
 def test_no_evidence_is_unknown_with_low_confidence():
@@ -252,5 +254,5 @@ def test_scancel_is_cancelled_even_though_slurm_moved_end_time_to_the_cancel():
     # On scancel, Slurm sets EndTime to the moment of the cancel, so the batch step's SIGTERM arrives "at" it.
     e = Evidence(job_state="CANCELLED", end_time=1000.0, batch_signals=(("TERM", 1000.2),))
     assert classify(e).cls == "cancelled"
-    timed_out = Evidence(job_state="RUNNING", end_time=1000.0, batch_signals=(("TERM", 1000.2),))
+    timed_out = Evidence(job_state="RUNNING", end_time=1000.0, scheduled_end=1000.0, batch_signals=(("TERM", 1000.2),))
     assert classify(timed_out).cls == "timeout"

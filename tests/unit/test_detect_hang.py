@@ -228,3 +228,70 @@ def test_ranks_waiting_for_a_peers_checkpoint_are_not_hung_but_a_stuck_checkpoin
     assert [e for t in range(30, 90) for e in det.observe(table(float(t)), float(t))] == []
     late = det.observe(table(91.0), 91.0)
     assert [e.kind for e in late] == [GLOBAL_STALL]  # the checkpoint itself overran its allowance
+
+
+def _collective_checkpoint(t, hung_rank=None, hung_since=None, step=30, start=30.0):
+    """Every rank finished ``step`` at ``start`` and entered a collective checkpoint, except ``hung_rank``: it
+    stopped beating at ``hung_since`` one step behind, so the others wait for it inside the checkpoint."""
+    views = []
+    for r, node in NODES.items():
+        if r == hung_rank:
+            views.append(RankView(r, node, 1000 + r, step - 1, "step", t - hung_since, proc_state="S"))
+        else:
+            views.append(RankView(r, node, 1000 + r, step, "checkpoint", t - start, proc_state="S"))
+    return Snapshot(tuple(NodeView(n, 0.0, tuple(v for v in views if v.node == n)) for n in ("node1", "node2")))
+
+
+def test_a_hang_right_before_a_collective_checkpoint_is_judged_by_the_step_timeout():
+    det = Detector(DetectConfig(timeouts=TimeoutConfig(step_floor_s=2.0, warmup_samples=20, checkpoint_allowance_s=600)))
+    run(det, Cluster(), 0, 29.5)
+    step_timeout = det.timeouts.timeout("step")
+    found = []
+    t = 29.5
+    while not found and t < 600:
+        t += 0.25
+        found = det.observe(_collective_checkpoint(t, hung_rank=3, hung_since=29.0), t)
+    assert [(e.kind, e.ranks, e.nodes) for e in found] == [(RANK_HANG, (3,), ("node2",))]
+    assert t - 29.0 <= step_timeout + 0.25 + 1e-9, "judged by the checkpoint allowance, not its own step timeout"
+    assert found[0].threshold == step_timeout and "step phase" in found[0].evidence[0]
+    # the peers waiting for it inside the checkpoint are neither hung nor named, for the whole allowance
+    for later in range(int(t) + 1, 600, 7):
+        assert det.observe(_collective_checkpoint(float(later), 3, 29.0), float(later)) == []
+
+
+def test_the_rank_everyone_waits_for_is_never_given_their_allowance():
+    """Whatever the busy peers' phase and allowance, a rank one step behind them is judged by its own timeout."""
+    for phase_allowance in (60.0, 900.0, 5000.0):
+        det = Detector(DetectConfig(timeouts=TimeoutConfig(step_floor_s=2.0, warmup_samples=20,
+                                                           checkpoint_allowance_s=phase_allowance)))  # fmt: skip
+        run(det, Cluster(), 0, 29.5)
+        late = 29.0 + det.timeouts.timeout("step") + 0.5
+        assert [e.ranks for e in det.observe(_collective_checkpoint(late, 3, 29.0), late)] == [(3,)]
+
+
+@settings(max_examples=300)
+@given(
+    ranks=st.lists(
+        st.tuples(st.sampled_from(["step", "checkpoint", "eval", None]), st.one_of(st.none(), st.integers(0, 4)),
+                  st.floats(0, 100), st.sampled_from([5.0, 60.0, 900.0])),
+        min_size=1, max_size=12,
+    )
+)  # fmt: skip
+def test_a_rank_never_borrows_the_allowance_of_a_busy_peer_ahead_of_it(ranks):
+    """Against the rule spelled out: the allowance a step-phase rank gets is the largest of its own and those of
+    busy peers (non-step phase, within their allowance) that are not on a newer step."""
+    from supervisor.decisions.detect.hang import RankTrack, _WaitAllowance
+
+    beating = [(RankView(i, "n", i, step, phase, age), RankTrack(step, 0.0, 0, phase, 0.0))
+               for i, (phase, step, age, _) in enumerate(ranks)]  # fmt: skip
+    limits = [lim for *_, lim in ranks]
+    allowance = _WaitAllowance(beating, limits)
+    for (view, _), own in zip(beating, limits, strict=True):
+        expected = own
+        if view.phase == "step":
+            for (peer, _), peer_limit in zip(beating, limits, strict=True):
+                busy = peer.phase != "step" and peer.beat_age_s is not None and peer.beat_age_s <= peer_limit
+                ahead = view.step is not None and peer.step is not None and peer.step > view.step
+                if busy and not ahead:
+                    expected = max(expected, peer_limit)
+        assert allowance.limit(view, own) == expected

@@ -29,12 +29,14 @@ def test_one_hang_does_not_exclude_but_repeated_hangs_do():
     assert ledger.excluded_nodes(130.0) == {"node3"}
 
 
-def test_preemption_and_app_errors_never_strike():
+def test_preemption_and_unblamed_app_errors_never_strike():
     events = [
-        ev.interruption_event(0.0, ev.PREEMPTION, [], 0.9, ["x"]),
-        {"type": "interruption", "t": 0.0, "class": ev.APP_ERROR, "blamed_nodes": ["node1"]},
+        ev.interruption_event(0.0, ev.PREEMPTION, ["node1"], 0.9, ["x"]),
+        {"type": "interruption", "t": 0.0, "class": ev.APP_ERROR, "blamed_nodes": []},
     ]
     assert Ledger.fold(events).nodes == {}
+    repeated = {"type": "interruption", "t": 0.0, "class": ev.APP_ERROR, "blamed_nodes": ["node1"]}
+    assert Ledger.fold([repeated]).excluded_nodes(0.0) == {"node1"}  # it kept to node1: left out on requeue
 
 
 def test_an_operator_forgives_and_later_strikes_count_again():
@@ -50,7 +52,8 @@ def test_an_operator_forgives_and_later_strikes_count_again():
 
 def test_stragglers_strike_lightly_and_table_lists_worst_first():
     det = DetectionEvent(STRAGGLER, (5,), ("node4",))
-    events = [ev.detection_event(det, 0.0), ev.interruption_event(0.0, ev.NODE_FAILURE, ["node2"], 0.9, ["x"])]
+    mark = ev.action_event(0.0, "mark_suspect", "L2", ["node4"], "straggler", {"strike": STRAGGLER})
+    events = [ev.detection_event(det, 0.0), mark, ev.interruption_event(0.0, ev.NODE_FAILURE, ["node2"], 0.9, ["x"])]
     rows = Ledger.fold(events).table(0.0)
     assert [(r["node"], r["score"], r["excluded"]) for r in rows] == [("node2", 2.0, True), ("node4", 0.25, False)]
 

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Interruption
+from supervisor.decisions.detect import GLOBAL_STALL, LOSS_SPIKE, STRAGGLER, DetectionEvent
+from supervisor.decisions.ledger import Ledger
 from supervisor.decisions.policy import (
     ALERT,
     AWAIT_REQUEUE,
@@ -57,7 +59,7 @@ def test_timeout_checkpoints_then_requeues():
 
 def test_hang_is_l4_then_restart_in_allocation_excluding_the_node_when_a_spare_exists():
     d = decide(interruption(ev.HANG, ["node2"]), History(), ALLOC)
-    assert kinds(d) == [ALERT, DUMP_STACKS, KILL_STEP, MARK_SUSPECT, RESTART_IN_ALLOCATION]
+    assert kinds(d) == [ALERT, DUMP_STACKS, KILL_STEP, RESTART_IN_ALLOCATION]  # the interruption event strikes
     assert d.actions[0].tier == "L4"
     restart = d.actions[-1]
     assert restart.params == {"exclude": ["node2"], "nodes": ["node1", "node3"]} and d.state == "running"
@@ -202,9 +204,97 @@ def test_actions_become_journal_events():
     assert e["type"] == ev.ACTION and e["tier"] == "L4" and e["target"] == ["node2"] and e["t"] == 7.0
 
 
-def test_warnings_are_l2_alerts_with_a_suggestion():
-    (a,) = respond_to_warning("straggler", ("node3",), "rank 5 is 2x slower")
-    assert a.kind == ALERT and a.tier == "L2" and "exclude" in a.params["suggested_action"]
+STRAGGLER_SEEN = DetectionEvent(STRAGGLER, (5,), ("node3",), evidence=("rank 5 on node3: 2x slower",))
+SPIKE_SEEN = DetectionEvent(LOSS_SPIKE, (0,), ("node1",), evidence=("loss 9.0 is 8 std above the mean",))
+
+
+@pytest.mark.parametrize(
+    "warning,strike_on,expected",
+    [
+        (STRAGGLER_SEEN, (STRAGGLER,), [(ALERT, ("node3",)), (MARK_SUSPECT, ("node3",))]),  # the default
+        (SPIKE_SEEN, (STRAGGLER,), [(ALERT, ("node1",))]),  # a loss spike says nothing about rank 0's node
+        (SPIKE_SEEN, (STRAGGLER, LOSS_SPIKE), [(ALERT, ("node1",)), (MARK_SUSPECT, ("node1",))]),
+        (STRAGGLER_SEEN, (), [(ALERT, ("node3",))]),  # strikes turned off
+        (DetectionEvent(STRAGGLER, (5,), ()), (STRAGGLER,), [(ALERT, ())]),  # no node known: nobody struck
+        (DetectionEvent(GLOBAL_STALL, (0, 1), ("node1",)), (STRAGGLER,), []),  # a fault is not a warning
+    ],
+)
+def test_warnings_raise_an_l2_alert_and_strike_per_policy(warning, strike_on, expected):
+    actions = respond_to_warning(warning, PolicyConfig(strike_on_warnings=strike_on))
+    assert [(a.kind, a.target) for a in actions] == expected
+    assert all(a.tier == "L2" for a in actions)
+    for a in actions:
+        assert a.params.get("warning", a.params.get("strike")) == warning.kind
+    if actions:
+        assert warning.evidence[0] in actions[0].reason if warning.evidence else True
+        assert "suggested_action" in actions[0].params
+
+
+def test_a_mark_suspect_strikes_through_the_journal():
+    (_, mark) = respond_to_warning(STRAGGLER_SEEN)
+    event = mark.to_event(10.0)
+    assert event == {"type": ev.ACTION, "t": 10.0, "kind": MARK_SUSPECT, "tier": "L2", "target": ["node3"],
+                     "reason": mark.reason, "params": {"strike": STRAGGLER, "ranks": [5]}}  # fmt: skip
+    ledger = Ledger.fold([event, {**event, "t": 20.0}, {**event, "t": 30.0}, {**event, "t": 40.0}])
+    assert ledger.score("node3", 40.0) == pytest.approx(4 * 0.25, rel=0.01) and ledger.nodes["node3"].strikes == 4
+    assert ledger.table(40.0)[0]["last_reason"] == STRAGGLER
+
+
+def test_strike_on_warnings_is_validated():
+    with pytest.raises(ValueError, match="policy.strike_on_warnings"):
+        PolicyConfig(strike_on_warnings=("stragler",))
+    with pytest.raises(ValueError, match="policy.strike_on_warnings"):
+        PolicyConfig(strike_on_warnings="straggler")  # type: ignore[arg-type]
+    assert PolicyConfig.from_mapping({"strike_on_warnings": []}).strike_on_warnings == ()
+
+
+@settings(max_examples=300)
+@given(
+    seq=st.lists(_classes, max_size=12),
+    budget=st.one_of(st.none(), st.integers(0, 4)),
+    hold=st.booleans(),
+    running=st.booleans(),
+    requeues=st.booleans(),
+)
+def test_a_cancel_is_final_whatever_came_before(seq, budget, hold, running, requeues):
+    """scancel is the user's right: never requeued, relaunched or held, whatever the budgets and history."""
+    config = PolicyConfig(budgets={ev.CANCELLED: budget}, on_budget_exhausted="hold" if hold else "stop")
+    history = History()
+    for t, cls in enumerate(seq):
+        history = history.record(cls, float(t))
+    alloc = Allocation(("node1", "node2", "node3"), 2, step_running=running, slurm_requeues=requeues)
+    d = decide(interruption(ev.CANCELLED, ["node2"]), history, alloc, config, now=100.0)
+    assert d.state == "stopped"
+    assert not {RESTART_IN_ALLOCATION, REQUEUE, AWAIT_REQUEUE, HOLD, BACKOFF} & set(kinds(d))
+    assert d.actions[-1].kind == STOP
+
+
+@pytest.mark.parametrize(
+    "history,blamed,alloc,last,exclude",
+    [
+        # the app error repeated on node2 alone: node2 stays out, on the spare in this allocation ...
+        ((("node2",),), ("node2",), ALLOC, RESTART_IN_ALLOCATION, ["node2"]),
+        # ... or, without a spare, by a requeue without it
+        ((("node2",),), ("node2",), TIGHT, REQUEUE, ["node2"]),
+        # no node blamed: the same nodes again
+        ((), (), TIGHT, RESTART_IN_ALLOCATION, []),
+    ],
+)
+def test_an_app_error_that_keeps_to_one_node_leaves_it_out(history, blamed, alloc, last, exclude):
+    h = History(app_error_origins=history, streaks={ev.APP_ERROR: len(history)})
+    d = decide(interruption(ev.APP_ERROR, blamed), h, alloc)
+    assert d.actions[-1].kind == last and d.actions[-1].params["exclude"] == exclude
+
+
+def test_history_folds_app_error_origins():
+    events = [
+        {**ev.interruption_event(1.0, ev.APP_ERROR, [], 0.9, ["x"]), "origin_nodes": ["node2"]},
+        ev.interruption_event(2.0, ev.APP_ERROR, [], 0.9, ["x"]),  # written before origin_nodes existed
+        {**ev.interruption_event(3.0, ev.HANG, [], 0.9, ["x"]), "origin_nodes": ["node1"]},
+        ev.checkpoint_committed(4.0, 100, "/ck/100"),  # progress does not forget where crashes happened
+        {**ev.interruption_event(5.0, ev.APP_ERROR, ["node2"], 0.9, ["x"]), "origin_nodes": ["node2"]},
+    ]
+    assert History.fold(events).app_error_origins == (("node2",), (), ("node2",))
 
 
 @pytest.mark.parametrize(

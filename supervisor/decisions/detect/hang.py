@@ -12,6 +12,7 @@ than the rest, or in stopped state, are the likely culprits and are named; only 
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -64,6 +65,38 @@ class RankTrack:
 class HangState:
     tracks: dict[tuple[int, int | None], RankTrack] = field(default_factory=dict)
     active: set[tuple[str, str]] = field(default_factory=set)  # conditions already reported (kind, key)
+
+
+class _WaitAllowance:
+    """The timeout that judges a step-phase rank: its own, or a busy peer's allowance while it waits for that peer.
+
+    Ranks waiting for a peer's long phase (rank 0 saving a checkpoint while the others sit in a barrier) are
+    silent in the step phase: while some rank is busy in a longer phase within its allowance, a step-phase rank
+    on the *same or a newer* step gets that allowance too. The rank that is *behind* (an older step than the
+    busy ranks) is what they are waiting for, never the other way round: it is judged by its own phase's
+    timeout, so a rank that hangs right before a collective checkpoint is caught within the step timeout while
+    its peers, waiting inside the checkpoint, are not called hung. O(n log n) for n ranks.
+    """
+
+    def __init__(self, beating: list[tuple[RankView, RankTrack]], limits: list[float]) -> None:
+        busy = [(v.step, lim) for (v, _), lim in zip(beating, limits, strict=True)
+                if v.phase != STEP and v.beat_age_s is not None and v.beat_age_s <= lim]  # fmt: skip
+        self.any_busy = max((lim for _, lim in busy), default=0.0)
+        self.stepless = max((lim for step, lim in busy if step is None), default=0.0)
+        known = sorted((step, lim) for step, lim in busy if step is not None)
+        self.steps = [step for step, _ in known]
+        self.best_upto: list[float] = []  # best_upto[i]: the largest allowance among known[0..i]
+        for _, lim in known:
+            self.best_upto.append(max(lim, self.best_upto[-1] if self.best_upto else 0.0))
+
+    def limit(self, view: RankView, own: float) -> float:
+        if view.phase != STEP:
+            return own
+        if view.step is None:
+            return max(own, self.any_busy)
+        at_or_before = bisect.bisect_right(self.steps, view.step)  # busy peers not ahead of this rank
+        waited = self.best_upto[at_or_before - 1] if at_or_before else 0.0
+        return max(own, waited, self.stepless)
 
 
 class HangDetector:
@@ -175,18 +208,13 @@ class HangDetector:
             if view.beat_age_s is None:
                 continue  # no client in this program: only liveness is supervised
             beating.append((view, track))
-        # Ranks waiting for a peer's long phase (rank 0 saving a checkpoint while the others sit in a barrier)
-        # are silent in the step phase: while some rank is busy in a longer phase within its allowance, the
-        # step-phase ranks get that allowance too.
         limits = []
         for view, track in beating:
             first_done = track.step is not None and track.step != track.first_step
             limits.append(self.timeouts.timeout(view.phase, first_done))
-        busy = [lim for (v, _), lim in zip(beating, limits, strict=True) if v.phase != STEP and v.beat_age_s is not None and v.beat_age_s <= lim]
-        wait_limit = max(busy, default=0.0)
+        allowance = _WaitAllowance(beating, limits)
         for (view, _), limit in zip(beating, limits, strict=True):
-            if view.phase == STEP:
-                limit = max(limit, wait_limit)
+            limit = allowance.limit(view, limit)
             assert view.beat_age_s is not None
             if view.beat_age_s > limit:
                 hung.append((view, view.beat_age_s, limit))

@@ -1,0 +1,111 @@
+"""Training-step log lines attributed to the task (rank) and node that wrote them. Pure.
+
+The supervisor launches the training step with ``srun --label``: srun prefixes every line a task writes with
+its task id, right-aligned to the width of the largest id (`` 3: text`` with 16 tasks). With the step's task
+layout (block distribution: tasks ``0..k-1`` on the first node, ``k..2k-1`` on the second, ...; ``k`` tasks per
+node) the task id names the node, so a hardware line blames the machine it came from instead of nobody.
+
+A communication error often names its remote end by address or host name: :func:`named_peers` maps those
+names back to nodes (:func:`address_book`).
+
+Whoever reads the program's own output from the launch log (``step=N loss=X`` lines) strips the label first:
+:func:`strip_label`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+_LABEL = re.compile(r"^\s*(\d+): ")  # srun --label
+_TORCH_RANK = re.compile(r"^\s*\[rank(\d+)\]:\s?")  # torch.distributed's own "[rank3]: ..." prefix
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of the training step's output; ``node``/``rank`` are None when not known."""
+
+    text: str
+    node: str | None = None
+    rank: int | None = None
+
+
+def split_label(line: str) -> tuple[int | None, str]:
+    """``" 3: text"`` -> ``(3, "text")``; a line without srun's label -> ``(None, line)``."""
+    m = _LABEL.match(line)
+    if m is None:
+        return None, line
+    return int(m.group(1)), line[m.end() :]
+
+
+def strip_label(line: str) -> str:
+    """The program's own text of a labelled line (unchanged when there is no label)."""
+    return split_label(line)[1]
+
+
+def rank_of(line: str) -> tuple[int | None, str]:
+    """The writer's rank from srun's label, else from torch's ``[rankN]:`` prefix, and the text without them."""
+    task, text = split_label(line)
+    m = _TORCH_RANK.match(text)
+    if m is not None:
+        return (task if task is not None else int(m.group(1))), text[m.end() :]
+    return task, text
+
+
+def task_nodes(nodes: Sequence[str], tasks_per_node: int, ntasks: int | None = None) -> tuple[str, ...]:
+    """The node of each task id of a step laid out in blocks: ``tasks_per_node`` consecutive ids per node, in
+    the order of ``nodes`` (the step's node list as Slurm orders it). ``ntasks`` defaults to all slots."""
+    if tasks_per_node < 1:
+        raise ValueError(f"tasks_per_node must be >= 1, got {tasks_per_node!r}")
+    total = len(nodes) * tasks_per_node if ntasks is None else min(ntasks, len(nodes) * tasks_per_node)
+    return tuple(nodes[task // tasks_per_node] for task in range(max(0, total)))
+
+
+def attribute(lines: Iterable[str], nodes_of_tasks: Sequence[str] = ()) -> tuple[LogLine, ...]:
+    """Labelled log lines -> :class:`LogLine` with rank and node (node None when the task id is out of range
+    or the line carries no label). The text keeps the label off."""
+    out = []
+    for line in lines:
+        rank = rank_of(line)[0]
+        text = strip_label(line)
+        node = nodes_of_tasks[rank] if rank is not None and 0 <= rank < len(nodes_of_tasks) else None
+        out.append(LogLine(text, node, rank))
+    return tuple(out)
+
+
+_TOKEN = re.compile(r"[A-Za-z0-9][\w.\-]*")
+_NCCL_WRITER = re.compile(r"^\s*([\w.\-]+):\d+:\d+ ")  # NCCL's "host:pid:tid [dev] NCCL WARN ..." names the writer
+
+
+def address_book(nodes: Iterable[str], node_addresses: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every name a log line may use for a node -> the node: its Slurm name, short host name, address. An address
+    several nodes share (several slurmd on one host) or a loopback address names nobody."""
+    node_addresses = node_addresses or {}
+    book: dict[str, str] = {}
+    for node in (*nodes, *node_addresses):
+        book[node] = node
+        book.setdefault(node.split(".")[0], node)
+    owners: dict[str, set[str]] = {}
+    for node, address in node_addresses.items():
+        owners.setdefault(address, set()).add(node)
+    for address, owned_by in owners.items():
+        if len(owned_by) == 1 and not address.startswith(("127.", "localhost", "::1")) and address not in book:
+            book[address] = next(iter(owned_by))
+    return book
+
+
+def named_peers(text: str, book: Mapping[str, str], own: str | None) -> tuple[str, ...]:
+    """Nodes a communication error names as its remote end (gloo "closed by peer [10.0.0.2]:1234", NCCL
+    "remote peer node2<4567>"); the writer's own node (``own``, or NCCL's ``host:pid:tid`` prefix) is never it."""
+    m = _NCCL_WRITER.match(text)
+    if m is not None:
+        own = own or book.get(m.group(1)) or book.get(m.group(1).split(".")[0])
+        text = text[m.end() :]
+    named = set()
+    for token in _TOKEN.findall(text):
+        token = token.rstrip(".-")
+        node = book.get(token) or (book.get(token.split(".")[0]) if not token[:1].isdigit() else None)
+        if node and node != own:
+            named.add(node)
+    return tuple(sorted(named))
