@@ -236,9 +236,9 @@ def _collective_checkpoint(t, hung_rank=None, hung_since=None, step=30, start=30
     views = []
     for r, node in NODES.items():
         if r == hung_rank:
-            views.append(RankView(r, node, 1000 + r, step - 1, "step", t - hung_since, proc_state="S"))
+            views.append(RankView(r, node, 1000 + r, step - 1, "step", t - hung_since, state="sleeping"))
         else:
-            views.append(RankView(r, node, 1000 + r, step, "checkpoint", t - start, proc_state="S"))
+            views.append(RankView(r, node, 1000 + r, step, "checkpoint", t - start, state="sleeping"))
     return Snapshot(tuple(NodeView(n, 0.0, tuple(v for v in views if v.node == n)) for n in ("node1", "node2")))
 
 
