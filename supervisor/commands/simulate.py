@@ -74,9 +74,12 @@ def run(args: argparse.Namespace) -> int:
                                  args.hang_timeout), operator_s=args.operator)  # fmt: skip
     result = compare.compare(world, faults, naive, sup)
     if args.plot:
-        from supervisor.plot import write_comparison
+        from supervisor.plot import PlotError, write_comparison
 
-        write_comparison(result.to_dict(), args.plot)
+        try:
+            write_comparison(result.to_dict(), args.plot)
+        except PlotError as err:
+            raise UsageError(err.problem, err.fix) from None
     print(json.dumps(result.to_dict(), indent=2) if args.json else compare.render_text(result))
     return 0
 
