@@ -150,3 +150,15 @@ def test_cli_json_and_errors(tmp_path, capsys) -> None:  # type: ignore[no-untyp
     assert cli.main(["simulate", "--hang-fraction", "1.5"]) == 2
     assert cli.main(["simulate", "--interval", "-3"]) == 2
     assert not math.isnan(doc["young_daly"]["goodput"])
+
+
+def test_preflight_keeps_a_readmitted_broken_node_out() -> None:
+    # n00001's hardware strike fades (6 h half-life); at the next fault the policy may use it again.
+    world = engine.World(gpus=64, days=3.0, bad_node_p=1.0, recur_mean_s=3600.0, site_drain_after=1000)
+    faults = [Fault(3600.0, "gpu", "n00001"), Fault(30 * 3600.0, "software", "n00005")]
+    without = engine.simulate(world, engine.supervised(spares=2), faults)
+    assert without.recurrences > 0
+    with_preflight = engine.simulate(world, replace(engine.supervised(spares=2, preflight_s=30.0),
+                                                    preflight_catch=1.0), faults)  # fmt: skip
+    assert with_preflight.recurrences == 0
+    assert with_preflight.buckets["preflight"] == pytest.approx(30.0 * (1 + 2))  # the first launch and two more
