@@ -63,6 +63,13 @@ def run(args: argparse.Namespace) -> int:
         interval = None if args.interval == "auto" else float(args.interval)
         if interval is not None and interval <= 0:
             raise ValueError("--interval must be 'auto' or seconds > 0")
+        if args.plot:  # a bad picture name fails before the simulation, not after
+            from supervisor.plot import PlotError, check_target
+
+            try:
+                check_target(args.plot)
+            except PlotError as err:
+                raise UsageError(err.problem, err.fix) from None
     except trace.TraceError as err:
         raise UsageError(str(err), "see docs/goodput.md for the trace format") from None
     except ValueError as err:

@@ -19,8 +19,9 @@ number of nodes (Meta's RSC: 6.50 failures per 1,000 node-days).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # Meta RSC-1/RSC-2 (Kokolis et al., 2024): 6.50 job-affecting failures per 1,000 node-days.
 SITE_FAILURES_PER_NODE_DAY = 6.50 / 1000.0
@@ -163,3 +164,68 @@ def _optimum(delta_s: float | None, restart_s: float, mtbf_s: float) -> float | 
 def due(advice: Advice, since_last_checkpoint_s: float) -> bool:
     """Whether the ranks should be asked to checkpoint now (what ``should_checkpoint()`` answers)."""
     return advice.interval_s is not None and since_last_checkpoint_s >= advice.interval_s
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The advice's inputs as the journal shows them (what ``report`` and ``status`` display with the advice)."""
+
+    delta_s: float | None  # median checkpoint stall; None until a checkpoint carried one
+    restart_s: float | None  # median interruption -> next launch; None until a relaunch
+    interruption_times: tuple[float, ...]  # interruptions that cost work (not completion or a cancel)
+    observed_s: float  # time the training step was running
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def measured_from_journal(events: Iterable[Mapping[str, Any]], now: float) -> Measured:
+    """Fold the journal into the advice's inputs. The stall is a checkpoint event's ``stall_s`` (the ranks' time
+    in the checkpoint phase, once the loop records it) or else its ``duration_s``; the restart runs from an
+    interruption to the next ``step_launched`` (start-up until the first step is not in the journal yet)."""
+    stalls: list[float] = []
+    restarts: list[float] = []
+    times: list[float] = []
+    observed = 0.0
+    running_since: float | None = None
+    waiting_since: float | None = None
+    for e in events:
+        t, kind = e.get("t"), e.get("type")
+        if not isinstance(t, (int, float)):
+            continue
+        if kind == "step_launched":
+            if waiting_since is not None:
+                restarts.append(max(0.0, t - waiting_since))
+                waiting_since = None
+            running_since = float(t)
+        elif kind == "checkpoint_committed":
+            value = e.get("stall_s", e.get("duration_s"))
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+                stalls.append(float(value))
+        elif kind in ("interruption", "attempt_ended", "campaign_ended"):
+            if running_since is not None:
+                observed += max(0.0, t - running_since)
+                running_since = None
+            cls = e.get("class") if kind == "interruption" else None
+            if kind == "interruption" and cls not in ("completed", "cancelled"):
+                times.append(float(t))
+                waiting_since = float(t)
+            elif kind == "campaign_ended":
+                waiting_since = None
+    if running_since is not None:
+        observed += max(0.0, now - running_since)
+    return Measured(_median(stalls), _median(restarts), tuple(times), observed)
+
+
+def advise_from_journal(setting: str | float, events: Iterable[Mapping[str, Any]], now: float, nodes: int,
+                        prior_mtbf_s: float | None = None) -> Advice:  # fmt: skip
+    """:func:`advise` with its inputs folded from the campaign's journal (the call ``report``/``status`` and the
+    supervisor loop make)."""
+    m = measured_from_journal(events, now)
+    return advise(setting, delta_s=m.delta_s, restart_s=m.restart_s, nodes=nodes,
+                  interruption_times=m.interruption_times, observed_s=m.observed_s, prior_mtbf_s=prior_mtbf_s)  # fmt: skip

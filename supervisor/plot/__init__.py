@@ -22,7 +22,8 @@ class PlotError(Exception):
 _FORMATS = (".html", ".htm", ".png", ".svg")
 
 
-def _kind(path: str) -> str:
+def check_target(path: str) -> str:
+    """'html' or 'mpl' for ``path``; PlotError when the format is unknown or matplotlib is missing."""
     suffix = Path(path).suffix.lower()
     if suffix not in _FORMATS:
         raise PlotError(f"cannot plot to {path}: unknown picture format {suffix or '(none)'}",
@@ -46,7 +47,7 @@ def _write_text(path: str, text: str) -> None:
 def write_timeline(events: Iterable[Mapping[str, Any]], now: float, goodput: Mapping[str, Any] | None,
                    path: str, campaign: str = "") -> None:  # fmt: skip
     """A campaign's journal events as a timeline picture at ``path`` (.png, .svg or .html)."""
-    kind = _kind(path)
+    kind = check_target(path)
     tl = _timeline.build(events, now, goodput)
     tl.campaign = tl.campaign or campaign
     if kind == "html":
@@ -64,7 +65,7 @@ def write_timeline(events: Iterable[Mapping[str, Any]], now: float, goodput: Map
 
 def write_comparison(doc: Mapping[str, Any], path: str) -> None:
     """``supervise simulate --json``'s document as a picture at ``path``."""
-    kind = _kind(path)
+    kind = check_target(path)
     if kind == "html":
         from supervisor.plot import html
 

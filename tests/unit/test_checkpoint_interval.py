@@ -81,3 +81,31 @@ def test_bad_settings_are_one_line_config_errors(value: object) -> None:
 def test_config_key(value: object, expected: object) -> None:
     assert config.from_mapping({"run": {"checkpoint_interval": value}}).run.checkpoint_interval == expected
     assert config.from_mapping({}).run.checkpoint_interval == "off"
+
+
+def test_inputs_folded_from_a_journal() -> None:
+    from supervisor.decisions import events as ev
+
+    t0 = 1000.0
+    journal = [
+        ev.campaign_started(t0, "/c", ["train"]),
+        ev.attempt_started(t0, "7", 0, ["n1"], None),
+        ev.step_launched(t0 + 10, 1, ["n1"]),
+        {**ev.checkpoint_committed(t0 + 100, 10, "/ck/10"), "stall_s": 0.8},
+        ev.checkpoint_committed(t0 + 200, 20, "/ck/20", duration_s=1.2),
+        ev.checkpoint_committed(t0 + 300, 30, "/ck/30"),  # no measurement: ignored
+        ev.interruption_event(t0 + 410, "hang", ["n1"], 0.9, ["silent"]),
+        ev.step_launched(t0 + 470, 2, ["n1"]),  # restart 60 s
+        ev.interruption_event(t0 + 870, "hardware", ["n1"], 0.9, ["Xid"]),
+        ev.step_launched(t0 + 910, 3, ["n1"]),  # restart 40 s
+        ev.interruption_event(t0 + 1010, "completed", [], 0.95, ["exit 0"]),
+        ev.campaign_ended(t0 + 1010, "completed"),
+    ]
+    m = ci.measured_from_journal(journal, now=9999.0)
+    assert m.delta_s == pytest.approx(1.0) and m.restart_s == pytest.approx(50.0)
+    assert m.interruption_times == (t0 + 410, t0 + 870)
+    assert m.observed_s == pytest.approx(400 + 400 + 100)
+    advice = ci.advise_from_journal("auto", journal, now=9999.0, nodes=1, prior_mtbf_s=M)
+    assert advice.mtbf_source == "configured prior" and advice.interval_s == pytest.approx(ci.daly_interval(1.0, M))
+    running = ci.measured_from_journal(journal[:4], now=t0 + 110)
+    assert running.observed_s == pytest.approx(100.0) and running.restart_s is None
