@@ -117,3 +117,16 @@ def test_missing_matplotlib_and_bad_formats_are_one_line_errors(tmp_path, monkey
         write_comparison({}, str(tmp_path / "c.gif"))
     with pytest.raises(PlotError, match="cannot write"):
         write_timeline(journal(), T0, None, str(tmp_path / "missing" / "c.html"))
+
+
+def test_report_plot_through_the_command_line(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from supervisor import campaign
+
+    paths = campaign.create(tmp_path / "c", campaign.CampaignSpec(command=("python", "train.py")), "#!/bin/sh\n")
+    paths.journal.write_text("".join(json.dumps({"v": 1, **e}) + "\n" for e in journal()))
+    assert cli.main(["report", str(paths.root), "--plot", str(tmp_path / "t.html")]) == 0
+    assert "node_failure (n2)" in (tmp_path / "t.html").read_text()
+    assert cli.main(["report", str(paths.root), "--plot", str(tmp_path / "t.bmp")]) == 2
+    assert "unknown picture format" in capsys.readouterr().err
