@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 HELP = "simulate a long campaign under a failure trace: naive Slurm requeue vs this supervisor vs Young/Daly"
 
@@ -39,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the comparison as JSON")
     o.add_argument("--plot", metavar="FILE", help="also draw the comparison (.png/.svg need matplotlib; .html)")
+    o.add_argument("--journal", metavar="DIR", help="also write (b)'s run as a campaign directory: "
+                   "`supervise report DIR --plot t.png` draws it")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,8 +90,25 @@ def run(args: argparse.Namespace) -> int:
             write_comparison(result.to_dict(), args.plot)
         except PlotError as err:
             raise UsageError(err.problem, err.fix) from None
+    if args.journal:
+        _write_journal(args.journal, world, sup, faults)
     print(json.dumps(result.to_dict(), indent=2) if args.json else compare.render_text(result))
     return 0
+
+
+def _write_journal(target: str, world, strategy, faults) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from supervisor import campaign, journal
+    from supervisor.simulate import engine
+    from supervisor.simulate.record import Recorder
+
+    events: list[dict] = []
+    engine.simulate(world, strategy, faults, Recorder(events.append))
+    paths = campaign.create(Path(target), campaign.CampaignSpec(command=("simulated",)), "# simulated campaign\n")
+    fd = os.open(paths.journal, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(b"".join(journal.encode(e, e["t"]) for e in events))
 
 
 def _fraction(value: float, flag: str) -> float:

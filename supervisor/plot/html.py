@@ -8,7 +8,7 @@ import math
 from datetime import datetime, timezone
 from typing import Any
 
-from supervisor.plot.timeline import Timeline, colour, end_of
+from supervisor.plot.timeline import Timeline, colour, end_of, place_labels, thinned
 
 _W, _LEFT, _RIGHT = 1100, 120, 30
 _STYLE = "font-family:DejaVu Sans,Arial,sans-serif;margin:16px;color:#222"
@@ -36,7 +36,7 @@ def _ticks(t0: float, t1: float) -> list[tuple[float, str]]:
 
 
 def timeline(tl: Timeline) -> str:
-    nodes = tl.nodes
+    nodes, lanes_title = tl.lane_nodes()
     plot_w = _W - _LEFT - _RIGHT
     x = lambda t: _LEFT + (t - tl.t0) / max(tl.t1 - tl.t0, 1e-9) * plot_w  # noqa: E731
     top, prog_h = 40, 230
@@ -52,7 +52,7 @@ def timeline(tl: Timeline) -> str:
                    f'fill="{colour(a.outcome or "running")}" fill-opacity="0.12"><title>{_esc(a.label)}: '
                    f'{_esc(a.outcome)} {_esc(a.evidence)}</title></rect>')  # fmt: skip
     steps = [s for _, s in tl.progress] + [s for _, s in tl.checkpoints] + [1]
-    smax = max(steps) * 1.3
+    smax = max(steps) * 1.4
     y = lambda s: top + prog_h - s / smax * prog_h  # noqa: E731
     if tl.progress:
         pts = [f"{x(t):.1f},{y(s):.1f}" for t, s in tl.progress]
@@ -60,19 +60,20 @@ def timeline(tl: Timeline) -> str:
         end = max(tl.progress[-1][0], max((end_of(la, tl) for la in tl.launches), default=tl.progress[-1][0]))
         pts.append(f"{x(end):.1f},{y(prev or 0):.1f}")
         out.append(f'<polyline points="{" ".join(pts)}" fill="none" stroke="#1e3a5f" stroke-width="2"/>')
-    for t, s in tl.checkpoints:
+    ticks, every = thinned(tl.checkpoints)
+    for t, s in ticks:
         out.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{y(s) - 7:.1f}" y2="{y(s) + 7:.1f}" stroke="#5e35b1" '
                    f'stroke-width="2"><title>checkpoint step {s}</title></line>')  # fmt: skip
-    for i, m in enumerate(tl.interruptions):
+    labels = [m.cls + (f" ({', '.join(m.blamed[:2])})" if m.blamed else "") for m in tl.interruptions]
+    rows = place_labels([(x(m.t) - _LEFT) / plot_w for m in tl.interruptions], [(7.0 * len(t) + 6) / plot_w for t in labels])
+    for m, text, (row, anchor) in zip(tl.interruptions, labels, rows, strict=True):
         xm = x(m.t)
-        who = f" ({', '.join(m.blamed[:3])})" if m.blamed else ""
-        label_y = top + 14 + 14 * (i % 3)
-        anchor = "end" if xm > _LEFT + 160 else "start"
-        dx = -4 if anchor == "end" else 4
         out.append(f'<line x1="{xm:.1f}" x2="{xm:.1f}" y1="{top}" y2="{axis_y}" stroke="{colour(m.cls)}" '
-                   f'stroke-dasharray="5,3" stroke-width="1.5"><title>{_esc(m.cls)}: {_esc(m.text)}</title></line>'
-                   f'<text x="{xm + dx:.1f}" y="{label_y}" font-size="12" text-anchor="{anchor}" '
-                   f'fill="{colour(m.cls)}">{_esc(m.cls + who)}</text>')  # fmt: skip
+                   f'stroke-dasharray="5,3" stroke-width="1.5"><title>{_esc(m.cls)}: {_esc(m.text)}</title></line>')
+        if row is not None:
+            dx = -4 if anchor == "end" else 4
+            out.append(f'<text x="{xm + dx:.1f}" y="{top + 14 + 15 * row}" font-size="12" text-anchor="{anchor}" '
+                       f'fill="{colour(m.cls)}">{_esc(text)}</text>')  # fmt: skip
     out.append(f'<line x1="{_LEFT}" x2="{_LEFT}" y1="{top}" y2="{top + prog_h}" stroke="#999"/>'
                f'<text x="{_LEFT - 8}" y="{y(0):.1f}" font-size="11" text-anchor="end">0</text>'
                f'<text x="{_LEFT - 8}" y="{y(max(steps)) + 4:.1f}" font-size="11" text-anchor="end">{max(steps)}</text>'
@@ -83,16 +84,16 @@ def timeline(tl: Timeline) -> str:
                    f"{_esc(n)}</text>")  # fmt: skip
     for la in tl.launches:
         x0, x1 = x(la.start), x(end_of(la, tl))
-        for n in la.nodes:
+        for n in (n for n in la.nodes if n in index):
             out.append(f'<rect x="{x0:.1f}" y="{lanes_y + index[n] * lane_h + 3}" width="{max(x1 - x0, 1):.1f}" '
                        f'height="{lane_h - 6}" fill="{colour(la.outcome or "running")}" fill-opacity="0.85">'
                        f"<title>{_esc(la.label)} on {_esc(n)}: {_esc(la.outcome)}</title></rect>")  # fmt: skip
-        for n in la.blamed:
+        for n in (n for n in la.blamed if n in index):
             cx, cy = x1, lanes_y + index[n] * lane_h + lane_h / 2
             out.append(f'<path d="M{cx - 6:.1f},{cy - 6:.1f} L{cx + 6:.1f},{cy + 6:.1f} M{cx - 6:.1f},{cy + 6:.1f} '
                        f'L{cx + 6:.1f},{cy - 6:.1f}" stroke="black" stroke-width="3"><title>blamed: {_esc(n)} '
                        f"({_esc(la.outcome)})</title></path>")  # fmt: skip
-    out.append(f'<text x="8" y="{lanes_y - 8}" font-size="12">nodes (X: blamed)</text>')
+    out.append(f'<text x="8" y="{lanes_y - 8}" font-size="12">{_esc(lanes_title)} (X: blamed)</text>')
     out.append(f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{axis_y}" y2="{axis_y}" stroke="#666"/>')
     for t, label in _ticks(tl.t0, tl.t1):
         xt = x(t)
@@ -108,7 +109,7 @@ def timeline(tl: Timeline) -> str:
                  f"<h2>campaign {_esc(tl.campaign)}: {_esc(tl.state)}</h2><p>{len(tl.attempts)} Slurm runs, "
                  f"{len(tl.launches)} launches, {len(tl.interruptions)} interruptions; ETTR {ettr}. Bands: the "
                  f"Slurm runs, coloured by how they ended ({legend}); line: the step reached (a drop is lost work); "
-                 f"ticks: checkpoints committed.</p>", _W, height, "".join(out))  # fmt: skip
+                 f"ticks: checkpoints committed{'' if every == 1 else f' (every {every}th of {len(tl.checkpoints)})'}.</p>", _W, height, "".join(out))  # fmt: skip
 
 
 def _bar(parts: list[tuple[str, float]], wall: float, y: float) -> str:

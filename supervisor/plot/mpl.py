@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from supervisor.plot.timeline import BADPUT_COLOURS, Timeline, colour, end_of
+from supervisor.plot.timeline import BADPUT_COLOURS, Timeline, colour, end_of, place_labels, thinned
 
 
 def _pyplot() -> Any:
@@ -37,7 +37,7 @@ def timeline(tl: Timeline, path: str) -> None:
     import matplotlib.dates as mdates
     from matplotlib.patches import Patch
 
-    nodes = tl.nodes
+    nodes, lanes_title = tl.lane_nodes()
     lanes_h = max(1.2, 0.32 * len(nodes) + 0.6)
     fig = plt.figure(figsize=(13, 5.2 + lanes_h), layout="constrained")
     grid = fig.add_gridspec(3, 1, height_ratios=[3.6, lanes_h, 0.9])
@@ -61,21 +61,32 @@ def timeline(tl: Timeline, path: str) -> None:
         last_t, last_s = tl.progress[-1]
         end = max(last_t, max((end_of(x, tl) for x in tl.launches), default=last_t))
         ax.plot([_date(last_t), _date(end)], [last_s, last_s], color="#1e3a5f", lw=1.8)
-    if tl.checkpoints:
-        ax.plot([_date(t) for t, _ in tl.checkpoints], [s for _, s in tl.checkpoints], linestyle="none",
-                marker="|", markersize=12, color="#5e35b1", label="checkpoint committed")  # fmt: skip
+    ticks, every = thinned(tl.checkpoints)
+    if ticks:
+        what = "checkpoint committed" if every == 1 else f"checkpoints committed (every {every}th of {len(tl.checkpoints)})"
+        ax.plot([_date(t) for t, _ in ticks], [s for _, s in ticks], linestyle="none", marker="|", markersize=12,
+                color="#5e35b1", label=what)  # fmt: skip
     top = max([s for _, s in tl.progress] + [s for _, s in tl.checkpoints] + [1])
-    ax.set_ylim(0, top * 1.35)
-    for i, m in enumerate(tl.interruptions):
-        ax.axvline(_date(m.t), color=colour(m.cls), lw=1.4, ls="--")
-        who = f" ({', '.join(m.blamed[:3])})" if m.blamed else ""
-        ax.annotate(f"{m.cls}{who}", (_date(m.t), top * (1.28 - 0.09 * (i % 3))), fontsize=8.5, color=colour(m.cls),
-                    ha="right", va="top", rotation=0, xytext=(-3, 0), textcoords="offset points",
-                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})  # fmt: skip
+    ax.set_ylim(0, top * 1.42)
+    span = max(tl.t1 - tl.t0, 1e-9)
+    labels = [m.cls + (f" ({', '.join(m.blamed[:2])})" if m.blamed else "") for m in tl.interruptions]
+    rows = place_labels([(m.t - tl.t0) / span for m in tl.interruptions], [0.0064 * len(x) + 0.008 for x in labels])
+    for m, text, (row, anchor) in zip(tl.interruptions, labels, rows, strict=True):
+        ax.axvline(_date(m.t), color=colour(m.cls), lw=1.2, ls="--")
+        if row is None:
+            continue  # no room: the line's colour still tells the class (legend)
+        ax.annotate(text, (_date(m.t), top * (1.39 - 0.075 * row)), fontsize=8, color=colour(m.cls),
+                    ha="right" if anchor == "end" else "left", va="top",
+                    xytext=(-3 if anchor == "end" else 3, 0), textcoords="offset points",
+                    bbox={"boxstyle": "round,pad=0.12", "fc": "white", "ec": "none", "alpha": 0.85})  # fmt: skip
+    for cls in dict.fromkeys(m.cls for m in tl.interruptions):
+        ax.plot([], [], color=colour(cls), ls="--", lw=1.2, label=f"interruption: {cls}")
+    if any(launch.blamed for launch in tl.launches):
+        ax.plot([], [], marker="X", color="black", linestyle="none", label="blamed node (lanes below)")
     ax.set_ylabel("training step")
     handles, _ = ax.get_legend_handles_labels()
     handles += [Patch(color=colour(o), alpha=0.35, label=f"run ended: {o}") for o in dict.fromkeys(outcomes)]
-    ax.legend(handles=handles, loc="lower right", fontsize=8, framealpha=0.9)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.grid(axis="y", alpha=0.3)
     ax.tick_params(labelbottom=False)
 
@@ -83,19 +94,16 @@ def timeline(tl: Timeline, path: str) -> None:
     index = {n: i for i, n in enumerate(nodes)}
     for launch in tl.launches:
         x0, x1 = mdates.date2num(_date(launch.start)), mdates.date2num(_date(end_of(launch, tl)))
-        for n in launch.nodes:
+        for n in (n for n in launch.nodes if n in index):
             lanes.broken_barh([(x0, max(x1 - x0, 1e-9))], (index[n] - 0.35, 0.7),
                               color=colour(launch.outcome or "running"), alpha=0.85)  # fmt: skip
-        for n in launch.blamed:
+        for n in (n for n in launch.blamed if n in index):
             lanes.plot([_date(end_of(launch, tl))], [index[n]], marker="X", markersize=11, color="black",
                        linestyle="none")  # fmt: skip
-    lanes.plot([], [], marker="X", color="black", linestyle="none", label="blamed")
-    if any(launch.blamed for launch in tl.launches):
-        lanes.legend(loc="upper left", fontsize=8)
     lanes.set_yticks(range(len(nodes)), nodes, fontsize=8)
     lanes.set_ylim(-0.7, max(len(nodes), 1) - 0.3)
     lanes.invert_yaxis()
-    lanes.set_ylabel("nodes")
+    lanes.set_ylabel(lanes_title)
     locator = mdates.AutoDateLocator(minticks=4, maxticks=10)
     lanes.xaxis.set_major_locator(locator)
     lanes.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))

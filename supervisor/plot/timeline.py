@@ -9,6 +9,7 @@ line is work that was lost. The goodput split comes from ``report.fold`` (its pu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,14 @@ class Timeline:
     def nodes(self) -> list[str]:
         return sorted({n for launch in self.launches for n in launch.nodes} | {n for m in self.interruptions
                                                                                 for n in m.blamed})  # fmt: skip
+
+    def lane_nodes(self, limit: int = 40) -> tuple[list[str], str]:
+        """The nodes to draw a lane for, and the lanes' title: all of them, or on a big job the blamed ones."""
+        nodes = self.nodes
+        if len(nodes) <= limit:
+            return nodes, "nodes"
+        blamed = sorted({n for m in self.interruptions for n in m.blamed})[:limit]
+        return blamed, f"blamed nodes ({len(blamed)} of {len(nodes)})"
 
     @property
     def ettr(self) -> float | None:
@@ -153,3 +162,32 @@ def build(events: Iterable[Mapping[str, Any]], now: float, goodput: Mapping[str,
 
 def end_of(span: Span, tl: Timeline) -> float:
     return span.end if span.end is not None else tl.t1
+
+
+def thinned(points: list[tuple[float, int]], limit: int = 60) -> tuple[list[tuple[float, int]], int]:
+    """At most about ``limit`` checkpoint ticks (every n-th, and the last): a long campaign has thousands."""
+    if len(points) <= limit:
+        return points, 1
+    every = math.ceil(len(points) / limit)
+    kept = points[::every]
+    if kept[-1] != points[-1]:
+        kept.append(points[-1])
+    return kept, every
+
+
+def place_labels(xs: list[float], widths: list[float], rows: int = 4, gap: float = 0.004
+                 ) -> list[tuple[int | None, str]]:  # fmt: skip
+    """Rows for interruption labels (x and widths as fractions of the plot width, in time order) so that no two
+    overlap and none leaves the plot: each is (row or None when there is no room, "end" or "start" anchor)."""
+    ends = [-1.0] * rows
+    placed: list[tuple[int | None, str]] = []
+    for x, w in zip(xs, widths, strict=True):
+        lo, hi, anchor = (x - w, x, "end") if x - w >= 0 else (x, x + w, "start")
+        if hi > 1.0:
+            placed.append((None, anchor))
+            continue
+        row = next((r for r in range(rows) if lo > ends[r] + gap), None)
+        if row is not None:
+            ends[row] = hi
+        placed.append((row, anchor))
+    return placed

@@ -27,6 +27,7 @@ from supervisor.decisions import policy
 from supervisor.decisions.classify import classify
 from supervisor.decisions.ledger import Ledger
 from supervisor.simulate import evidence as sim_evidence
+from supervisor.simulate.record import Recorder
 from supervisor.simulate.trace import Fault, node_name
 
 BUCKETS = ("productive", "lost_work", "checkpoint", "detection", "restart", "queue", "preflight", "operator")
@@ -147,8 +148,9 @@ def segment(length_s: float, interval_s: float, stall_s: float, write_s: float, 
 class _Campaign:
     """Mutable state of one simulated campaign (kept private: the public surface is :func:`simulate`)."""
 
-    def __init__(self, world: World, strategy: Strategy) -> None:
-        self.world, self.s = world, strategy
+    def __init__(self, world: World, strategy: Strategy, recorder: Recorder | None = None) -> None:
+        self.world, self.s, self.rec = world, strategy, recorder
+        self.step = 0  # the step of the newest committed checkpoint (one step per second of compute)
         self.out = Outcome(strategy.name, world.horizon_s)
         self.t = 0.0
         self.needed = world.nodes
@@ -208,6 +210,17 @@ class _Campaign:
                 spares = iter([n for n in self.alloc if n not in self.running_set and n not in excluded])
                 self.set_running([next(spares, n) if n in found else n for n in self.running])
         self.spend("restart", self.s.restart_s, cls)
+        if self.rec is not None:
+            self.rec.launched(self.t, self.running, self.step)
+
+    def requeue(self, exclude: Sequence[str], cls: str, blamed: Sequence[str], last_step: int) -> None:
+        """The Slurm run ends, the queue wait, a new allocation starts."""
+        if self.rec is not None:
+            self.rec.requeued(self.t, cls, blamed, last_step)
+        self.new_allocation(exclude)
+        self.spend("queue", self.s.queue_s, cls)
+        if self.rec is not None:
+            self.rec.allocated(self.t, self.alloc)
 
     def place(self, fault: Fault) -> str:
         """The trace's node if the job runs there, else the running node it stands for."""
@@ -217,22 +230,28 @@ class _Campaign:
 
     # -- the response to one fault ---------------------------------------------------------------------------
 
-    def respond(self, fault: Fault, node: str, how: str) -> str:
+    def respond(self, fault: Fault, node: str, how: str, last_step: int) -> str:
         """Detection, decision and recovery for one fault; returns the class it was accounted under."""
         symptom = sim_evidence.SYMPTOMS[fault.kind]
         detect = self.s.detect_hang_s if how == sim_evidence.HANG else (
             self.s.detect_node_s if symptom.node_down or symptom.agent_silent else self.s.detect_crash_s)
+        t_fault = self.t
         if not self.s.supervised:
             cls = fault.kind
             self.spend("detection", detect, cls)
+            if self.rec is not None:
+                self.rec.interrupted(self.t, detect, how == sim_evidence.HANG, "unknown", (), (fault.kind,), last_step,
+                                     node)  # fmt: skip
             exclude = [node] if symptom.node_down or symptom.agent_silent else []  # Slurm's own word only
-            self.new_allocation(exclude)
-            self.spend("queue", self.s.queue_s, cls)
+            self.requeue(exclude, "unknown", (), last_step)
             self.launch(cls)
             return cls
         self.spend("detection", detect, None)
-        interruption = classify(sim_evidence.evidence(fault.kind, node, how, self.t, tuple(self.running)))
+        interruption = classify(sim_evidence.evidence(fault.kind, node, how, t_fault, tuple(self.running)))
         cls = interruption.cls
+        if self.rec is not None:
+            self.rec.interrupted(self.t, detect, how == sim_evidence.HANG, cls, interruption.blamed_nodes,
+                                 interruption.evidence[:2], last_step, node)  # fmt: skip
         self.out.badput_by_class[cls] = self.out.badput_by_class.get(cls, 0.0) + min(detect, self.t)
         if self.committed:
             self.history = self.history.progress(self.committed)
@@ -253,24 +272,26 @@ class _Campaign:
             self.spend("operator", self.s.operator_s, cls)
             self.history = policy.History(best_step=self.history.best_step)
             found = [node] if self.broken.pop(node, None) else []
-            self.new_allocation(sorted(self.ledger.excluded_nodes(self.t)) + found)
-            self.spend("queue", self.s.queue_s, cls)
+            self.requeue(sorted(self.ledger.excluded_nodes(self.t)) + found, cls, interruption.blamed_nodes, last_step)
         elif policy.RESTART_IN_ALLOCATION in actions:
             self.set_running(list(actions[policy.RESTART_IN_ALLOCATION].params["nodes"]))
             self.restarts_here += 1
             self.out.relaunches += 1
         else:  # REQUEUE / AWAIT_REQUEUE
             chosen = actions.get(policy.REQUEUE) or actions.get(policy.AWAIT_REQUEUE)
-            self.new_allocation(list(chosen.params.get("exclude", [])) if chosen else [])
-            self.spend("queue", self.s.queue_s, cls)
+            exclude = list(chosen.params.get("exclude", [])) if chosen else []
+            self.requeue(exclude, cls, interruption.blamed_nodes, last_step)
         self.launch(cls)
         return cls
 
 
-def simulate(world: World, strategy: Strategy, faults: Sequence[Fault]) -> Outcome:
-    """Play ``faults`` (sorted by time) against ``strategy`` over ``world.horizon_s``."""
-    c = _Campaign(world, strategy)
+def simulate(world: World, strategy: Strategy, faults: Sequence[Fault], recorder: Recorder | None = None) -> Outcome:
+    """Play ``faults`` (sorted by time) against ``strategy`` over ``world.horizon_s``; ``recorder`` gets the
+    campaign's journal events (record.py)."""
+    c = _Campaign(world, strategy, recorder)
     horizon = world.horizon_s
+    if recorder is not None:
+        recorder.started(f"simulated {strategy.name}", c.alloc)
     c.launch(None)  # the first launch costs a start-up like any other
     i = 0
     while c.t < horizon:
@@ -292,6 +313,10 @@ def simulate(world: World, strategy: Strategy, faults: Sequence[Fault]) -> Outco
         c.out.buckets["checkpoint"] += seg.stall_s
         c.out.checkpoints += seg.committed
         c.committed += seg.committed
+        if recorder is not None:
+            recorder.checkpoints(up, seg.committed, interval, strategy.stall_s, strategy.write_s, c.step)
+        last_step = c.step + round(seg.kept_s + seg.lost_s)
+        c.step += round(seg.committed * interval) if t_end < horizon else round(seg.kept_s)
         c.t = t_end
         if t_end >= horizon:
             break
@@ -311,10 +336,12 @@ def simulate(world: World, strategy: Strategy, faults: Sequence[Fault]) -> Outco
         c.faults_on[node] = c.faults_on.get(node, 0) + 1
         if c.faults_on[node] >= world.site_drain_after:  # the site's health checks drain it; both strategies
             c.broken.pop(node, None)
-        cls = c.respond(fault, node, how)
+        cls = c.respond(fault, node, how, last_step)
         c.out.buckets["lost_work"] += seg.lost_s
         c.out.badput_by_class[cls] = c.out.badput_by_class.get(cls, 0.0) + seg.lost_s
         c.out.interruptions[cls] = c.out.interruptions.get(cls, 0) + 1
+    if recorder is not None:
+        recorder.finished(horizon)
     return c.out
 
 

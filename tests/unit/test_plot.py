@@ -130,3 +130,34 @@ def test_report_plot_through_the_command_line(tmp_path, capsys) -> None:  # type
     assert "node_failure (n2)" in (tmp_path / "t.html").read_text()
     assert cli.main(["report", str(paths.root), "--plot", str(tmp_path / "t.bmp")]) == 2
     assert "unknown picture format" in capsys.readouterr().err
+
+
+def test_labels_never_overlap_or_leave_the_plot() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    @given(st.lists(st.tuples(st.floats(0, 1), st.floats(0.001, 0.3)), max_size=40))
+    def check(marks: list[tuple[float, float]]) -> None:
+        marks.sort()
+        placed = timeline.place_labels([x for x, _ in marks], [w for _, w in marks])
+        spans: dict[int, list[tuple[float, float]]] = {}
+        for (x, w), (row, anchor) in zip(marks, placed, strict=True):
+            if row is None:
+                continue
+            lo, hi = (x - w, x) if anchor == "end" else (x, x + w)
+            assert 0 <= lo and hi <= 1
+            assert all(hi <= a or lo >= b for a, b in spans.get(row, []))
+            spans.setdefault(row, []).append((lo, hi))
+
+    check()
+
+
+def test_a_big_job_gets_lanes_for_its_blamed_nodes_only() -> None:
+    nodes = [f"n{i:04d}" for i in range(500)]
+    events = [ev.attempt_started(T0, "1", 0, nodes, None), {**ev.step_launched(T0 + 1, 1, nodes), "resume_step": 0},
+              {**ev.interruption_event(T0 + 50, "hardware", ["n0042"], 0.9, ["Xid"]), "last_step": 40}]  # fmt: skip
+    tl = timeline.build(events, now=T0 + 60)
+    lanes, title = tl.lane_nodes()
+    assert lanes == ["n0042"] and title == "blamed nodes (1 of 500)"
+    ticks, every = timeline.thinned([(T0 + i, i) for i in range(1000)])
+    assert len(ticks) <= 61 and every == 17 and ticks[-1] == (T0 + 999, 999)

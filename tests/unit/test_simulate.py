@@ -162,3 +162,23 @@ def test_preflight_keeps_a_readmitted_broken_node_out() -> None:
                                                     preflight_catch=1.0), faults)  # fmt: skip
     assert with_preflight.recurrences == 0
     assert with_preflight.buckets["preflight"] == pytest.approx(30.0 * (1 + 2))  # the first launch and two more
+
+
+def test_the_recorded_journal_folds_to_the_same_accounting() -> None:
+    """The simulation as journal events, folded by the report: the two accountings agree."""
+    from supervisor.report import fold
+    from supervisor.simulate.record import Recorder
+
+    world = engine.World(gpus=32, days=3.0, seed=3)
+    faults = trace.llama3(3, 32, 3.0, rate_scale=300)
+    events: list[dict] = []
+    out = engine.simulate(world, engine.supervised(spares=1), faults, Recorder(events.append))
+    doc = fold(events, now=0.0)
+    g = doc["goodput"]
+    assert g["wall_s"] == pytest.approx(world.horizon_s)
+    assert g["productive_s"] == pytest.approx(out.buckets["productive"], abs=0.001 * world.horizon_s)
+    assert g["badput_s"]["checkpoint"] == pytest.approx(out.buckets["checkpoint"], abs=out.checkpoints * 1.0 + 1)
+    assert g["badput_s"]["queue"] == pytest.approx(out.buckets["queue"])
+    interrupted = [a["outcome"]["class"] for a in doc["attempts"] if a["outcome"]]
+    assert sorted(set(interrupted)) == sorted(out.interruptions)
+    assert len(interrupted) == sum(out.interruptions.values())
