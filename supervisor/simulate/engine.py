@@ -20,7 +20,7 @@ import math
 import random
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from supervisor.decisions import checkpoint_interval as ci
 from supervisor.decisions import policy
@@ -166,12 +166,14 @@ class _Campaign:
         self.committed = 0
         self.fault_times: list[float] = []
 
-    def spend(self, bucket: str, seconds: float, cls: str | None = None) -> None:
+    def spend(self, bucket: str, seconds: float, cls: str | None = None) -> float:
+        """Advance the clock through ``seconds`` of ``bucket`` (never past the horizon); returns what was spent."""
         seconds = max(0.0, min(seconds, self.world.horizon_s - self.t))
         self.out.buckets[bucket] += seconds
         if cls is not None:
             self.out.badput_by_class[cls] = self.out.badput_by_class.get(cls, 0.0) + seconds
         self.t += seconds
+        return seconds
 
     def interval(self) -> float:
         if self.s.interval_s is not None:
@@ -246,13 +248,13 @@ class _Campaign:
             self.requeue(exclude, "unknown", (), last_step)
             self.launch(cls)
             return cls
-        self.spend("detection", detect, None)
+        spent = self.spend("detection", detect, None)  # charged to the class once it is known
         interruption = classify(sim_evidence.evidence(fault.kind, node, how, t_fault, tuple(self.running)))
         cls = interruption.cls
         if self.rec is not None:
             self.rec.interrupted(self.t, detect, how == sim_evidence.HANG, cls, interruption.blamed_nodes,
                                  interruption.evidence[:2], last_step, node)  # fmt: skip
-        self.out.badput_by_class[cls] = self.out.badput_by_class.get(cls, 0.0) + min(detect, self.t)
+        self.out.badput_by_class[cls] = self.out.badput_by_class.get(cls, 0.0) + spent
         if self.committed:
             self.history = self.history.progress(self.committed)
         allocation = policy.Allocation(
@@ -365,6 +367,3 @@ def optimum(world: World, faults: Sequence[Fault], stall_s: float, restart_s: fl
     return Optimum(mtbf, stall_s, restart_s, ci.young_interval(stall_s, mtbf), ci.best_goodput(stall_s, restart_s, mtbf),
                    ci.goodput_daly(ci.daly_interval(stall_s, mtbf), stall_s, restart_s, mtbf))  # fmt: skip
 
-
-def with_interval(strategy: Strategy, interval_s: float | None) -> Strategy:
-    return replace(strategy, interval_s=interval_s)

@@ -182,3 +182,11 @@ def test_the_recorded_journal_folds_to_the_same_accounting() -> None:
     interrupted = [a["outcome"]["class"] for a in doc["attempts"] if a["outcome"]]
     assert sorted(set(interrupted)) == sorted(out.interruptions)
     assert len(interrupted) == sum(out.interruptions.values())
+
+
+def test_badput_by_class_adds_up_to_the_badput() -> None:
+    world = engine.World(gpus=2048, days=20.0, seed=5)
+    out = engine.simulate(world, engine.supervised(), trace.llama3(5, 2048, 20.0, rate_scale=4))
+    badput = sum(v for k, v in out.buckets.items() if k not in ("productive", "checkpoint"))
+    first_launch = 60.0  # the first start-up belongs to no interruption
+    assert sum(out.badput_by_class.values()) == pytest.approx(badput - first_launch, rel=1e-9)
