@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"simulate: {err}", "see `supervise simulate --help`") from None
     sup = engine.supervised(args.stall, args.write, interval, args.restart, args.queue, args.detect_hang,
                             args.detect_crash, preflight_s=args.preflight, spares=args.spares)  # fmt: skip
-    sup = replace(sup, operator_s=args.operator, policy_config=_policy(args.config))
+    policy_config, ledger_config = _decision_configs(args.config)
+    sup = replace(sup, operator_s=args.operator, policy_config=policy_config, ledger_config=ledger_config)
     naive = replace(engine.naive(args.naive_stall, args.naive_interval, args.naive_restart, args.queue,
                                  args.hang_timeout), operator_s=args.operator)  # fmt: skip
     result = compare.compare(world, faults, naive, sup)
@@ -117,11 +118,14 @@ def _fraction(value: float, flag: str) -> float:
     return value
 
 
-def _policy(path: str | None):  # type: ignore[no-untyped-def]
+def _decision_configs(path: str | None):  # type: ignore[no-untyped-def]
+    """[policy] and [ledger] of a supervisor config file (validated like `supervise submit` does), or defaults."""
+    from supervisor.decisions.ledger import LedgerConfig
     from supervisor.decisions.policy import PolicyConfig
 
     if not path:
-        return PolicyConfig()
+        return PolicyConfig(), LedgerConfig()
     from supervisor import config
 
-    return PolicyConfig.from_mapping(config.load(path).policy)
+    loaded = config.load(path)
+    return PolicyConfig.from_mapping(loaded.policy), LedgerConfig.from_mapping(loaded.ledger)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from supervisor.decisions import checkpoint_interval as ci
 from supervisor.decisions import policy
 from supervisor.decisions.classify import classify
-from supervisor.decisions.ledger import Ledger
+from supervisor.decisions.ledger import Ledger, LedgerConfig
 from supervisor.simulate import evidence as sim_evidence
 from supervisor.simulate.record import Recorder
 from supervisor.simulate.trace import Fault, node_name
@@ -72,6 +72,7 @@ class Strategy:
     spares: int = 0  # extra nodes in the allocation to relaunch without requeueing
     operator_s: float = 3600.0  # the policy stopped or held the campaign: until a person resubmits it
     policy_config: policy.PolicyConfig = field(default_factory=policy.PolicyConfig)
+    ledger_config: LedgerConfig = field(default_factory=LedgerConfig)
 
 
 def naive(stall_s: float = 30.0, interval_s: float = 3600.0, restart_s: float = 300.0, queue_s: float = 120.0,
@@ -161,7 +162,7 @@ class _Campaign:
         self.broken: dict[str, str] = {}  # node -> kind of the fault that broke it
         self.faults_on: dict[str, int] = {}  # node -> faults seen on it (the site drains repeat offenders)
         self.history = policy.History()
-        self.ledger = Ledger()
+        self.ledger = Ledger(strategy.ledger_config)
         self.restarts_here = 0
         self.committed = 0
         self.fault_times: list[float] = []

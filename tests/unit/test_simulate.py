@@ -190,3 +190,13 @@ def test_badput_by_class_adds_up_to_the_badput() -> None:
     badput = sum(v for k, v in out.buckets.items() if k not in ("productive", "checkpoint"))
     first_launch = 60.0  # the first start-up belongs to no interruption
     assert sum(out.badput_by_class.values()) == pytest.approx(badput - first_launch, rel=1e-9)
+
+
+def test_policy_and_ledger_come_from_a_config_file(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    conf = tmp_path / "s.toml"
+    conf.write_text("[ledger]\nhalf_life_s = 604800\n[policy]\nmax_restarts_in_allocation = 0\n")
+    assert cli.main(["simulate", "--gpus", "512", "--days", "5", "--config", str(conf), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["supervised"]["relaunches"] == 0 and doc["supervised"]["requeues"] > 0  # every fault requeues
+    conf.write_text("[ledger]\nhalf_life_s = -1\n")
+    assert cli.main(["simulate", "--config", str(conf)]) == 3  # a configuration error, as for submit
