@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("supervisor.commands.status", "show the live state of a campaign"),
     "run": ("supervisor.commands.run", "supervise the training step inside an allocation (the batch step)"),
     "report": ("supervisor.commands.report", "report a campaign: attempts, outcomes, exclusions, checkpoints, goodput"),
+    "simulate": ("supervisor.commands.simulate", "simulate a long campaign under a failure trace: naive requeue vs this supervisor"),
     "nodes": ("supervisor.commands.nodes", "show the suspect-node ledger (strikes, exclusions) of a campaign"),
     "healthcheck": ("supervisor.commands.healthcheck", "check this node's health (GPUs via NVML, /dev/shm); exit 8 when unfit"),
     "doctor": ("supervisor.commands.doctor", "check that this machine can run supervised jobs"),

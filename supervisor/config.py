@@ -43,6 +43,8 @@ class RunConfig:
     loop_interval_s: float = 0.5
     # Allocation nodes kept out of the training step, to replace a blamed node without requeueing.
     spare_nodes: int = 0
+    # "auto" (Young/Daly from the measured stall and MTBF), "off", or seconds: see docs/goodput.md.
+    checkpoint_interval: str | float = "off"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +118,9 @@ def _build(section: str, cls: type, values: Mapping[str, Any], source: str) -> A
         if key not in fields:
             known = ", ".join(sorted(fields))
             raise ConfigError(f"{source}: unknown key {section}.{key}", f"use one of: {known}")
+        if (section, key) == ("run", "checkpoint_interval"):
+            kwargs[key] = _checkpoint_interval(value, source)
+            continue
         default = fields[key].default
         if isinstance(default, tuple):
             if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
@@ -130,6 +135,15 @@ def _build(section: str, cls: type, values: Mapping[str, Any], source: str) -> A
             raise ConfigError(f"{source}: {section}.{key} = {value!r} is negative", "use a value >= 0")
         kwargs[key] = float(value) if isinstance(default, float) else value
     return cls(**kwargs)
+
+
+def _checkpoint_interval(value: Any, source: str) -> str | float:
+    from supervisor.decisions.checkpoint_interval import IntervalSettingError, parse_setting
+
+    try:
+        return parse_setting(value)
+    except IntervalSettingError as err:
+        raise ConfigError(f"{source}: {err}", 'e.g. checkpoint_interval = "auto" or 1800') from None
 
 
 def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:

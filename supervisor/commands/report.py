@@ -12,7 +12,8 @@ HELP = "report a campaign: attempts and their outcomes, exclusions, checkpoints,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("campaign", metavar="CAMPAIGN", help="campaign directory")
     parser.add_argument("--json", action="store_true", help="print the report as JSON (the contract's fields)")
-    parser.add_argument("--plot", metavar="FILE.html", help="also write a timeline of the attempts and the goodput")
+    parser.add_argument("--plot", metavar="FILE", help="also draw the campaign's timeline: FILE.html (built in), "
+                        "FILE.png or FILE.svg (need matplotlib: pip install 'slurm-supervisor[plot]')")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     if doc["campaign"] is None:
         doc["campaign"] = str(paths.root)
     if args.plot:
-        _plot(doc, args.plot)
+        _plot(events, doc, args.plot)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
@@ -32,17 +33,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plot(doc: dict, target: str) -> None:
-    from pathlib import Path
-
+def _plot(events: list, doc: dict, target: str) -> None:
     from supervisor.errors import UsageError
-    from supervisor.plot import render_html
+    from supervisor.plot import PlotError, write_timeline
 
-    path = Path(target)
-    if path.suffix.lower() not in (".html", ".htm"):
-        raise UsageError(f"cannot plot to {target}: only HTML is built in",
-                         "give a FILE.html (a self-contained page; no plotting library needed)")  # fmt: skip
     try:
-        path.write_text(render_html(doc, now=time.time()))
-    except OSError as err:
-        raise UsageError(f"cannot write {target}: {err.strerror}", "pick a writable path") from None
+        write_timeline(events, time.time(), doc.get("goodput"), target, str(doc.get("campaign") or ""))
+    except PlotError as err:
+        raise UsageError(err.problem, err.fix) from None

@@ -104,18 +104,3 @@ def test_a_completing_job_whose_end_moved_earlier_is_a_cancel():
     assert job_state_of(preempted, scheduled_end=4600) == "COMPLETING"
     running = SimpleNamespace(base_state="RUNNING", state="RUNNING", end_time=4600, preempt_time=None)
     assert job_state_of(running, scheduled_end=4600) == "RUNNING"
-
-
-def test_the_plot_draws_every_attempt_and_the_goodput_split():
-    import xml.etree.ElementTree as ET
-
-    from supervisor.plot import COLOURS, render_html
-
-    report = fold(campaign(), now=5000.0)
-    page = render_html(report, now=5000.0)
-    svg = ET.fromstring(page[page.index("<svg"):page.index("</svg>") + 6])
-    rects = [r for r in svg.iter("{http://www.w3.org/2000/svg}rect")]
-    fills = [r.get("fill") for r in rects]
-    assert [COLOURS[c] for c in ("hang", "node_failure", "completed")] == fills[:3]
-    assert len(rects) > 3  # the goodput bar's parts follow
-    assert "ETTR" in page and "completed" in page

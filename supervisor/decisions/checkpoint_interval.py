@@ -1,0 +1,231 @@
+"""How often to checkpoint: Young/Daly's interval from the measured stall and the interruption rate. Pure.
+
+A checkpoint costs the ranks a stall ``delta`` (the time the training loop is blocked: with an asynchronous save,
+only the snapshot to host memory); an interruption costs the work since the last checkpoint plus a restart ``R``.
+With interruptions arriving at random (a Poisson process of mean time between failures ``M``), the expected
+fraction of the wall clock that becomes kept progress at interval ``tau`` is to first order
+
+    goodput(tau) = 1 - delta/tau - tau/(2M) - R/M
+
+which is best at Young's interval ``tau* = sqrt(2 delta M)``, where it is ``1 - sqrt(2 delta / M) - R/M``.
+Daly's higher-order interval (J. T. Daly, 2006) corrects it when delta is not small against M, and his exponential
+model gives the goodput of any interval without the first-order approximation. See docs/goodput.md.
+
+``M`` is the campaign's own observed rate (interruptions that cost work, divided by the time they were observed
+over) once it has seen enough of them; before that a configured prior; failing that a site prior scaled to the
+number of nodes (Meta's RSC: 6.50 failures per 1,000 node-days).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Meta RSC-1/RSC-2 (Kokolis et al., 2024): 6.50 job-affecting failures per 1,000 node-days.
+SITE_FAILURES_PER_NODE_DAY = 6.50 / 1000.0
+MIN_OBSERVED_INTERRUPTIONS = 3  # fewer than this and the campaign's own rate is mostly noise: use the prior
+AUTO, OFF = "auto", "off"
+
+
+class IntervalSettingError(ValueError):
+    """``[run] checkpoint_interval`` is neither "auto", "off" nor a positive number of seconds."""
+
+
+def parse_setting(value: object) -> str | float:
+    """``"auto"``, ``"off"`` or seconds (> 0) as a float; anything else raises :class:`IntervalSettingError`."""
+    if isinstance(value, str) and value.strip().lower() in (AUTO, OFF):
+        return value.strip().lower()
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    raise IntervalSettingError(
+        f"run.checkpoint_interval = {value!r}: expected \"auto\", \"off\" or a number of seconds > 0"
+    )
+
+
+def site_prior_mtbf_s(nodes: int, failures_per_node_day: float = SITE_FAILURES_PER_NODE_DAY) -> float:
+    """Mean time between job-affecting failures of a job on ``nodes`` nodes, from a per-node-day rate."""
+    if nodes < 1 or failures_per_node_day <= 0:
+        raise ValueError("nodes must be >= 1 and the failure rate > 0")
+    return 86400.0 / (failures_per_node_day * nodes)
+
+
+def young_interval(delta_s: float, mtbf_s: float) -> float:
+    """Young (1974): ``sqrt(2 delta M)``."""
+    _check(delta_s, mtbf_s)
+    return math.sqrt(2.0 * delta_s * mtbf_s)
+
+
+def daly_interval(delta_s: float, mtbf_s: float) -> float:
+    """Daly (2006), higher order: ``sqrt(2dM) (1 + sqrt(d/2M)/3 + (d/2M)/9) - d`` for ``d < 2M``, else ``M``."""
+    _check(delta_s, mtbf_s)
+    if delta_s >= 2.0 * mtbf_s:
+        return mtbf_s
+    x = delta_s / (2.0 * mtbf_s)
+    return math.sqrt(2.0 * delta_s * mtbf_s) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta_s
+
+
+def goodput_first_order(interval_s: float, delta_s: float, restart_s: float, mtbf_s: float) -> float:
+    """``1 - delta/tau - tau/2M - R/M`` (clipped at 0): the expected kept fraction of the wall clock."""
+    _check(delta_s, mtbf_s)
+    if interval_s <= 0:
+        raise ValueError("the interval must be > 0")
+    return max(0.0, 1.0 - delta_s / interval_s - interval_s / (2.0 * mtbf_s) - restart_s / mtbf_s)
+
+
+def best_goodput(delta_s: float, restart_s: float, mtbf_s: float) -> float:
+    """The Young/Daly optimum, first order: ``1 - sqrt(2 delta / M) - R / M``."""
+    _check(delta_s, mtbf_s)
+    return max(0.0, 1.0 - math.sqrt(2.0 * delta_s / mtbf_s) - restart_s / mtbf_s)
+
+
+def goodput_daly(interval_s: float, delta_s: float, restart_s: float, mtbf_s: float) -> float:
+    """Daly's exponential model: ``tau / (M e^(R/M) (e^((tau+delta)/M) - 1))`` (failures also hit restarts)."""
+    _check(delta_s, mtbf_s)
+    if interval_s <= 0:
+        raise ValueError("the interval must be > 0")
+    return interval_s / (mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((interval_s + delta_s) / mtbf_s))
+
+
+def _check(delta_s: float, mtbf_s: float) -> None:
+    if not (math.isfinite(delta_s) and delta_s >= 0):
+        raise ValueError(f"the checkpoint stall must be a number of seconds >= 0, got {delta_s!r}")
+    if not (math.isfinite(mtbf_s) and mtbf_s > 0):
+        raise ValueError(f"the MTBF must be a positive number of seconds, got {mtbf_s!r}")
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The interval to ask the ranks for, with everything it was computed from (for ``report`` and ``status``)."""
+
+    interval_s: float | None  # None: do not ask (setting "off", or no stall measured yet under "auto")
+    mode: str  # "auto" | "fixed" | "off"
+    delta_s: float | None
+    restart_s: float | None
+    mtbf_s: float | None
+    mtbf_source: str  # "observed" | "configured prior" | "site prior" | "-"
+    predicted_goodput: float | None  # first order, at interval_s
+    optimum_goodput: float | None  # first order, at Young's interval
+
+    def to_dict(self) -> dict[str, object]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+def observed_mtbf_s(interruption_times: Iterable[float], observed_s: float) -> float | None:
+    """The campaign's own MTBF: time observed over interruptions (None below MIN_OBSERVED_INTERRUPTIONS)."""
+    n = sum(1 for _ in interruption_times)
+    if n < MIN_OBSERVED_INTERRUPTIONS or observed_s <= 0:
+        return None
+    return observed_s / n
+
+
+def advise(
+    setting: str | float,
+    *,
+    delta_s: float | None,
+    restart_s: float | None,
+    nodes: int,
+    interruption_times: Iterable[float] = (),
+    observed_s: float = 0.0,
+    prior_mtbf_s: float | None = None,
+) -> Advice:
+    """The function the supervisor loop calls: the interval for ``setting`` and why.
+
+    ``delta_s``: the measured checkpoint stall (median of recent checkpoints), None until one was measured;
+    ``restart_s``: the measured restart cost (interruption to first resumed step), None if none yet (taken as 0);
+    ``interruption_times``/``observed_s``: the interruptions that cost work and the running time they were seen in.
+    """
+    setting = parse_setting(setting)
+    mtbf = observed_mtbf_s(interruption_times, observed_s)
+    source = "observed"
+    if mtbf is None and prior_mtbf_s:
+        mtbf, source = prior_mtbf_s, "configured prior"
+    if mtbf is None:
+        mtbf, source = site_prior_mtbf_s(max(1, nodes)), "site prior"
+    restart = restart_s or 0.0
+    if setting == OFF:
+        return Advice(None, "off", delta_s, restart_s, mtbf, source, None, _optimum(delta_s, restart, mtbf))
+    if setting == AUTO:
+        if delta_s is None:
+            return Advice(None, "auto", None, restart_s, mtbf, source, None, None)
+        interval = max(1.0, daly_interval(delta_s, mtbf))
+        return Advice(interval, "auto", delta_s, restart_s, mtbf, source,
+                      goodput_first_order(interval, delta_s, restart, mtbf), best_goodput(delta_s, restart, mtbf))  # fmt: skip
+    assert isinstance(setting, float)
+    predicted = None if delta_s is None else goodput_first_order(setting, delta_s, restart, mtbf)
+    return Advice(setting, "fixed", delta_s, restart_s, mtbf, source, predicted, _optimum(delta_s, restart, mtbf))
+
+
+def _optimum(delta_s: float | None, restart_s: float, mtbf_s: float) -> float | None:
+    return None if delta_s is None else best_goodput(delta_s, restart_s, mtbf_s)
+
+
+def due(advice: Advice, since_last_checkpoint_s: float) -> bool:
+    """Whether the ranks should be asked to checkpoint now (what ``should_checkpoint()`` answers)."""
+    return advice.interval_s is not None and since_last_checkpoint_s >= advice.interval_s
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The advice's inputs as the journal shows them (what ``report`` and ``status`` display with the advice)."""
+
+    delta_s: float | None  # median checkpoint stall; None until a checkpoint carried one
+    restart_s: float | None  # median interruption -> next launch; None until a relaunch
+    interruption_times: tuple[float, ...]  # interruptions that cost work (not completion or a cancel)
+    observed_s: float  # time the training step was running
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def measured_from_journal(events: Iterable[Mapping[str, Any]], now: float) -> Measured:
+    """Fold the journal into the advice's inputs. The stall is a checkpoint event's ``stall_s`` (the ranks' time
+    in the checkpoint phase, once the loop records it) or else its ``duration_s``; the restart runs from an
+    interruption to the next ``step_launched`` (start-up until the first step is not in the journal yet)."""
+    stalls: list[float] = []
+    restarts: list[float] = []
+    times: list[float] = []
+    observed = 0.0
+    running_since: float | None = None
+    waiting_since: float | None = None
+    for e in events:
+        t, kind = e.get("t"), e.get("type")
+        if not isinstance(t, (int, float)):
+            continue
+        if kind == "step_launched":
+            if waiting_since is not None:
+                restarts.append(max(0.0, t - waiting_since))
+                waiting_since = None
+            running_since = float(t)
+        elif kind == "checkpoint_committed":
+            value = e.get("stall_s", e.get("duration_s"))
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+                stalls.append(float(value))
+        elif kind in ("interruption", "attempt_ended", "campaign_ended"):
+            if running_since is not None:
+                observed += max(0.0, t - running_since)
+                running_since = None
+            cls = e.get("class") if kind == "interruption" else None
+            if kind == "interruption" and cls not in ("completed", "cancelled"):
+                times.append(float(t))
+                waiting_since = float(t)
+            elif kind == "campaign_ended":
+                waiting_since = None
+    if running_since is not None:
+        observed += max(0.0, now - running_since)
+    return Measured(_median(stalls), _median(restarts), tuple(times), observed)
+
+
+def advise_from_journal(setting: str | float, events: Iterable[Mapping[str, Any]], now: float, nodes: int,
+                        prior_mtbf_s: float | None = None) -> Advice:  # fmt: skip
+    """:func:`advise` with its inputs folded from the campaign's journal (the call ``report``/``status`` and the
+    supervisor loop make)."""
+    m = measured_from_journal(events, now)
+    return advise(setting, delta_s=m.delta_s, restart_s=m.restart_s, nodes=nodes,
+                  interruption_times=m.interruption_times, observed_s=m.observed_s, prior_mtbf_s=prior_mtbf_s)  # fmt: skip

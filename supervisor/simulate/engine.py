@@ -1,0 +1,370 @@
+"""The campaign simulation: one failure trace, played against a recovery strategy, every second accounted. Pure.
+
+The job alternates between running and down. While it runs, it computes for ``interval`` seconds and then stalls
+``stall_s`` for a checkpoint, which becomes valid (committed) ``write_s`` later (an asynchronous write; 0 for a
+synchronous one, whose whole cost is the stall). A fault ends the run: the work since the newest *committed*
+checkpoint is lost, then the job is down for detection, the response (back-off, requeue wait, preflight, restart)
+and, when the policy stops the campaign, an operator's look. Faults that arrive while the job is down hit it as
+soon as it is back up (their cost is a second restart, as in Daly's model). A node broken by a hardware fault
+fails again (after an exponential time of use) if the strategy keeps using it.
+
+The supervised strategy decides with the project's real code: ``classify.classify`` on the evidence a fault
+leaves (evidence.py), ``policy.decide`` with the campaign's ``History`` and an ``Allocation``, the suspect-node
+``Ledger``, and ``checkpoint_interval.advise`` for the interval. The buckets are the ledger's (docs/goodput.md)
+and add up to the wall clock.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from supervisor.decisions import checkpoint_interval as ci
+from supervisor.decisions import policy
+from supervisor.decisions.classify import classify
+from supervisor.decisions.ledger import Ledger, LedgerConfig
+from supervisor.simulate import evidence as sim_evidence
+from supervisor.simulate.record import Recorder
+from supervisor.simulate.trace import Fault, node_name
+
+BUCKETS = ("productive", "lost_work", "checkpoint", "detection", "restart", "queue", "preflight", "operator")
+
+
+@dataclass(frozen=True)
+class World:
+    """The campaign and how faults behave (shared by every strategy, so they see the same faults)."""
+
+    gpus: int = 16_384
+    gpus_per_node: int = 8
+    days: float = 54.0
+    seed: int = 1
+    hang_fraction: float = 0.2  # faults that stop progress without killing a process (besides GSP, NCCL watchdog)
+    bad_node_p: float = 0.5  # a hardware fault leaves its node broken with this probability ...
+    recur_mean_s: float = 4 * 3600.0  # ... and a broken node in use fails again after this long on average
+    site_drain_after: int = 3  # the site's own health checks take a node out after this many faults on it
+
+    @property
+    def nodes(self) -> int:
+        return max(1, math.ceil(self.gpus / self.gpus_per_node))
+
+    @property
+    def horizon_s(self) -> float:
+        return self.days * 86400.0
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    supervised: bool  # True: classify/policy/ledger decide; False: plain Slurm requeue of every failure
+    stall_s: float  # training blocked per checkpoint
+    write_s: float  # from the end of the stall until the checkpoint is committed (async write)
+    interval_s: float | None  # compute between checkpoints; None: "auto" (Young/Daly from checkpoint_interval)
+    restart_s: float  # launch to first resumed step (process start, communicator init, restore)
+    queue_s: float  # a requeued job's wait for its new allocation
+    detect_crash_s: float  # a rank died -> the failure is known
+    detect_hang_s: float  # progress stopped -> the failure is known
+    detect_node_s: float  # a node died -> the failure is known
+    preflight_s: float = 0.0  # node health check before each launch (0: none)
+    preflight_catch: float = 0.8  # chance a preflight finds a broken node before the launch
+    spares: int = 0  # extra nodes in the allocation to relaunch without requeueing
+    operator_s: float = 3600.0  # the policy stopped or held the campaign: until a person resubmits it
+    policy_config: policy.PolicyConfig = field(default_factory=policy.PolicyConfig)
+    ledger_config: LedgerConfig = field(default_factory=LedgerConfig)
+
+
+def naive(stall_s: float = 30.0, interval_s: float = 3600.0, restart_s: float = 300.0, queue_s: float = 120.0,
+          hang_timeout_s: float = 1800.0) -> Strategy:  # fmt: skip
+    """Plain ``sbatch --requeue``: hourly synchronous checkpoints, hangs seen at the collective timeout, nodes
+    left out only when Slurm itself marks them down."""
+    return Strategy("naive Slurm requeue", False, stall_s, 0.0, interval_s, restart_s, queue_s,
+                    detect_crash_s=30.0, detect_hang_s=hang_timeout_s, detect_node_s=300.0)  # fmt: skip
+
+
+def supervised(stall_s: float = 1.0, write_s: float = 30.0, interval_s: float | None = None, restart_s: float = 60.0,
+               queue_s: float = 120.0, detect_hang_s: float = 3.3, detect_crash_s: float = 1.2,
+               detect_node_s: float = 10.0, preflight_s: float = 0.0, spares: int = 16) -> Strategy:  # fmt: skip
+    """This supervisor with the figures bench/ measures (README's benchmark table; see docs/goodput.md)."""
+    return Strategy("this supervisor", True, stall_s, write_s, interval_s, restart_s, queue_s, detect_crash_s,
+                    detect_hang_s, detect_node_s, preflight_s, spares=spares)  # fmt: skip
+
+
+@dataclass
+class Outcome:
+    strategy: str
+    wall_s: float
+    buckets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
+    badput_by_class: dict[str, float] = field(default_factory=dict)  # interruption class -> seconds it cost
+    interruptions: dict[str, int] = field(default_factory=dict)  # class -> count (trace kind for naive)
+    recurrences: int = 0  # faults of broken nodes that were used again
+    requeues: int = 0
+    relaunches: int = 0  # restarts inside the allocation
+    stops: int = 0  # the policy stopped/held the campaign and a person resubmitted it
+    checkpoints: int = 0
+    intervals: list[float] = field(default_factory=list)
+
+    @property
+    def goodput(self) -> float:
+        return self.buckets["productive"] / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "strategy": self.strategy, "goodput": round(self.goodput, 5), "wall_s": self.wall_s,
+            "buckets_s": {k: round(v, 3) for k, v in self.buckets.items()},
+            "badput_by_class_s": {k: round(v, 3) for k, v in sorted(self.badput_by_class.items())},
+            "interruptions": dict(sorted(self.interruptions.items())), "recurrences": self.recurrences,
+            "requeues": self.requeues, "relaunches": self.relaunches, "stops": self.stops,
+            "checkpoints": self.checkpoints,
+            "mean_interval_s": round(sum(self.intervals) / len(self.intervals), 2) if self.intervals else None,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One run of ``length_s`` seconds split into kept work, lost work and checkpoint stall."""
+
+    kept_s: float
+    lost_s: float
+    stall_s: float
+    committed: int
+
+
+def segment(length_s: float, interval_s: float, stall_s: float, write_s: float, final: bool = False) -> Segment:
+    """Compute ``interval_s``, stall ``stall_s``, repeat; a checkpoint counts once committed (``write_s`` after its
+    stall). ``final``: the run reached the end of the horizon, and its work is all kept."""
+    period = interval_s + stall_s
+    full = int(length_s // period)
+    rest = length_s - full * period
+    stall = full * stall_s + max(0.0, rest - interval_s)
+    compute = length_s - stall
+    if final:
+        return Segment(compute, 0.0, stall, full)
+    committed = int((length_s - write_s) // period) if length_s >= write_s + period else 0
+    kept = min(compute, committed * interval_s)
+    return Segment(kept, compute - kept, stall, committed)
+
+
+class _Campaign:
+    """Mutable state of one simulated campaign (kept private: the public surface is :func:`simulate`)."""
+
+    def __init__(self, world: World, strategy: Strategy, recorder: Recorder | None = None) -> None:
+        self.world, self.s, self.rec = world, strategy, recorder
+        self.step = 0  # the step of the newest committed checkpoint (one step per second of compute)
+        self.out = Outcome(strategy.name, world.horizon_s)
+        self.t = 0.0
+        self.needed = world.nodes
+        self.alloc = [node_name(i) for i in range(self.needed + strategy.spares)]
+        self.fresh = len(self.alloc)
+        self.running = self.alloc[: self.needed]
+        self.running_set = set(self.running)
+        self.broken: dict[str, str] = {}  # node -> kind of the fault that broke it
+        self.faults_on: dict[str, int] = {}  # node -> faults seen on it (the site drains repeat offenders)
+        self.history = policy.History()
+        self.ledger = Ledger(strategy.ledger_config)
+        self.restarts_here = 0
+        self.committed = 0
+        self.fault_times: list[float] = []
+
+    def spend(self, bucket: str, seconds: float, cls: str | None = None) -> float:
+        """Advance the clock through ``seconds`` of ``bucket`` (never past the horizon); returns what was spent."""
+        seconds = max(0.0, min(seconds, self.world.horizon_s - self.t))
+        self.out.buckets[bucket] += seconds
+        if cls is not None:
+            self.out.badput_by_class[cls] = self.out.badput_by_class.get(cls, 0.0) + seconds
+        self.t += seconds
+        return seconds
+
+    def interval(self) -> float:
+        if self.s.interval_s is not None:
+            return self.s.interval_s
+        advice = ci.advise("auto", delta_s=self.s.stall_s, restart_s=self.s.restart_s, nodes=self.needed,
+                           interruption_times=self.fault_times, observed_s=self.t)  # fmt: skip
+        assert advice.interval_s is not None
+        return max(advice.interval_s, self.s.write_s)  # one write in flight at a time
+
+    def set_running(self, nodes: Sequence[str]) -> None:
+        self.running = list(nodes[: self.needed])
+        self.running_set = set(self.running)
+
+    def new_allocation(self, exclude: Sequence[str]) -> None:
+        """A requeue: Slurm gives back the same nodes minus the excluded ones, topped up with others."""
+        gone = set(exclude)
+        keep = [n for n in self.alloc if n not in gone]
+        while len(keep) < self.needed + self.s.spares:
+            keep.append(node_name(self.fresh))
+            self.fresh += 1
+        self.alloc = keep
+        self.set_running(keep)
+        self.restarts_here = 0
+        self.out.requeues += 1
+
+    def launch(self, cls: str | None) -> None:
+        """Preflight (may find broken nodes and swap them for healthy spares), then the restart."""
+        if self.s.preflight_s > 0:
+            self.spend("preflight", self.s.preflight_s, cls)
+            rng = random.Random(zlib.crc32(f"{self.world.seed}:{self.t}".encode()))
+            found = [n for n in self.running if n in self.broken and rng.random() < self.s.preflight_catch]
+            for node in found:
+                self.ledger.strike(node, self.ledger.config.weights["hardware"], self.t, "preflight")
+            if found:
+                excluded = self.ledger.excluded_nodes(self.t)
+                spares = iter([n for n in self.alloc if n not in self.running_set and n not in excluded])
+                self.set_running([next(spares, n) if n in found else n for n in self.running])
+        self.spend("restart", self.s.restart_s, cls)
+        if self.rec is not None:
+            self.rec.launched(self.t, self.running, self.step)
+
+    def requeue(self, exclude: Sequence[str], cls: str, blamed: Sequence[str], last_step: int) -> None:
+        """The Slurm run ends, the queue wait, a new allocation starts."""
+        if self.rec is not None:
+            self.rec.requeued(self.t, cls, blamed, last_step)
+        self.new_allocation(exclude)
+        self.spend("queue", self.s.queue_s, cls)
+        if self.rec is not None:
+            self.rec.allocated(self.t, self.alloc)
+
+    def place(self, fault: Fault) -> str:
+        """The trace's node if the job runs there, else the running node it stands for."""
+        if fault.node in self.running_set:
+            return fault.node
+        return self.running[zlib.crc32(fault.node.encode()) % len(self.running)]
+
+    # -- the response to one fault ---------------------------------------------------------------------------
+
+    def respond(self, fault: Fault, node: str, how: str, last_step: int) -> str:
+        """Detection, decision and recovery for one fault; returns the class it was accounted under."""
+        symptom = sim_evidence.SYMPTOMS[fault.kind]
+        detect = self.s.detect_hang_s if how == sim_evidence.HANG else (
+            self.s.detect_node_s if symptom.node_down or symptom.agent_silent else self.s.detect_crash_s)
+        t_fault = self.t
+        if not self.s.supervised:
+            cls = fault.kind
+            self.spend("detection", detect, cls)
+            if self.rec is not None:
+                self.rec.interrupted(self.t, detect, how == sim_evidence.HANG, "unknown", (), (fault.kind,), last_step,
+                                     node)  # fmt: skip
+            exclude = [node] if symptom.node_down or symptom.agent_silent else []  # Slurm's own word only
+            self.requeue(exclude, "unknown", (), last_step)
+            self.launch(cls)
+            return cls
+        spent = self.spend("detection", detect, None)  # charged to the class once it is known
+        interruption = classify(sim_evidence.evidence(fault.kind, node, how, t_fault, tuple(self.running)))
+        cls = interruption.cls
+        if self.rec is not None:
+            self.rec.interrupted(self.t, detect, how == sim_evidence.HANG, cls, interruption.blamed_nodes,
+                                 interruption.evidence[:2], last_step, node)  # fmt: skip
+        self.out.badput_by_class[cls] = self.out.badput_by_class.get(cls, 0.0) + spent
+        if self.committed:
+            self.history = self.history.progress(self.committed)
+        allocation = policy.Allocation(
+            nodes=tuple(self.alloc), needed=self.needed, excluded=self.ledger.excluded_nodes(self.t),
+            step_running=how == sim_evidence.HANG, restarts_here=self.restarts_here,
+        )  # fmt: skip
+        decision = policy.decide(interruption, self.history, allocation, self.s.policy_config, now=self.t)
+        self.history = self.history.record(cls, self.t)
+        self.ledger.apply(interruption.to_event(self.t))
+        actions = {a.kind: a for a in decision.actions}
+        if policy.BACKOFF in actions:
+            self.spend("restart", float(actions[policy.BACKOFF].params["seconds"]), cls)
+        if policy.STOP in actions or policy.HOLD in actions:
+            # A person reads the report, runs the site's diagnostics on the node it happened on (which finds
+            # it if it is broken) and resubmits: the budgets start over, the ledger stays.
+            self.out.stops += 1
+            self.spend("operator", self.s.operator_s, cls)
+            self.history = policy.History(best_step=self.history.best_step)
+            found = [node] if self.broken.pop(node, None) else []
+            self.requeue(sorted(self.ledger.excluded_nodes(self.t)) + found, cls, interruption.blamed_nodes, last_step)
+        elif policy.RESTART_IN_ALLOCATION in actions:
+            self.set_running(list(actions[policy.RESTART_IN_ALLOCATION].params["nodes"]))
+            self.restarts_here += 1
+            self.out.relaunches += 1
+        else:  # REQUEUE / AWAIT_REQUEUE
+            chosen = actions.get(policy.REQUEUE) or actions.get(policy.AWAIT_REQUEUE)
+            exclude = list(chosen.params.get("exclude", [])) if chosen else []
+            self.requeue(exclude, cls, interruption.blamed_nodes, last_step)
+        self.launch(cls)
+        return cls
+
+
+def simulate(world: World, strategy: Strategy, faults: Sequence[Fault], recorder: Recorder | None = None) -> Outcome:
+    """Play ``faults`` (sorted by time) against ``strategy`` over ``world.horizon_s``; ``recorder`` gets the
+    campaign's journal events (record.py)."""
+    c = _Campaign(world, strategy, recorder)
+    horizon = world.horizon_s
+    if recorder is not None:
+        recorder.started(f"simulated {strategy.name}", c.alloc)
+    c.launch(None)  # the first launch costs a start-up like any other
+    i = 0
+    while c.t < horizon:
+        up = c.t
+        interval = c.interval()
+        c.out.intervals.append(interval)
+        # a broken node in use fails again after an exponential time (memoryless: drawn afresh each run)
+        rng = random.Random(zlib.crc32(f"{world.seed}:recur:{up}".encode()))
+        t_recur, recur_node = math.inf, ""
+        for node in sorted(c.broken):
+            if node in c.running_set:
+                t = up + rng.expovariate(1.0 / world.recur_mean_s)
+                if t < t_recur:
+                    t_recur, recur_node = t, node
+        t_trace = max(faults[i].t, up) if i < len(faults) else math.inf
+        t_end = min(t_trace, t_recur, horizon)
+        seg = segment(t_end - up, interval, strategy.stall_s, strategy.write_s, final=t_end >= horizon)
+        c.out.buckets["productive"] += seg.kept_s
+        c.out.buckets["checkpoint"] += seg.stall_s
+        c.out.checkpoints += seg.committed
+        c.committed += seg.committed
+        if recorder is not None:
+            recorder.checkpoints(up, seg.committed, interval, strategy.stall_s, strategy.write_s, c.step)
+        last_step = c.step + round(seg.kept_s + seg.lost_s)
+        c.step += round(seg.committed * interval) if t_end < horizon else round(seg.kept_s)
+        c.t = t_end
+        if t_end >= horizon:
+            break
+        if t_trace <= t_recur:
+            fault, draw_key = faults[i], i
+            i += 1
+            node = c.place(fault)
+        else:
+            fault = Fault(t_recur, c.broken[recur_node], recur_node)
+            draw_key, node = -1 - c.out.recurrences, recur_node
+            c.out.recurrences += 1
+        draws = random.Random(world.seed * 1_000_003 + draw_key)
+        how = sim_evidence.manifestation(fault.kind, draws.random(), world.hang_fraction)
+        if sim_evidence.SYMPTOMS[fault.kind].node_at_fault and draws.random() < world.bad_node_p:
+            c.broken[node] = fault.kind
+        c.fault_times.append(c.t)
+        c.faults_on[node] = c.faults_on.get(node, 0) + 1
+        if c.faults_on[node] >= world.site_drain_after:  # the site's health checks drain it; both strategies
+            c.broken.pop(node, None)
+        cls = c.respond(fault, node, how, last_step)
+        c.out.buckets["lost_work"] += seg.lost_s
+        c.out.badput_by_class[cls] = c.out.badput_by_class.get(cls, 0.0) + seg.lost_s
+        c.out.interruptions[cls] = c.out.interruptions.get(cls, 0) + 1
+    if recorder is not None:
+        recorder.finished(horizon)
+    return c.out
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """(c): Young/Daly's best for the supervised strategy's stall and restart at the trace's own MTBF."""
+
+    mtbf_s: float
+    stall_s: float
+    restart_s: float
+    interval_s: float
+    goodput: float  # first order: 1 - sqrt(2 delta / M) - R / M
+    goodput_daly: float  # Daly's exponential model at his interval
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: round(v, 5) for k, v in self.__dict__.items()}
+
+
+def optimum(world: World, faults: Sequence[Fault], stall_s: float, restart_s: float) -> Optimum:
+    mtbf = world.horizon_s / max(1, len(faults))
+    return Optimum(mtbf, stall_s, restart_s, ci.young_interval(stall_s, mtbf), ci.best_goodput(stall_s, restart_s, mtbf),
+                   ci.goodput_daly(ci.daly_interval(stall_s, mtbf), stall_s, restart_s, mtbf))  # fmt: skip
+
