@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("supervisor.commands.run", "supervise the training step inside an allocation (the batch step)"),
     "report": ("supervisor.commands.report", "report a campaign: attempts, outcomes, exclusions, checkpoints, goodput"),
     "nodes": ("supervisor.commands.nodes", "show the suspect-node ledger (strikes, exclusions) of a campaign"),
-    "healthcheck": ("supervisor.commands.healthcheck", "check this node's health (GPUs via NVML, /dev/shm); exit 8 when unfit"),
+    "healthcheck": ("supervisor.commands.healthcheck", "check this node's health (GPUs, Xids, filesystems, memory); exit 8 when unfit; --drain for Slurm"),
     "doctor": ("supervisor.commands.doctor", "check this machine and Slurm's configuration for what the supervisor relies on"),
 }
 
