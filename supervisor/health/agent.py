@@ -40,6 +40,12 @@ class NodeFinding:
         """Journal / wire form: ``{"type": "health", ...}``."""
         return {"type": "health", "t": t, **asdict(self)}
 
+    def as_detection(self) -> dict[str, Any]:
+        """Detection-shaped dict for ``alerts.build(..., detections=[...])``: the alert then carries this check's
+        metric, value and threshold."""
+        return {"kind": "hardware", "metric": self.check, "value": self.value, "threshold": self.threshold,
+                "duration_s": None, "nodes": [self.node], "evidence": [self.what]}
+
     def evidence(self) -> str:
         """One line for ``classify.Evidence.gpu_faults[node]``."""
         return f"{self.what} ({self.check} {self.value}, threshold {self.threshold})"

@@ -1,7 +1,8 @@
 """Preflight measurements, one task per node under srun (needs torch; the supervisor never imports this).
 
 Rendezvous through a file on the shared campaign filesystem (torch's FileStore: no address to resolve), then:
-1. compute: a fixed CPU matmul workload, median of several repetitions (a throttled or overloaded node is slow);
+1. compute: a fixed matmul workload, the fastest of several repetitions (a throttled or overloaded node is
+   slow in all of them; a moment of contention spoils only some);
 2. point-to-point: rank 0 ping-pongs a small message (latency) and a large one (bandwidth) with each peer in turn;
 3. all-reduce: bus bandwidth of the whole group (one number for the record; a collective cannot say who is slow).
 Each rank writes ``rank-N.json`` into ``--out``; rank 0 adds the p2p figures per peer. The backend is gloo on CPU,
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         result["backend"] = backend
         dist.barrier()
 
-        result["compute_s"] = _compute(torch, device, args.reps)
+        result["compute_s"], result["compute_median_s"] = _compute(torch, device, args.reps)
         dist.barrier()
         result.update(_p2p(torch, dist, device, rank, world, args))
         dist.barrier()
@@ -84,7 +85,8 @@ def _sync(torch: Any, device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _compute(torch: Any, device: Any, reps: int) -> float:
+def _compute(torch: Any, device: Any, reps: int) -> tuple[float, float]:
+    """(fastest, median) repetition: the fastest is what the node can do, robust to a moment of contention."""
     a = torch.rand(192, 192, device=device)
     times = []
     for _ in range(reps):
@@ -96,7 +98,7 @@ def _compute(torch: Any, device: Any, reps: int) -> float:
             b = b / b.norm()
         _sync(torch, device)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times), statistics.median(times)
 
 
 def _p2p(torch: Any, dist: Any, device: Any, rank: int, world: int, args: Any) -> dict[str, Any]:

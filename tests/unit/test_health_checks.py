@@ -170,3 +170,26 @@ def test_agent_entry_on_this_machine_names_the_node(tmp_path) -> None:
     health = AgentHealth("n7", {"campaign": str(tmp_path)}, interval_s=30.0)
     assert health.poll(100.0) == [] and health.poll(110.0) is None and health.poll(130.0) == []
     health.close()
+
+
+def test_a_failing_agent_check_blames_its_node_and_alerts_with_its_figures(tmp_path) -> None:
+    """The agent's fatal finding, as the classifier's GPU-health evidence next to the peers' communication
+    errors, makes the interruption a hardware fault on that node; the alert carries the check's figures."""
+    from supervisor import alerts
+    from supervisor.decisions import classify as cl
+    from supervisor.decisions import policy
+
+    finding = next(f for f in agent_checks("node3", {"checkpoint": str(tmp_path)}, limits=Limits(fs_min_free_gib=1e9)))
+    evidence = cl.Evidence(
+        rank_exits=(cl.RankExit(node="node1", exit_code=1), cl.RankExit(node="node3", exit_code=1)),
+        log_lines=(cl.LogLine(text="RuntimeError: Connection reset by peer", node="node1"),),
+        gpu_faults={finding.node: (finding.evidence(),)},
+    )
+    interruption = cl.classify(evidence)
+    assert interruption.cls == "hardware" and interruption.blamed_nodes == ("node3",)
+    decision = policy.decide(interruption, policy.History(), policy.Allocation(("node1", "node3"), 2, step_running=True))
+    alert_action = next(a for a in decision.actions if a.kind == policy.ALERT)
+    alert = alerts.build("9", "/c", alert_action.to_event(1.0), [finding.as_detection()],
+                         interruption.to_event(1.0), actions_taken=[a.kind for a in decision.actions])  # fmt: skip
+    assert (alert.metric, alert.value, alert.threshold) == (finding.check, finding.value, finding.threshold)
+    assert alert.nodes == ("node3",) and alert.empty_fields() == []
