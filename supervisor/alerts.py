@@ -14,7 +14,7 @@ Two halves, so the supervision loop never waits on a network:
 
 Sinks: a webhook (Slack-compatible JSON: ``text`` plus the alert's fields), a command (argument list, the JSON
 on stdin), the log (always, on the caller's thread, so the journal-side record exists even when the queue is
-full), and optionally any service apprise knows (``pip install apprise``).
+full; repeats within the cooldown are debug lines), and optionally any service apprise knows (``pip install apprise``).
 """
 
 from __future__ import annotations
@@ -322,9 +322,9 @@ class Dispatcher:
             return False
 
     def _submit(self, alert: Alert) -> bool:
-        log.warning("alert", **alert.to_dict())  # the log sink: synchronous, cheap, always
         self.stats["submitted"] += 1
         if not tier_at_least(alert.tier, self.min_tier):
+            log.info("alert", **alert.to_dict())  # L1: the log is its only sink
             return False
         now = self.clock()
         with self._lock:
@@ -333,9 +333,11 @@ class Dispatcher:
             if last is not None and now - last.at < self.cooldown_s and not escalated:
                 last.suppressed += 1
                 self.stats["suppressed"] += 1
+                log.debug("alert_suppressed", cls=alert.cls, nodes=list(alert.nodes), repeats=last.suppressed)
                 return False
             repeats = last.suppressed if last is not None else 0
             self._sent[alert.key] = _Sent(now, alert.tier)
+        log.warning("alert", **{**alert.to_dict(), "repeats": repeats})  # the log sink: on the caller's thread
         try:
             self._queue.put_nowait(dataclasses.replace(alert, repeats=repeats))
         except queue.Full:
