@@ -162,6 +162,35 @@ def build(
     )  # fmt: skip
 
 
+def for_decision(
+    job_id: str,
+    campaign: str,
+    decision: Any,
+    interruption: Any = None,
+    detections: Sequence[Mapping[str, Any]] = (),
+    *,
+    history: Any = None,
+    budgets: Mapping[str, int | None] | None = None,
+    ran_s: float | None = None,
+    t: float | None = None,
+) -> Alert | None:
+    """The alert for a ``policy.Decision`` (None when it has no alert action): the loop's one call.
+    ``interruption``: the ``classify.Interruption``; ``history``: the ``policy.History`` *before* this
+    interruption (its streak for the class, plus this one); ``budgets``: ``PolicyConfig.budgets``."""
+    action = next((a for a in decision.actions if a.kind == "alert"), None)
+    if action is None:
+        return None
+    event = action.to_event(t if t is not None else time.time())
+    cls = str(event["params"].get("class") or "")
+    streak = None
+    if history is not None and cls:
+        streak = int(history.streaks.get(cls, 0)) + 1
+    budget = budgets.get(cls) if budgets is not None and cls else None
+    interruption_doc = interruption.to_event(event["t"]) if interruption is not None else None
+    return build(job_id, campaign, event, detections, interruption_doc, t=event["t"], streak=streak, budget=budget,
+                 ran_s=ran_s, actions_taken=[a.kind for a in decision.actions])
+
+
 def _best_detection(detections: Sequence[Mapping[str, Any]], cls: str) -> Mapping[str, Any] | None:
     """The detection that measured something, preferring one whose kind names the class (a straggler alert
     comes with its straggler detection)."""

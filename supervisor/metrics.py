@@ -102,8 +102,15 @@ class CampaignState:
                 self.checkpoint_step = e.get("step") if isinstance(e.get("step"), int) else None
         self.events_seen = max(self.events_seen, len(events))
 
-    def take_live(self, live: Mapping[str, Any] | None, max_ranks: int) -> None:
-        rows = list((live or {}).get("ranks") or [])[:max_ranks]
+    def take_live(self, live: Any, max_ranks: int) -> None:
+        """``live``: the live.json document, or the aggregator's ``Snapshot`` (``server.latest``), whose rows are
+        chosen here (the worst ``max_ranks``, as live.json does) only when scraped."""
+        if live is not None and not isinstance(live, Mapping) and hasattr(live, "ranks"):
+            from supervisor.heartbeat.aggregator import worst_ranks
+
+            rows: list[Any] = [r._asdict() for r in worst_ranks(list(live.ranks), max_ranks)]
+        else:
+            rows = list((live or {}).get("ranks") or [])[:max_ranks]
         self.ranks = [r for r in rows if isinstance(r, Mapping)]
         self.iteration_s = [v for v in (_float(r.get("ewma_s")) for r in self.ranks) if v is not None and v > 0]
 
@@ -131,6 +138,7 @@ class Metrics:
         self.campaign, self.job_id, self.max_rank_series, self.clock = campaign, job_id, max_rank_series, clock
         self.state = CampaignState()
         self.events: Sequence[Mapping[str, Any]] = ()
+        self._live: Any = None
         self._lock = threading.Lock()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)  # type: ignore[arg-type]
@@ -138,15 +146,18 @@ class Metrics:
         self._thread: Any = None
         self.address: tuple[str, int] | None = None
 
-    def update(self, live: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]]) -> None:
-        """The one call the supervision loop makes (after writing live.json); never raises."""
+    def update(self, live: Any, events: Sequence[Mapping[str, Any]]) -> None:
+        """The one call the supervision loop makes, each pass: ``live`` is the aggregator's latest ``Snapshot``
+        (``server.latest``) or a live.json document, ``events`` the journal so far (only new ones are folded;
+        the rank rows are built when scraped). Never raises."""
         try:
             with self._lock:
                 self.state.fold(events)
-                self.state.take_live(live, self.max_rank_series)
+                self._live = live
                 self.events = events
-                if live and live.get("job"):
-                    self.job_id = str(live["job"])
+                job = live.get("job") if isinstance(live, Mapping) else getattr(live, "job", None)
+                if job:
+                    self.job_id = str(job)
         except Exception:  # noqa: BLE001 - metrics must never disturb supervision
             pass
 
@@ -170,6 +181,10 @@ class Metrics:
 
         with self._lock:
             s, events = self.state, list(self.events)
+            try:
+                s.take_live(self._live, self.max_rank_series)
+            except Exception:  # noqa: BLE001 - a malformed document shows no rank series, never an error
+                s.ranks, s.iteration_s = [], []
             ranks, iters = list(s.ranks), list(s.iteration_s)
             interruptions, excluded = dict(s.interruptions), sorted(s.excluded)
             launches, ckpt_t, ckpt_step = s.launches, s.checkpoint_t, s.checkpoint_step

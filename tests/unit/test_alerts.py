@@ -229,3 +229,17 @@ def test_apprise_sink_when_installed() -> None:
         sink.send(_alert())
     with pytest.raises(ValueError, match="does not understand"):
         alerts.AppriseSink(["nosuchscheme://x"])
+
+
+def test_for_decision_is_the_loops_one_call() -> None:
+    alloc = policy.Allocation(nodes=("node1", "node2"), needed=2, step_running=True)
+    interruption = Interruption("comm_error", ("node2",), 0.8, ("NCCL WARN ...",))
+    history = policy.History(streaks={"comm_error": 1})
+    decision = policy.decide(interruption, history, alloc, now=5.0)
+    alert = alerts.for_decision("55", "/c", decision, interruption, history=history,
+                                budgets=policy.PolicyConfig().budgets, ran_s=600.0, t=5.0)  # fmt: skip
+    assert alert is not None and alert.empty_fields() == []
+    assert (alert.value, alert.threshold, alert.duration_s) == (2, "budget 3 restarts", 600.0)
+    assert "restart_in_allocation" in alert.action_taken
+    finish = policy.decide(Interruption("completed", (), 1.0, ()), policy.History(), alloc)
+    assert alerts.for_decision("55", "/c", finish) is None

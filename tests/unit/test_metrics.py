@@ -95,3 +95,30 @@ def test_quantile_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]
     assert metrics.quantile(values, 0.5) == 50.0 and metrics.quantile(values, 0.99) == 99.0
     assert metrics.quantile([3.0], 0.9) == 3.0
+
+
+def test_fed_with_the_aggregators_snapshot() -> None:
+    """The loop can hand over ``server.latest`` as it is (real frames fed to a LiveTable); rows are chosen at
+    scrape time."""
+    import time
+
+    from supervisor.heartbeat import wire
+    from supervisor.heartbeat.aggregator import LiveTable
+
+    key = wire.derive_key(b"m" * 32)
+    table = LiveTable(key, "77", rate_window_s=1.0)
+    now = time.time_ns()
+    for seq, (mono, step) in enumerate([(0, 0), (1, 10), (2, 20)], start=1):
+        ranks = [wire.RankEntry(r, 100 + r, step + r, 1, wire.ST_RUNNING, 0, 0, 50, 0.1, 0.1, 0.1, 0.5, step, step,
+                                -1, 0, 1.0) for r in (0, 1)]  # fmt: skip
+        table.feed(wire.encode_summary(key, instance=1, seq=seq, wall_ns=now, mono_ns=mono * 10**9, job="77",
+                                       node="node1", ranks=ranks))  # fmt: skip
+    m = metrics.Metrics("/runs/s")
+    address = m.serve("127.0.0.1:0")
+    try:
+        m.update(table.snapshot(), EVENTS)
+        text = _scrape(address)
+    finally:
+        m.close()
+    assert _value(text, 'supervise_rank_step_rate{campaign="/runs/s",job="77",node="node1",rank="1"}') == 10.0
+    assert _value(text, 'supervise_iteration_seconds{campaign="/runs/s",job="77",quantile="0.5"}') == pytest.approx(0.1)
