@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from supervisor.health.checks import FATAL, Limits, NodeReading, Problem, evaluate
@@ -87,7 +87,9 @@ class AgentHealth:
         self.xids = XidWatcher(self.nvml) if self.nvml is not None else None
         self.last: list[NodeFinding] = []
 
-    def poll(self, now: float | None = None) -> list[NodeFinding] | None:
+    def poll(self, now: float | None = None, clock_offset_s: float | None = None) -> list[NodeFinding] | None:
+        """``clock_offset_s``: this node's wall clock minus the batch host's, as the agent measures it from the
+        supervisor's frames (their send time vs its own clock), when known."""
         now = time.monotonic() if now is None else now
         if self.next_at is not None and now < self.next_at:
             return None
@@ -99,6 +101,8 @@ class AgentHealth:
                                 nvml_xids=events, nvml=self.nvml)  # fmt: skip
             if self.nvml is None:
                 reading = _with_status(reading, self.nvml_status)
+            if clock_offset_s is not None:
+                reading = replace(reading, clock_offset_s=clock_offset_s)
             self.last = findings(reading, evaluate(reading, self.limits))
         except Exception as err:  # noqa: BLE001 - a probe bug must not stop the agent; said as a warning
             self.last = [NodeFinding(self.node, "warn", "health_probe", "error", "none",
@@ -117,6 +121,4 @@ class AgentHealth:
 
 
 def _with_status(reading: NodeReading, status: str) -> NodeReading:
-    from dataclasses import replace
-
     return replace(reading, nvml=status)

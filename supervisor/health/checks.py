@@ -80,6 +80,7 @@ class NodeReading:
     memory: MemReading | None = None
     visible_devices: tuple[str, ...] | None = None  # CUDA_VISIBLE_DEVICES entries (indices or UUIDs), when set
     kernel_xids: tuple[xidmod.XidEvent, ...] = ()  # from the kernel log (/dev/kmsg), when readable
+    clock_offset_s: float | None = None  # this node's wall clock minus the batch host's (None: not measured)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,8 @@ class Limits:
     mem_min_available_fraction: float = 0.05  # warn only
     mem_max_psi_full_avg10: float = 20.0  # warn only
     xid_window_s: float = 3600.0  # kernel-log Xids older than this are history, not the node's state
+    max_clock_offset_s: float = 1.0  # warn: timelines and step times across nodes stop lining up
+    max_clock_offset_fatal_s: float = 30.0  # fatal: half the heartbeat channel's 60 s freshness window
 
     @classmethod
     def from_pairs(cls, pairs: Iterable[str]) -> Limits:
@@ -134,6 +137,7 @@ def evaluate(reading: NodeReading, limits: Limits = Limits()) -> list[Problem]:
     problems += _shm(reading, limits)
     problems += _filesystems(reading.filesystems, limits)
     problems += _memory(reading.memory, limits)
+    problems += _clock(reading.clock_offset_s, limits)
     problems += _gpus(reading, limits)
     return problems
 
@@ -182,6 +186,16 @@ def _memory(mem: MemReading | None, limits: Limits) -> list[Problem]:
                            "the node is swapping or reclaiming: expect a straggler", "mem_psi_full",
                            f"{mem.psi_full_avg10:.1f}", f"{limits.mem_max_psi_full_avg10:g}"))  # fmt: skip
     return out
+
+
+def _clock(offset: float | None, limits: Limits) -> list[Problem]:
+    if offset is None or not math.isfinite(offset) or abs(offset) <= limits.max_clock_offset_s:
+        return []
+    fatal = abs(offset) > limits.max_clock_offset_fatal_s
+    return [Problem(FATAL if fatal else WARN, f"the clock is {offset:+.1f} s off the batch host's",
+                    "fix time sync on the node (chrony/ntpd)" + ("; its heartbeat frames are near the channel's "
+                    "freshness window and will be refused as stale" if fatal else ""), "clock_offset",
+                    f"{offset:+.1f}s", f"{limits.max_clock_offset_fatal_s if fatal else limits.max_clock_offset_s:g}s")]  # fmt: skip
 
 
 def _missing_visible(reading: NodeReading) -> list[str]:

@@ -193,3 +193,16 @@ def test_a_failing_agent_check_blames_its_node_and_alerts_with_its_figures(tmp_p
                          interruption.to_event(1.0), actions_taken=[a.kind for a in decision.actions])  # fmt: skip
     assert (alert.metric, alert.value, alert.threshold) == (finding.check, finding.value, finding.threshold)
     assert alert.nodes == ("node3",) and alert.empty_fields() == []
+
+
+def test_clock_offset_against_the_batch_host() -> None:
+    assert evaluate(node(clock_offset_s=0.3)) == []
+    (warn,) = evaluate(node(clock_offset_s=-4.0))
+    assert warn.severity == WARN and warn.value == "-4.0s" and warn.check == "clock_offset"
+    (fatal,) = evaluate(node(clock_offset_s=45.0))
+    assert fatal.severity == FATAL and "freshness window" in fatal.fix
+    assert evaluate(node(clock_offset_s=float("nan"))) == []  # not measured is not an alarm
+    health = AgentHealth("n7", interval_s=30.0)
+    (finding,) = health.poll(1.0, clock_offset_s=40.0)
+    assert finding.node == "n7" and finding.fatal
+    health.close()
