@@ -297,6 +297,26 @@ class CliSlurmClient:
         except (ParseError, ValueError) as exc:
             raise SlurmOutputError(argv, str(exc)) from None
 
+    def config(self) -> dict[str, str]:
+        """slurmctld's running configuration (``scontrol show config``) as {Key: Value}."""
+        from slurm.parse_config import parse_scontrol_config
+
+        argv = ["scontrol", "show", "config"]
+        try:
+            return parse_scontrol_config(self.run(argv).stdout)
+        except ParseError as exc:
+            raise SlurmOutputError(argv, str(exc)) from None
+
+    def partitions(self) -> list[dict[str, str]]:
+        """Every partition's settings (``scontrol show partition -o``) as {Key: Value}."""
+        from slurm.parse_config import parse_scontrol_partitions
+
+        argv = ["scontrol", "show", "partition", "-o"]
+        try:
+            return parse_scontrol_partitions(self.run(argv).stdout)
+        except ParseError as exc:
+            raise SlurmOutputError(argv, str(exc)) from None
+
     def version(self) -> str:
         """``22.05.8`` from ``sinfo -V``."""
         out = self.run(["sinfo", "-V"]).stdout.strip()

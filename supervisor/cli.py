@@ -23,8 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("supervisor.commands.report", "report a campaign: attempts, outcomes, exclusions, checkpoints, goodput"),
     "simulate": ("supervisor.commands.simulate", "simulate a long campaign under a failure trace: naive requeue vs this supervisor"),
     "nodes": ("supervisor.commands.nodes", "show the suspect-node ledger (strikes, exclusions) of a campaign"),
-    "healthcheck": ("supervisor.commands.healthcheck", "check this node's health (GPUs via NVML, /dev/shm); exit 8 when unfit"),
-    "doctor": ("supervisor.commands.doctor", "check that this machine can run supervised jobs"),
+    "healthcheck": ("supervisor.commands.healthcheck", "check this node's health (GPUs, Xids, filesystems, memory); exit 8 when unfit; --drain for Slurm"),
+    "doctor": ("supervisor.commands.doctor", "check this machine and Slurm's configuration for what the supervisor relies on"),
 }
 
 

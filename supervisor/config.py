@@ -52,6 +52,17 @@ class AlertConfig:
     # L2+ alerts: POSTed as JSON to this URL (if set) and/or given on stdin to this command (argument list).
     webhook_url: str = ""
     command: tuple[str, ...] = ()
+    # Any services apprise knows (optional extra `alerts`), e.g. ["mailto://...", "msteams://..."].
+    apprise_urls: tuple[str, ...] = ()
+    # Alerts of tier >= escalate_tier also go here (e.g. a pager).
+    escalation_webhook_url: str = ""
+    escalation_command: tuple[str, ...] = ()
+    escalate_tier: str = "L3"
+    # The same (class, nodes) alert is sent at most once per cooldown (repeats are counted in the next one).
+    cooldown_s: float = 300.0
+    timeout_s: float = 5.0  # per delivery try
+    retries: int = 3  # tries per sink
+    queue_size: int = 100  # alerts waiting for the sender thread; more are dropped (and logged)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +74,7 @@ class Config:
     policy: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     ledger: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     log_signatures: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # regex -> interruption class
+    metrics: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # supervisor.metrics.MetricsConfig
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self), default=list))
@@ -89,6 +101,12 @@ def _ledger_loader() -> Any:
     return LedgerConfig.from_mapping
 
 
+def _metrics_loader() -> Any:
+    from supervisor.metrics import MetricsConfig
+
+    return MetricsConfig.from_mapping
+
+
 def _signatures_loader() -> Any:
     from supervisor.decisions.classify import signatures_from_table
 
@@ -97,7 +115,7 @@ def _signatures_loader() -> Any:
 
 # Sections validated by the modules that own them (pure dataclasses with their own range checks).
 _DELEGATED = {"detect": _detect_loader, "policy": _policy_loader, "ledger": _ledger_loader,
-              "log_signatures": _signatures_loader}
+              "log_signatures": _signatures_loader, "metrics": _metrics_loader}
 
 
 def _same_type(value: Any, default: Any) -> bool:
@@ -164,7 +182,13 @@ def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:
             raise ConfigError(f"{source}: {err}", "see docs/configuration.md for the keys and their ranges") from None
         delegated[name] = dict(table)
     config = Config(detect=delegated["detect"], policy=delegated["policy"], ledger=delegated["ledger"],
-                    log_signatures=delegated["log_signatures"], **parts)
+                    log_signatures=delegated["log_signatures"], metrics=delegated["metrics"], **parts)
+    from supervisor.alerts import validate_config
+
+    try:
+        validate_config(config.alerts)
+    except ValueError as err:
+        raise ConfigError(f"{source}: {err}", "see docs/configuration.md, [alerts]") from None
     if config.submit.signal_lead_s < 1:
         raise ConfigError(f"{source}: submit.signal_lead_s must be >= 1", "give the run time to checkpoint, e.g. 120")
     return config

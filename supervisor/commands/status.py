@@ -1,4 +1,7 @@
-"""``supervise status CAMPAIGN [--json]``: the live per-rank / per-node table of a running campaign.
+"""``supervise status CAMPAIGN [--json] [--watch]``: the live per-rank / per-node table of a running campaign.
+
+``--watch`` redraws it in place (rich, the optional ``watch`` extra; plain text without it) every
+``--interval`` seconds until the campaign ends: exit 0 when it completed, 1 when it failed or was stopped.
 
 Reads ``live.json``, which the supervisor's aggregator atomically rewrites about once a second, so this
 command never talks to the job, never needs the secret, and is cheap to run in a ``watch`` loop.
@@ -23,6 +26,8 @@ STALE_AFTER_S = 10.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("campaign", metavar="CAMPAIGN", help="campaign directory (printed by `supervise submit`)")
     parser.add_argument("--json", action="store_true", help="print the live status as JSON")
+    parser.add_argument("--watch", action="store_true", help="refresh a live table until the campaign ends")
+    parser.add_argument("--interval", type=float, default=2.0, help="--watch refresh period in seconds (default 2)")
 
 
 def load_live(campaign: Path) -> dict[str, Any]:
@@ -104,19 +109,40 @@ def campaign_summary(campaign: Path) -> dict[str, Any]:
             "excluded_nodes": doc["excluded_nodes"], "latest_checkpoint": doc["checkpoints"]["latest_valid"]}
 
 
-def run(args: argparse.Namespace) -> int:
-    campaign = Path(args.campaign)
-    doc = load_live(campaign)
-    doc["summary"] = campaign_summary(campaign)
-    if args.json:
-        print(json.dumps(doc, indent=1))
-        return 0
-    summary = doc["summary"]
+ENDED = {"completed": 0, "failed": 1, "stopped": 1}  # campaign state -> exit code of --watch
+
+
+def summary_line(summary: dict[str, Any]) -> str:
     last = summary.get("last_attempt") or {}
     outcome = (last.get("outcome") or {}).get("class", "running") if last else "-"
     ckpt = summary.get("latest_checkpoint") or {}
-    print(f"state {summary['state']}" + (f" ({summary['reason']})" if summary.get("reason") else "")
-          + f"  attempts {summary.get('attempts', 0)}  last: {outcome}"
-          + (f"  latest checkpoint: step {ckpt.get('step')}" if ckpt else ""))
+    return (f"state {summary['state']}" + (f" ({summary['reason']})" if summary.get("reason") else "")
+            + f"  attempts {summary.get('attempts', 0)}  last: {outcome}"
+            + (f"  latest checkpoint: step {ckpt.get('step')}" if ckpt else ""))
+
+
+def current(campaign: Path) -> dict[str, Any]:
+    doc = load_live(campaign)
+    doc["summary"] = campaign_summary(campaign)
+    return doc
+
+
+def run(args: argparse.Namespace) -> int:
+    campaign = Path(args.campaign)
+    doc = current(campaign)
+    if args.watch:
+        from supervisor.errors import UsageError
+
+        if args.json:
+            raise UsageError("--watch and --json cannot be combined", "use --json alone in your own loop")
+        if not 0.1 <= args.interval <= 3600:
+            raise UsageError(f"--interval {args.interval:g} is out of range", "use 0.1 to 3600 seconds")
+        from supervisor.commands.status_watch import watch
+
+        return watch(campaign, doc, args.interval)
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(summary_line(doc["summary"]))
     print(render_table(doc))
     return 0

@@ -131,7 +131,7 @@ def test_stack_dump_is_never_signalled_to_a_rank_without_the_handler(tmp_path: P
     slots = RankSlots(d)
     slots.scan()
     slots.sample()
-    dumps = StackDumps(d, tmp_path / "stacks", "n1")
+    dumps = StackDumps(d, tmp_path / "stacks", "n1", pyspy=None)  # py-spy off: see test_stacks.py for it
     ev = dumps.request(0, slots.records[0])  # would kill this very test process if it signalled
     assert ev is not None and ev.kind == wire.EVENT_STACKS_FAILED and "no stack-dump handler" in ev.text
     assert dumps.request(3, None) == wire.Event(wire.EVENT_STACKS_FAILED, 3, "no slot for this rank on this node")

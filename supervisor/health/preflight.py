@@ -1,0 +1,177 @@
+"""Preflight before a launch: a short measurement on every node (``preflight_worker`` under srun) and a pure
+judgement that flags a node markedly slower than its peers, so it can be excluded (or swapped for a spare)
+before training starts. Standalone: the supervision loop decides when to call :func:`run` and what to do with
+the :class:`Verdict` (journal ``verdict.to_event(t)``, exclude ``verdict.blamed_nodes``).
+
+Judgement (``judge``): only when every rank reported (a failed or missing rank makes the verdict "unknown":
+nobody is blamed on missing data). A node is slow when its compute time exceeds ``factor`` times the median of
+the *other* nodes, or (with at least two peers to compare, since a ping-pong with rank 0 cannot tell which end
+is slow otherwise) its latency to rank 0 exceeds ``factor`` times the others' median and an absolute floor, or
+its bandwidth is below the others' median divided by ``factor``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm.hostlist import compress
+
+DEFAULT_BUDGET_S = 30.0
+DEFAULT_FACTOR = 2.0
+LATENCY_FLOOR_S = 100e-6  # below this, latency differences are noise on any fabric
+SRUN_SLACK_S = 20.0  # srun's own start-up and tear-down, beyond the workers' budget
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool  # every rank measured and no node is markedly slow
+    unknown: bool  # some rank failed or did not report: nothing can be concluded
+    slow: Mapping[str, str] = field(default_factory=dict)  # node -> why
+    errors: Mapping[str, str] = field(default_factory=dict)  # node -> the worker's error (or "no result")
+    figures: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # node -> measured values
+    allreduce_busbw_Bps: float | None = None
+    elapsed_s: float | None = None
+
+    @property
+    def blamed_nodes(self) -> tuple[str, ...]:
+        return tuple(sorted(self.slow))
+
+    def to_event(self, t: float) -> dict[str, Any]:
+        """Journal form: ``{"type": "preflight", ...}``."""
+        doc = asdict(self)
+        doc.update(type="preflight", t=t, blamed_nodes=list(self.blamed_nodes))
+        return doc
+
+
+def _median_of_others(values: Mapping[str, float], node: str) -> float | None:
+    others = [v for n, v in values.items() if n != node]
+    return statistics.median(others) if others else None
+
+
+def judge(results: Sequence[Mapping[str, Any]], nodes: Sequence[str], factor: float = DEFAULT_FACTOR,
+          elapsed_s: float | None = None) -> Verdict:  # fmt: skip
+    """``results``: the workers' ``rank-N.json`` documents; ``nodes``: the nodes that were asked."""
+    if not factor > 1:
+        raise ValueError(f"preflight factor must be > 1, got {factor!r}")
+    by_node = {str(r.get("node")): r for r in results if isinstance(r, Mapping)}
+    errors = {n: str(by_node[n].get("error") or "failed") for n in nodes if n in by_node and not by_node[n].get("ok")}
+    errors.update({n: "no result (the worker did not start or was killed)" for n in nodes if n not in by_node})
+    busbw = next((_num(r.get("allreduce_busbw_Bps")) for r in results if r.get("rank") == 0), None)
+    if errors:
+        return Verdict(False, True, errors=errors, allreduce_busbw_Bps=busbw, elapsed_s=elapsed_s)
+    rank_node = {int(r["rank"]): str(r["node"]) for r in by_node.values() if isinstance(r.get("rank"), int)}
+    figures: dict[str, dict[str, float]] = {n: {} for n in nodes}
+    for n, r in by_node.items():
+        if _num(r.get("compute_s")) is not None:
+            figures.setdefault(n, {})["compute_s"] = float(r["compute_s"])
+    root = next((r for r in by_node.values() if r.get("rank") == 0), {})
+    for peer, p in (root.get("p2p") or {}).items():
+        node = rank_node.get(int(peer))
+        if node is None or not isinstance(p, Mapping):
+            continue
+        for key in ("latency_s", "bandwidth_Bps"):
+            if _num(p.get(key)) is not None:
+                figures.setdefault(node, {})[key] = float(p[key])
+    slow: dict[str, str] = {}
+    compute = {n: f["compute_s"] for n, f in figures.items() if "compute_s" in f}
+    for n, value in compute.items():
+        ref = _median_of_others(compute, n)
+        if ref and value > factor * ref:
+            slow[n] = f"compute {value * 1e3:.1f} ms vs {ref * 1e3:.1f} ms on its peers (> {factor:g}x)"
+    latency = {n: f["latency_s"] for n, f in figures.items() if "latency_s" in f}
+    bandwidth = {n: f["bandwidth_Bps"] for n, f in figures.items() if "bandwidth_Bps" in f}
+    if len(latency) >= 3:  # rank 0's peers: two others to compare with
+        for n, value in latency.items():
+            ref = _median_of_others(latency, n)
+            if ref and value > factor * ref and value > LATENCY_FLOOR_S:
+                slow.setdefault(n, f"latency {value * 1e6:.0f} us vs {ref * 1e6:.0f} us on its peers (> {factor:g}x)")
+    if len(bandwidth) >= 3:
+        for n, value in bandwidth.items():
+            ref = _median_of_others(bandwidth, n)
+            if ref and value < ref / factor:
+                slow.setdefault(n, f"bandwidth {value / 1e6:.0f} MB/s vs {ref / 1e6:.0f} MB/s on its peers "
+                                   f"(< 1/{factor:g})")  # fmt: skip
+    return Verdict(not slow, False, slow=slow, figures=figures, allreduce_busbw_Bps=busbw, elapsed_s=elapsed_s)
+
+
+def _num(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def worker_argv(nodes: Sequence[str], out_dir: Path, budget_s: float = DEFAULT_BUDGET_S,
+                python: str = sys.executable, srun_args: Sequence[str] = ()) -> list[str]:  # fmt: skip
+    """The srun line: one task per node, overlapping the agents' step, with a step time limit."""
+    minutes = max(1, math.ceil((budget_s + SRUN_SLACK_S) / 60))
+    return ["srun", "--overlap", "--job-name=preflight", f"--nodelist={compress(list(nodes))}", f"--nodes={len(nodes)}",
+            f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--time={minutes}", "--kill-on-bad-exit=1", *srun_args,
+            python, "-m", "supervisor.health.preflight_worker", "--out", str(out_dir),
+            "--budget-s", f"{budget_s:g}"]  # fmt: skip
+
+
+def run(nodes: Sequence[str], work_dir: Path, budget_s: float = DEFAULT_BUDGET_S, factor: float = DEFAULT_FACTOR,
+        env: Mapping[str, str] | None = None, python: str = sys.executable,
+        srun_args: Sequence[str] = ()) -> Verdict:  # fmt: skip
+    """Measure ``nodes`` (in the current allocation, or a new one outside) and judge; never raises for a failed
+    measurement (that is an "unknown" verdict). ``work_dir`` must be on a filesystem every node sees."""
+    if not 1 <= budget_s <= 600:
+        raise ValueError(f"preflight budget must be 1-600 s, got {budget_s!r}")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix="preflight-", dir=work_dir))
+    argv = worker_argv(nodes, out, budget_s, python, srun_args)
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(argv, env=dict(env) if env is not None else None, stdout=subprocess.DEVNULL,  # noqa: S603
+                                stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    except OSError as err:
+        return Verdict(False, True, errors={n: f"cannot run srun: {err}" for n in nodes})
+    try:
+        _, err_text = proc.communicate(timeout=budget_s + SRUN_SLACK_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+    elapsed = time.monotonic() - started
+    results = []
+    for path in sorted(out.glob("rank-*.json")):
+        try:
+            results.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return judge(results, nodes, factor, round(elapsed, 3))
+
+
+def describe(verdict: Verdict) -> str:
+    """One line for the log and the journal's reader."""
+    if verdict.unknown:
+        return "preflight inconclusive: " + "; ".join(f"{n}: {e}" for n, e in sorted(verdict.errors.items()))
+    if verdict.slow:
+        return "preflight: slow " + "; ".join(f"{n}: {why}" for n, why in sorted(verdict.slow.items()))
+    bw = f", all-reduce {verdict.allreduce_busbw_Bps / 1e6:.0f} MB/s" if verdict.allreduce_busbw_Bps else ""
+    return f"preflight ok on {len(verdict.figures)} nodes{bw}"
+
+
+if __name__ == "__main__":  # python -m supervisor.health.preflight NODE... (a manual check inside an allocation)
+    from slurm.hostlist import expand
+
+    nodes = sys.argv[1:] or expand(os.environ.get("SLURM_JOB_NODELIST", ""))
+    v = run(nodes, Path(os.environ.get("TMPDIR", "/tmp")))
+    print(describe(v))
+    sys.exit(0 if v.ok else 1)

@@ -1,0 +1,293 @@
+"""Prometheus metrics of a running campaign (optional extra ``metrics``: prometheus-client), off by default.
+
+``[metrics] listen = "127.0.0.1:9464"`` turns the endpoint on. The supervision loop feeds it through one call,
+:meth:`Metrics.update` (the live document it writes to live.json anyway, and the journal events so far); a
+scrape reads only the state kept here, never the live table or the journal file. Series: per-rank step rate and
+beat age (the worst ``max_rank_series`` ranks, as live.json shows them), iteration time percentiles across ranks,
+interruptions by class, restarts, excluded nodes, goodput so far, checkpoint age.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``[metrics]``: off unless ``listen`` is set, e.g. ``listen = "127.0.0.1:9464"``."""
+
+    listen: str = ""  # host:port to serve /metrics on; "" = off. Bind to loopback or a private address.
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.listen, str):
+            raise ValueError(f"metrics.listen must be a string like \"127.0.0.1:9464\", got {self.listen!r}")
+        if self.listen:
+            parse_listen(self.listen)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> MetricsConfig:
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ValueError(f"metrics.{key}: unknown setting; known settings: {', '.join(sorted(known))}")
+        return cls(**dict(data))
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``"127.0.0.1:9464"`` / ``"[::1]:9464"`` -> (host, port); ValueError naming the fix otherwise. Port 0
+    picks a free port (the bound address is logged and in ``Metrics.address``)."""
+    host, sep, port_text = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    fix = 'use "ADDRESS:PORT", e.g. "127.0.0.1:9464"'
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"metrics.listen = {text!r} is not ADDRESS:PORT ({fix})")
+    port = int(port_text)
+    if not 0 <= port < 65536:
+        raise ValueError(f"metrics.listen = {text!r}: port {port} is out of range 0-65535 ({fix})")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"metrics.listen = {text!r}: {host!r} is not an IP address ({fix})") from None
+    return host, port
+
+
+# ------------------------------------------------------------------------------------------------ state (pure)
+
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile of a non-empty sequence."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+@dataclass
+class CampaignState:
+    """What the endpoint shows, folded incrementally from journal events plus the latest live snapshot."""
+
+    interruptions: dict[str, int] = field(default_factory=dict)
+    launches: int = 0
+    attempts: int = 0
+    excluded: set[str] = field(default_factory=set)
+    checkpoint_t: float | None = None
+    checkpoint_step: int | None = None
+    events_seen: int = 0
+    ranks: list[Mapping[str, Any]] = field(default_factory=list)
+    iteration_s: list[float] = field(default_factory=list)
+
+    def fold(self, events: Sequence[Mapping[str, Any]]) -> None:
+        """Take the events not seen yet (``events`` is the whole journal so far, in order)."""
+        for e in events[self.events_seen:]:
+            kind = e.get("type")
+            if kind == "interruption":
+                cls = str(e.get("class", "unknown"))
+                self.interruptions[cls] = self.interruptions.get(cls, 0) + 1
+            elif kind == "step_launched":
+                self.launches += 1
+            elif kind == "attempt_started":
+                self.attempts += 1
+            elif kind == "nodes_excluded":
+                self.excluded = {str(n) for n in e.get("nodes") or ()}
+            elif kind == "node_forgiven":
+                self.excluded.discard(str(e.get("node")))
+            elif kind == "checkpoint_committed":
+                self.checkpoint_t = _float(e.get("t"))
+                self.checkpoint_step = e.get("step") if isinstance(e.get("step"), int) else None
+        self.events_seen = max(self.events_seen, len(events))
+
+    def take_live(self, live: Any, max_ranks: int) -> None:
+        """``live``: the live.json document, or the aggregator's ``Snapshot`` (``server.latest``), whose rows are
+        chosen here (the worst ``max_ranks``, as live.json does) only when scraped."""
+        if live is not None and not isinstance(live, Mapping) and hasattr(live, "ranks"):
+            from supervisor.heartbeat.live import worst_ranks
+
+            rows: list[Any] = [r._asdict() for r in worst_ranks(list(live.ranks), max_ranks)]
+        else:
+            rows = list((live or {}).get("ranks") or [])[:max_ranks]
+        self.ranks = [r for r in rows if isinstance(r, Mapping)]
+        self.iteration_s = [v for v in (_float(r.get("ewma_s")) for r in self.ranks) if v is not None and v > 0]
+
+
+def _float(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+# ------------------------------------------------------------------------------------------------ endpoint
+
+
+class Metrics:
+    """The Prometheus collector and (optionally) its HTTP endpoint. The loop calls :meth:`update` with the
+    live document (``heartbeat.live.live_document``) and the journal events so far; scrapes read the last state
+    under a lock, so a scrape never touches the live table or the journal."""
+
+    def __init__(self, campaign: str = "", job_id: str = "", max_rank_series: int = 1024,
+                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+        from prometheus_client import CollectorRegistry
+
+        self.campaign, self.job_id, self.max_rank_series, self.clock = campaign, job_id, max_rank_series, clock
+        self.state = CampaignState()
+        self.events: Sequence[Mapping[str, Any]] = ()
+        self._live: Any = None
+        self._lock = threading.Lock()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)  # type: ignore[arg-type]
+        self._server: Any = None
+        self._thread: Any = None
+        self.address: tuple[str, int] | None = None
+
+    def update(self, live: Any, events: Sequence[Mapping[str, Any]]) -> None:
+        """The one call the supervision loop makes, each pass: ``live`` is the aggregator's latest ``Snapshot``
+        (``server.latest``) or a live.json document, ``events`` the journal so far (only new ones are folded;
+        the rank rows are built when scraped). Never raises."""
+        try:
+            with self._lock:
+                self.state.fold(events)
+                self._live = live
+                self.events = events
+                job = live.get("job") if isinstance(live, Mapping) else getattr(live, "job", None)
+                if job:
+                    self.job_id = str(job)
+        except Exception:  # noqa: BLE001 - metrics must never disturb supervision
+            pass
+
+    def serve(self, listen: str) -> tuple[str, int]:
+        """Start the endpoint on ``listen`` (``"127.0.0.1:9464"``; port 0 picks one); returns the bound address."""
+        from prometheus_client import start_http_server
+
+        host, port = parse_listen(listen)
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        self.address = (host, int(self._server.server_address[1]))
+        return self.address
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        with self._lock:
+            s, events = self.state, list(self.events)
+            try:
+                s.take_live(self._live, self.max_rank_series)
+            except Exception:  # noqa: BLE001 - a malformed document shows no rank series, never an error
+                s.ranks, s.iteration_s = [], []
+            ranks, iters = list(s.ranks), list(s.iteration_s)
+            interruptions, excluded = dict(s.interruptions), sorted(s.excluded)
+            launches, ckpt_t, ckpt_step = s.launches, s.checkpoint_t, s.checkpoint_step
+        now = self.clock()
+        base = {"campaign": self.campaign, "job": self.job_id}
+        labels = list(base)
+
+        rate = GaugeMetricFamily("supervise_rank_step_rate", "Steps per second of a rank (last interval, else EWMA)",
+                                 labels=[*labels, "rank", "node"])  # fmt: skip
+        age = GaugeMetricFamily("supervise_rank_beat_age_seconds", "Seconds since a rank's last heartbeat",
+                                labels=[*labels, "rank", "node"])  # fmt: skip
+        for r in ranks:
+            key = [*base.values(), str(r.get("rank")), str(r.get("node"))]
+            value = _float(r.get("steps_per_s"))
+            value = value if value is not None else _float(r.get("ewma_steps_per_s"))
+            if value is not None:
+                rate.add_metric(key, value)
+            beat = _float(r.get("beat_age_s"))
+            if beat is not None:
+                age.add_metric(key, beat)
+        yield rate
+        yield age
+
+        it = GaugeMetricFamily("supervise_iteration_seconds", "Iteration time across ranks (each rank's EWMA)",
+                               labels=[*labels, "quantile"])  # fmt: skip
+        if iters:
+            for q in QUANTILES:
+                it.add_metric([*base.values(), str(q)], quantile(iters, q))
+        yield it
+
+        intr = CounterMetricFamily("supervise_interruptions", "Interruptions of the training, by class",
+                                   labels=[*labels, "class"])  # fmt: skip
+        for cls, n in sorted(interruptions.items()):
+            intr.add_metric([*base.values(), cls], n)
+        yield intr
+        restarts = CounterMetricFamily("supervise_restarts", "Training step relaunches (in place or after a requeue)",
+                                       labels=labels)  # fmt: skip
+        restarts.add_metric(list(base.values()), max(0, launches - 1))
+        yield restarts
+
+        exc = GaugeMetricFamily("supervise_excluded_nodes", "Nodes excluded from the campaign", labels=labels)
+        exc.add_metric(list(base.values()), len(excluded))
+        yield exc
+        exc_node = GaugeMetricFamily("supervise_excluded_node", "1 for each excluded node", labels=[*labels, "node"])
+        for node in excluded:
+            exc_node.add_metric([*base.values(), node], 1)
+        yield exc_node
+
+        ckpt = GaugeMetricFamily("supervise_checkpoint_age_seconds", "Seconds since the newest committed checkpoint",
+                                 labels=labels)  # fmt: skip
+        if ckpt_t is not None:
+            ckpt.add_metric(list(base.values()), max(0.0, now - ckpt_t))
+        yield ckpt
+        step = GaugeMetricFamily("supervise_checkpoint_step", "Step of the newest committed checkpoint", labels=labels)
+        if ckpt_step is not None:
+            step.add_metric(list(base.values()), ckpt_step)
+        yield step
+
+        yield from self._goodput(events, now, base)
+
+    def _goodput(self, events: list[Mapping[str, Any]], now: float, base: dict[str, str]) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from supervisor import report
+
+        ettr = GaugeMetricFamily("supervise_goodput_ratio", "Productive time / wall time so far (ETTR)",
+                                 labels=list(base))  # fmt: skip
+        seconds = GaugeMetricFamily("supervise_goodput_seconds", "Wall time so far, split into productive and badput",
+                                    labels=[*base, "kind"])  # fmt: skip
+        try:
+            g = report.fold([dict(e) for e in events], now)["goodput"]
+        except Exception:  # noqa: BLE001 - a malformed journal must not break the endpoint
+            g = None
+        if g is not None:
+            if g.get("ettr") is not None:
+                ettr.add_metric(list(base.values()), g["ettr"])
+            seconds.add_metric([*base.values(), "wall"], g["wall_s"])
+            seconds.add_metric([*base.values(), "productive"], g["productive_s"])
+            for kind, value in g["badput_s"].items():
+                seconds.add_metric([*base.values(), f"badput_{kind}"], value)
+        yield ettr
+        yield seconds
+
+
+def start(config: MetricsConfig | Mapping[str, Any] | None, campaign: str = "", job_id: str = "") -> Metrics | None:
+    """The loop's entry: None when ``[metrics] listen`` is unset (off by default) or prometheus-client is missing
+    (logged); else a serving :class:`Metrics`."""
+    if config is None:
+        return None
+    if isinstance(config, Mapping):
+        config = MetricsConfig.from_mapping(config)
+    if not config.listen:
+        return None
+    try:
+        metrics = Metrics(campaign, job_id)
+    except ImportError:
+        import structlog
+
+        structlog.get_logger("supervisor.metrics").warning(
+            "metrics_unavailable", fix="pip install 'slurm-supervisor[metrics]' (prometheus-client)")
+        return None
+    host, port = metrics.serve(config.listen)
+    import structlog
+
+    structlog.get_logger("supervisor.metrics").info("metrics_serving", url=f"http://{host}:{port}/metrics")
+    return metrics
