@@ -36,9 +36,13 @@ OWNED_FLAGS: dict[str, str] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "supervise submit [sbatch flags] [--campaign DIR] [--config FILE] [--dry-run] -- CMD..."
+    parser.usage = ("supervise submit [sbatch flags] [--campaign DIR] [--config FILE] [--checkpoint-dir DIR] "
+                    "[--dry-run] -- CMD...")
     parser.add_argument("--campaign", metavar="DIR", help="campaign directory (default ./campaigns/<time>-<name>)")
     parser.add_argument("--config", metavar="FILE", help="TOML config (see docs/configuration.md)")
+    parser.add_argument("--checkpoint-dir", metavar="DIR",
+                        help="where the training writes checkpoints (default: [run] checkpoint_dir, else the "
+                             "training command's --ckpt-dir/--save/--output-dir/... flag)")
     parser.add_argument("--dry-run", action="store_true", help="print the batch script and the sbatch command only")
 
 
@@ -83,7 +87,8 @@ def build(args: argparse.Namespace, now: float | None = None):  # type: ignore[n
     from supervisor import campaign, config
 
     _check_flags(args.sbatch_flags)
-    cfg = config.load(args.config)
+    cfg = with_checkpoint_dir(config.load(args.config), getattr(args, "checkpoint_dir", None), args.command,
+                              str(Path.cwd()))
     root = Path(args.campaign) if args.campaign else campaign.default_root(cfg.submit.job_name, now)
     root = root.resolve()
     python = getattr(args, "python", None) or sys.executable
@@ -119,10 +124,24 @@ def build(args: argparse.Namespace, now: float | None = None):  # type: ignore[n
     return root, spec, script, flags
 
 
+def with_checkpoint_dir(cfg, explicit: str | None, command: Sequence[str], cwd: str):  # type: ignore[no-untyped-def]
+    """``cfg`` with ``run.checkpoint_dir`` resolved (flag, config, then the training argv), so the
+    campaign records it and every relaunch resumes from the newest valid checkpoint found there."""
+    import dataclasses
+
+    from supervisor.checkpoint.locate import resolve_checkpoint_dir
+
+    found = resolve_checkpoint_dir(explicit, cfg.run.checkpoint_dir, command, cwd)
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, checkpoint_dir=found))
+
+
 def run(args: argparse.Namespace) -> int:
     from supervisor import campaign
+    from supervisor.checkpoint.locate import RESUME_OFF_HINT
 
     root, spec, script, flags = build(args)
+    if not spec.config.get("run", {}).get("checkpoint_dir"):
+        print(f"supervise: {RESUME_OFF_HINT}", file=sys.stderr)
     sbatch_argv = ["sbatch", "--parsable", *flags, str(root / "batch.sh")]
     if args.dry_run:
         print(script, end="")

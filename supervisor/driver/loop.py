@@ -229,7 +229,10 @@ class Supervisor(Actuators):
         env = dict(os.environ)
         env["SUPERVISOR_CAMPAIGN"] = str(self.paths.root)
         env["SUPERVISOR_SLOT_DIR"] = str(launcher.slot_dir_template(self.job_id))
-        env["SUPERVISOR_RESUME_FROM"] = resume or ""
+        if resume is None and not self.config.run.checkpoint_dir:
+            env.pop("SUPERVISOR_RESUME_FROM", None)  # unknown, not "fresh start" (""): the program looks itself
+        else:
+            env["SUPERVISOR_RESUME_FROM"] = resume or ""
         return env
 
     def _store(self) -> Any:
