@@ -35,6 +35,9 @@ class RunConfig:
     srun_args: tuple[str, ...] = ()
     # Where the training writes checkpoints; the supervisor resumes from the newest valid one found here.
     checkpoint_dir: str = ""
+    # Resume from checkpoints this campaign did not sign (no manifest, single .ckpt/.pt files, other runs'
+    # manifests): only ever from a private root (owned by the user, not group/other-writable); false: never.
+    adopt_foreign_checkpoints: bool = True
     # How long ranks get to finish a requested checkpoint before the step is stopped anyway.
     checkpoint_grace_s: float = 60.0
     # Node agent sampling and the supervisor's decision loop.

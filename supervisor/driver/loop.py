@@ -240,8 +240,10 @@ class Supervisor(Actuators):
         if not ckpt_dir or not Path(ckpt_dir).is_dir():
             return None
         from supervisor.checkpoint.store import CheckpointStore
+        from supervisor.checkpoint.trust import campaign_key
 
-        return CheckpointStore(ckpt_dir)
+        return CheckpointStore(ckpt_dir, key=campaign_key(self.paths.root),
+                               adopt_foreign=self.config.run.adopt_foreign_checkpoints)
 
     def _pick_resume(self) -> tuple[str | None, int | None]:
         """The newest valid checkpoint (torn or corrupt ones are quarantined on the way), or a fresh start."""
@@ -249,6 +251,11 @@ class Supervisor(Actuators):
         if store is None:
             return None, None
         newest = store.newest_valid(full=False, quarantine=True)
+        for info in store.list():  # foreign checkpoints refused from a root others can write: say why, once
+            if info.status == "refused" and str(info.path) not in self.quarantined:
+                self.quarantined.add(str(info.path))
+                self.record({"type": "checkpoint_refused", "t": self.clock(), "path": str(info.path),
+                             "reason": info.reason[:500]})
         for moved in store.quarantined():
             if str(moved.path) not in self.quarantined:
                 self.quarantined.add(str(moved.path))
