@@ -68,12 +68,19 @@ def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _check_flags(flags: Sequence[str]) -> None:
-    from slurm.sbatch import option_name
+    from slurm.sbatch import JOB_NAME, option_name
 
     for tok in flags:
         name = option_name(tok)
         if name in OWNED_FLAGS:
             raise UsageError(f"sbatch flag {tok} conflicts with the supervisor's own", OWNED_FLAGS[name])
+    for i, tok in enumerate(flags):
+        name = option_name(tok)
+        if name in ("--job-name", "-J"):
+            value = tok.split("=", 1)[1] if "=" in tok else tok[2:] if name == "-J" and len(tok) > 2 else (
+                flags[i + 1] if i + 1 < len(flags) else "")
+            if not JOB_NAME.fullmatch(value):
+                raise UsageError(f"job name {value!r} is not allowed", "use 1 to 128 of A-Z a-z 0-9 . _ -")
     if flags and option_name(flags[0]) is None:
         raise UsageError(
             f"unexpected argument {flags[0]!r} before --",
@@ -112,7 +119,10 @@ def build(args: argparse.Namespace, now: float | None = None):  # type: ignore[n
         f"What it runs is in {root}/campaign.json.",
     ]
     body = [["exec", python, "-m", "supervisor.cli", "run", "--campaign", str(root)]]
-    script = render_script(directives, body, header)
+    try:
+        script = render_script(directives, body, header)
+    except SbatchFlagError as err:
+        raise UsageError(str(err), "fix the value (see docs/configuration.md, [submit])") from None
     spec = campaign.CampaignSpec(
         command=tuple(args.command),
         sbatch_flags=tuple(flags),
