@@ -137,11 +137,16 @@ def _range_error(source: str, key: str, value: Any, allowed: str) -> ConfigError
                        f"set {key} within that range (see docs/configuration.md)")
 
 
+def _finite(value: float) -> bool:
+    """math.isfinite without its OverflowError on ints too large for a float (they are simply out of range)."""
+    return isinstance(value, int) or math.isfinite(value)
+
+
 def _check_bounds(key: str, value: Any, source: str) -> None:
     if key not in BOUNDS or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     low, high = BOUNDS[key]
-    if not math.isfinite(value) or not low <= value <= high:
+    if not _finite(value) or not low <= value <= high:
         raise _range_error(source, key, value, f"{low:g} <= value <= {high:g}")
 
 
@@ -158,10 +163,10 @@ def _check_numbers(prefix: str, table: Any, source: str, depth: int = 0) -> None
             continue
         if isinstance(key, str) and key.endswith("_s"):
             zero_ok = name in ZERO_OK_TIMES
-            ok = math.isfinite(value) and (value >= 0 if zero_ok else value > 0) and value <= TIME_MAX_S
+            ok = _finite(value) and (value >= 0 if zero_ok else value > 0) and value <= TIME_MAX_S
             if not ok:
                 raise _range_error(source, name, value, f"0 {'<=' if zero_ok else '<'} value <= {TIME_MAX_S:g}")
-        elif not math.isfinite(value) or abs(value) > NUMBER_MAX:
+        elif not _finite(value) or abs(value) > NUMBER_MAX:
             raise ConfigError(f"{source}: {name} = {value!r} is out of range (allowed: finite, |value| <= "
                               f"{NUMBER_MAX:g})", f"set {name} to a finite value (see docs/configuration.md)")
 

@@ -87,7 +87,7 @@ def check_auth(doc: dict[str, Any], auth: object, key: bytes | None) -> str:
         return FOREIGN
     sha = auth.get("sha256")
     given = auth.get("mac")
-    if not isinstance(sha, dict) or not isinstance(given, str) or not all(
+    if not isinstance(sha, dict) or not isinstance(given, str) or not given.isascii() or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in sha.items()):
         return FORGED
     try:
