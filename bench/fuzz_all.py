@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -303,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 1000))
+    warnings.simplefilter("ignore")  # fuzzed [log_signatures] regexes make re warn about nested sets
     with tempfile.TemporaryDirectory() as tmp:
         targets = build_targets(Path(tmp))
         if args.only:
