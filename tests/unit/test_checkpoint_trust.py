@@ -230,3 +230,10 @@ def test_lightning_example_resume_from_finds_the_newest_ckpt(tmp_path: Path, mon
     assert resume_from(tmp_path) == str(tmp_path / "step-00000020.ckpt")
     monkeypatch.setenv("SUPERVISOR_RESUME_FROM", "")
     assert resume_from(tmp_path) is None  # the supervisor said: fresh start
+
+
+def test_a_non_ascii_mac_is_forged_not_a_type_error() -> None:
+    """Found by bench/fuzz_all.py: hmac.compare_digest raised TypeError on a non-ASCII str."""
+    m = Manifest(step=5, time=2.5, world_size=2, hash_algorithm="crc32", files=())
+    auth = {**trust.make_auth(KEY, m.to_doc(), {}), "mac": "\ud800"}
+    assert trust.check_auth(m.to_doc(), auth, KEY) == trust.FORGED

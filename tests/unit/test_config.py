@@ -113,3 +113,10 @@ def test_a_non_utf8_file_is_a_config_error(tmp_path):
 def test_a_non_table_mapping_is_a_config_error():
     with pytest.raises(ConfigError, match="not a table"):
         config.from_mapping([1, 2])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("section, key", [("run", "spare_nodes"), ("detect", "step_k"), ("detect", "node_silence_s")])
+def test_integers_too_large_for_a_float_are_out_of_range(section, key):
+    """Found by bench/fuzz_all.py: math.isfinite(10**20 * 10**300) raised OverflowError."""
+    with pytest.raises(ConfigError, match="out of range"):
+        config.from_mapping({section: {key: 10**400}})
