@@ -33,7 +33,10 @@ def test_readme_usage_without_config_resumes_from_the_newest_checkpoint(tmp_path
         assert spec["config"]["run"]["checkpoint_dir"] == str(ckpt)
         # Rank 0 past step 22: the checkpoint of step 20 is committed (the save is synchronous, every 10 steps).
         pid = wait_for("rank 0 past a checkpoint", lambda: rank_pid(camp, 0, min_step=22), START_TIMEOUT)
-        assert any(p.name.startswith("step_") for p in ckpt.iterdir())
+        saved = sorted(p for p in ckpt.iterdir() if p.name.startswith("step_"))
+        assert saved
+        # Saved under supervision: the manifest is authenticated with the campaign's key (docs/security.md).
+        assert json.loads((saved[-1] / "manifest.json").read_text())["auth"]["alg"] == "hmac-sha256"
         before = len(launches(camp))
         os.kill(pid, signal.SIGKILL)
         relaunch = wait_for("a relaunch", lambda: launches(camp)[before:] or None, 90)[0]
