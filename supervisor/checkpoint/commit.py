@@ -162,7 +162,7 @@ class CheckpointSaver:
                                   "free disk space or fix the checkpoint directory; the previous one is still valid")
         final = self.root / outcome[3:]
         if self.rank == 0:
-            CheckpointStore(self.root).apply_retention(self.keep_last, self.keep_every)
+            CheckpointStore(self.root, key=self.key).apply_retention(self.keep_last, self.keep_every)
         return final
 
     def _commit(self, tmp: Path, step: int, extra: dict[str, Any], reports: list[dict[str, Any]],
@@ -182,7 +182,7 @@ class CheckpointSaver:
         write_durable(tmp / MANIFEST_NAME, manifest.to_json())
         _fault_point("after_manifest")
         final = self.root / checkpoint_name(step)
-        store = CheckpointStore(self.root)
+        store = CheckpointStore(self.root, key=self.key)
         if final.exists():  # a re-save of the same step (resumed from an older one): keep the old aside
             store.quarantine(final, f"replaced by a new save of step {step}")
         rename_durable(tmp, final)

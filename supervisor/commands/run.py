@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     paths, spec = _campaign(args)
     cfg = config.from_mapping(spec.config, str(paths.spec))
     if args.checkpoint_dir:
-        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, checkpoint_dir=args.checkpoint_dir))
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, checkpoint_dir=os.path.abspath(args.checkpoint_dir)))
     if not paths.secret.exists():
         create_secret(paths.root)
     configure(paths.logs / "supervisor.jsonl")

@@ -237,3 +237,12 @@ def test_a_non_ascii_mac_is_forged_not_a_type_error() -> None:
     m = Manifest(step=5, time=2.5, world_size=2, hash_algorithm="crc32", files=())
     auth = {**trust.make_auth(KEY, m.to_doc(), {}), "mac": "\ud800"}
     assert trust.check_auth(m.to_doc(), auth, KEY) == trust.FORGED
+
+
+def test_retention_still_works_for_signed_checkpoints_in_a_shared_root(shared_root: Path) -> None:
+    for step in (10, 20, 30):
+        signed_checkpoint(shared_root, step)
+    planted = planted_dcp(shared_root, 5)
+    removed = CheckpointStore(shared_root, key=KEY).apply_retention(keep_last=1)
+    assert sorted(p.name.split("step_")[-1] for p in removed) == ["000000010", "000000020"]
+    assert planted.exists() and (shared_root / checkpoint_name(30)).exists()
