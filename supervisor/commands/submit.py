@@ -150,8 +150,16 @@ def run(args: argparse.Namespace) -> int:
     from supervisor.checkpoint.locate import RESUME_OFF_HINT
 
     root, spec, script, flags = build(args)
-    if not spec.config.get("run", {}).get("checkpoint_dir"):
+    run_cfg = spec.config.get("run", {})
+    if not run_cfg.get("checkpoint_dir"):
         print(f"supervise: {RESUME_OFF_HINT}", file=sys.stderr)
+    elif Path(run_cfg["checkpoint_dir"]).is_dir():
+        from supervisor.checkpoint.trust import private_problem
+
+        problem = private_problem(run_cfg["checkpoint_dir"])
+        if problem:  # said now, not discovered at the first relaunch
+            print(f"supervise: note: {problem}: only checkpoints this campaign signs will be resumed (fix: "
+                  f"chmod go-w {run_cfg['checkpoint_dir']} to also resume your own earlier ones)", file=sys.stderr)
     sbatch_argv = ["sbatch", "--parsable", *flags, str(root / "batch.sh")]
     if args.dry_run:
         print(script, end="")

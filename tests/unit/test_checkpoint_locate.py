@@ -95,3 +95,16 @@ def test_submit_says_once_that_resume_is_off_when_nothing_names_a_directory(tmp_
     assert submit.run(submit.parse_argv(["--campaign", str(tmp_path / "d"), "--", "python", "t.py",
                                          "--ckpt-dir", "x"])) == 0
     assert "resume is off" not in capsys.readouterr().err
+
+
+def test_submit_notes_a_checkpoint_root_others_can_write(tmp_path, monkeypatch, capsys):
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(submit, "_submit", lambda paths, flags: "123")
+    (tmp_path / "ck").mkdir()
+    os.chmod(tmp_path / "ck", 0o777)
+    assert submit.run(submit.parse_argv(["--campaign", str(tmp_path / "c"), "--", "python", "t.py",
+                                         "--ckpt-dir", "ck"])) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "writable by other users" in err and "chmod go-w" in err
