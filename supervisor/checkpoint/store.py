@@ -86,6 +86,7 @@ class CheckpointStore:
         self.key = key
         self.adopt_foreign = adopt_foreign
         self._root_problem: str | None = None
+        self.refused: builtins.list[CheckpointInfo] = []  # foreign ones newest_valid skipped, newest first
 
     # -- discovery -------------------------------------------------------------------------------------
     def _candidates(self) -> list[Path]:
@@ -160,6 +161,8 @@ class CheckpointStore:
             v = self.validate(path, False)
             if v.status in (VALID, UNVERIFIED) and full:
                 v = self.validate(path, True)
+            if v.status == REFUSED:  # newer than the one chosen: the caller may want to say why it was skipped
+                self.refused.append(CheckpointInfo.from_validation(v))
             if v.status == INVALID:
                 if quarantine:
                     self._try_quarantine(v.path, v.reason)

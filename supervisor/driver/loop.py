@@ -251,8 +251,8 @@ class Supervisor(Actuators):
         if store is None:
             return None, None
         newest = store.newest_valid(full=False, quarantine=True)
-        for info in store.list():  # foreign checkpoints refused from a root others can write: say why, once
-            if info.status == "refused" and str(info.path) not in self.quarantined:
+        for info in store.refused:  # foreign checkpoints refused from a root others can write: say why, once
+            if str(info.path) not in self.quarantined:
                 self.quarantined.add(str(info.path))
                 self.record({"type": "checkpoint_refused", "t": self.clock(), "path": str(info.path),
                              "reason": info.reason[:500]})
