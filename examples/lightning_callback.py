@@ -3,11 +3,15 @@
 Lightning is not a dependency of slurm-supervisor; only this example imports it (``lightning`` or
 the older ``pytorch_lightning``). Usage::
 
-    from examples.lightning_callback import SupervisorCallback
-    from supervisor import client
+    from examples.lightning_callback import SupervisorCallback, resume_from
 
     trainer = pl.Trainer(callbacks=[SupervisorCallback(ckpt_dir="ckpt")], ...)
-    trainer.fit(model, datamodule=dm, ckpt_path=client.resume_from())  # None: fresh start
+    trainer.fit(model, datamodule=dm, ckpt_path=resume_from("ckpt"))  # None: fresh start
+
+``resume_from`` returns the checkpoint the supervisor validated (``SUPERVISOR_RESUME_FROM``), "fresh start"
+when it says so (empty), and otherwise (unsupervised, or a supervisor that does not know the directory)
+the newest usable ``*.ckpt`` in ``ckpt_dir`` as the supervisor's store judges it: torn files are skipped,
+and nothing is unpickled to decide.
 
 Run unsupervised, every client call is a no-op and the callback changes nothing.
 
@@ -19,10 +23,12 @@ with ``at_step`` already agree, but SIGTERM does not.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from supervisor import client
+from supervisor.checkpoint.store import CheckpointStore
 
 try:
     import lightning.pytorch as pl
@@ -70,6 +76,20 @@ class SupervisorCallback(pl.Callback):
         if self._eval_phase is not None:
             self._eval_phase.__exit__(None, None, None)
             self._eval_phase = None
+
+
+def resume_from(ckpt_dir: str | Path) -> str | None:
+    """The checkpoint file to pass as ``trainer.fit(ckpt_path=...)``, or None for a fresh start.
+
+    Every rank calls it before any checkpoint is written, so they all see the same directory content.
+    """
+    if "SUPERVISOR_RESUME_FROM" in os.environ:  # the supervisor decided ("" = it knows there is nothing)
+        return client.resume_from()
+    root = Path(ckpt_dir)
+    if not root.is_dir():
+        return None
+    info = CheckpointStore(root).newest_valid(full=False, quarantine=False)
+    return str(info.path) if info is not None and info.path.is_file() else None
 
 
 def _loss_value(outputs: Any) -> float | None:

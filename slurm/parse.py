@@ -13,11 +13,12 @@ Shapes handled:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from slurm.hostlist import expand, validate_job_id
 from slurm.model import JOB_BASE_STATES, JOB_FLAG_PRIORITY, NODE_BASE_STATES, JobInfo, NodeInfo
@@ -27,6 +28,25 @@ _NONE_STRINGS = frozenset({"", "(null)", "None", "none", "N/A", "n/a", "Unknown"
 
 class ParseError(ValueError):
     """Output did not have the expected shape; the adapter wraps this into ``SlurmOutputError``."""
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def typed_errors(parser: _F) -> _F:
+    """Make a public parser raise only ParseError: odd output (deep JSON nesting, a bad host list or job id,
+    a value of an unexpected type) must reach the adapter as "unparsable output", never as another error."""
+
+    @functools.wraps(parser)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return parser(*args, **kwargs)
+        except ParseError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the typed-error contract of every output parser
+            raise ParseError(f"unexpected output ({err.__class__.__name__}: {str(err)[:200]})") from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------------------------------- values
@@ -176,6 +196,7 @@ def exit_status(value: Any) -> tuple[int | None, int | None]:
     return (n >> 8) & 0xFF, (n & 0x7F) or None  # a raw wait status, as 22.05's JSON reports it
 
 
+@typed_errors
 def load_json(output: str) -> dict[str, Any]:
     """Parse a Slurm JSON document; Slurm prints warnings to stderr, but be tolerant of leading noise."""
     start = output.find("{")
@@ -234,6 +255,7 @@ def job_from_json(job: Mapping[str, Any]) -> JobInfo:
     )
 
 
+@typed_errors
 def parse_squeue_json(output: str) -> list[JobInfo]:
     """All jobs in a ``squeue --json`` document."""
     data = load_json(output)
@@ -264,6 +286,7 @@ SiblingsViable Container ContainerID Prolog Epilog AdminComment SystemComment Ki
 """.split())  # fmt: skip
 
 
+@typed_errors
 def parse_key_values(line: str) -> dict[str, str]:
     """One ``scontrol show ... -o`` line -> {key: value}.
 
@@ -351,6 +374,7 @@ def duration_minutes(value: str) -> int | None:
     return -(-total // 60)
 
 
+@typed_errors
 def parse_scontrol_jobs(output: str) -> list[JobInfo]:
     """All ``scontrol show job -o`` lines."""
     return [job_from_scontrol(parse_key_values(ln)) for ln in output.splitlines() if ln.strip().startswith("JobId=")]
@@ -401,6 +425,7 @@ def _nodes_from_sinfo_group(group: Mapping[str, Any]) -> list[NodeInfo]:
     ]
 
 
+@typed_errors
 def parse_nodes_json(output: str) -> list[NodeInfo]:
     """``sinfo --json`` (22.05 or 23.02+ shape) or ``scontrol show node --json`` -> one NodeInfo per node.
 
@@ -448,6 +473,7 @@ def node_from_scontrol(fields: Mapping[str, str]) -> NodeInfo:
     )
 
 
+@typed_errors
 def parse_scontrol_nodes(output: str) -> list[NodeInfo]:
     """All ``scontrol show node -o`` lines."""
     lines = [ln for ln in output.splitlines() if ln.strip().startswith("NodeName=")]

@@ -22,6 +22,7 @@ from slurm.parse import (
     scontrol_time,
     text,
     timestamp,
+    typed_errors,
 )
 
 
@@ -53,6 +54,7 @@ def _run_from_sacct(job: Mapping[str, Any]) -> JobRun:
     )
 
 
+@typed_errors
 def parse_sacct_json(output: str) -> list[JobRun]:
     """``sacct --json --duplicates`` -> runs, oldest submit first."""
     data = load_json(output)
@@ -67,6 +69,7 @@ SACCT_FIELDS = ("JobIDRaw", "JobID", "State", "ExitCode", "NodeList", "Submit", 
 """``sacct --format`` for ``parse_sacct_text``; these fields exist from 22.05 to 24.11."""
 
 
+@typed_errors
 def parse_sacct_text(output: str) -> list[JobRun]:
     """``sacct -X --duplicates --parsable2 --noheader --format=<SACCT_FIELDS>`` -> runs, oldest first.
 

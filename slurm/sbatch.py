@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+
+# A Slurm job name that no directive, filename pattern, log line or shell reads differently.
+JOB_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # A path that sbatch directives, Slurm filename patterns (%j...) and the shell all read the same way.
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:=,-]+$")
@@ -26,12 +30,6 @@ def option_name(token: str) -> str | None:
     return None
 
 
-def find_conflicts(flags: Sequence[str], owned: Iterable[str]) -> list[str]:
-    """Flags (as given) whose option is in ``owned`` (long or short spellings)."""
-    owned_set = set(owned)
-    return [tok for tok in flags if option_name(tok) in owned_set]
-
-
 def has_option(flags: Sequence[str], *names: str) -> bool:
     return any(option_name(tok) in names for tok in flags)
 
@@ -44,8 +42,32 @@ def check_safe_path(path: str, what: str) -> None:
         )
 
 
+def check_directive(directive: str) -> None:
+    """Reject a directive a batch script could not hold as one ``#SBATCH`` line.
+
+    A newline in a value would end the comment and run the rest as a shell line (issue 10, finding 4), so
+    no control character is allowed anywhere; a job name must match ``[A-Za-z0-9._-]{1,128}``.
+    """
+    if _CONTROL.search(directive):
+        raise SbatchFlagError(f"#SBATCH directive {directive!r} contains a control character (newline, tab...)")
+    name, _, value = directive.partition("=")
+    if directive.startswith("-J") and name != "-J":  # short form: -Jname
+        name, value = "-J", directive[2:]
+    if name in ("--job-name", "-J") and not JOB_NAME.fullmatch(value):
+        raise SbatchFlagError(f"job name {value!r} is not allowed: use 1 to 128 of A-Z a-z 0-9 . _ -")
+
+
 def render_script(directives: Sequence[str], body: Sequence[Sequence[str]], header: Sequence[str] = ()) -> str:
-    """A bash batch script: ``#SBATCH`` directives, then one command per body entry, each word shell-quoted."""
+    """A bash batch script: ``#SBATCH`` directives, then one command per body entry, each word shell-quoted.
+
+    Every directive and header line is checked first (``check_directive``): nothing from input can become a
+    shell line. Raises SbatchFlagError.
+    """
+    for directive in directives:
+        check_directive(directive)
+    for line in header:
+        if _CONTROL.search(line):
+            raise SbatchFlagError(f"batch script comment {line!r} contains a control character")
     lines = ["#!/bin/bash"]
     lines += [f"# {line}" if line else "#" for line in header]
     lines += [f"#SBATCH {d}" for d in directives]

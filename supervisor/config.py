@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +37,9 @@ class RunConfig:
     srun_args: tuple[str, ...] = ()
     # Where the training writes checkpoints; the supervisor resumes from the newest valid one found here.
     checkpoint_dir: str = ""
+    # Resume from checkpoints this campaign did not sign (no manifest, single .ckpt/.pt files, other runs'
+    # manifests): only ever from a private root (owned by the user, not group/other-writable); false: never.
+    adopt_foreign_checkpoints: bool = True
     # How long ranks get to finish a requested checkpoint before the step is stopped anyway.
     checkpoint_grace_s: float = 60.0
     # Node agent sampling and the supervisor's decision loop.
@@ -127,6 +132,74 @@ def _same_type(value: Any, default: Any) -> bool:
     return isinstance(value, type(default))
 
 
+DAY_S = 86400.0
+# Allowed ranges of the keys defined here (documented in docs/configuration.md). Times are finite and
+# positive: 0 or nan would stop an agent from ever sampling again or leave the training unwatched.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "submit.signal_lead_s": (1, 65535),  # sbatch --signal takes at most 65535 s
+    "run.checkpoint_grace_s": (1.0, DAY_S),
+    "run.agent_interval_s": (0.01, 60.0),
+    "run.summary_interval_s": (0.05, 600.0),
+    "run.loop_interval_s": (0.05, 60.0),
+    "run.spare_nodes": (0, 4096),
+}
+# Delegated sections ([detect], [policy], [ledger]): their modules check meaning; here every number is finite
+# and within an absurdity bound, and every time (a key ending in _s) is positive (0 allowed for backoff).
+TIME_MAX_S = 30 * DAY_S
+NUMBER_MAX = 1e9
+ZERO_OK_TIMES = frozenset({"policy.backoff_base_s", "policy.backoff_max_s"})
+JOB_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def _range_error(source: str, key: str, value: Any, allowed: str) -> ConfigError:
+    shown = repr(value) if isinstance(value, float) else value
+    return ConfigError(f"{source}: {key} = {shown} is out of range (allowed: {allowed})",
+                       f"set {key} within that range (see docs/configuration.md)")
+
+
+def _finite(value: float) -> bool:
+    """math.isfinite without its OverflowError on ints too large for a float (they are simply out of range)."""
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def _check_bounds(key: str, value: Any, source: str) -> None:
+    if key not in BOUNDS or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    low, high = BOUNDS[key]
+    if not _finite(value) or not low <= value <= high:
+        raise _range_error(source, key, value, f"{low:g} <= value <= {high:g}")
+
+
+def _check_numbers(prefix: str, table: Any, source: str, depth: int = 0) -> None:
+    """Finite, bounded numbers in a delegated section (nested tables included), positive times."""
+    if not isinstance(table, Mapping) or depth > 4:
+        return
+    for key, value in table.items():
+        name = f"{prefix}.{key}"
+        if isinstance(value, Mapping):
+            _check_numbers(name, value, source, depth + 1)
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(key, str) and key.endswith("_s"):
+            zero_ok = name in ZERO_OK_TIMES
+            ok = _finite(value) and (value >= 0 if zero_ok else value > 0) and value <= TIME_MAX_S
+            if not ok:
+                raise _range_error(source, name, value, f"0 {'<=' if zero_ok else '<'} value <= {TIME_MAX_S:g}")
+        elif not _finite(value) or abs(value) > NUMBER_MAX:
+            raise ConfigError(f"{source}: {name} = {value!r} is out of range (allowed: finite, |value| <= "
+                              f"{NUMBER_MAX:g})", f"set {name} to a finite value (see docs/configuration.md)")
+
+
+def _check_text(key: str, value: str, source: str) -> None:
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ConfigError(f"{source}: {key} = {value!r} contains a control character",
+                          "remove newlines, tabs and other control characters")
+    if key == "submit.job_name" and not JOB_NAME.fullmatch(value):
+        raise ConfigError(f"{source}: submit.job_name = {value!r} is not allowed (allowed: 1 to 128 of "
+                          "A-Z a-z 0-9 . _ -)", 'use a name like "llama-7b"')
+
+
 def _build(section: str, cls: type, values: Mapping[str, Any], source: str) -> Any:
     if not isinstance(values, Mapping):
         raise ConfigError(f"{source}: [{section}] must be a table", f"write it as [{section}] with key = value lines")
@@ -151,6 +224,10 @@ def _build(section: str, cls: type, values: Mapping[str, Any], source: str) -> A
             )
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             raise ConfigError(f"{source}: {section}.{key} = {value!r} is negative", "use a value >= 0")
+        _check_bounds(f"{section}.{key}", value, source)
+        for text in (value if isinstance(value, tuple) else (value,)):
+            if isinstance(text, str):
+                _check_text(f"{section}.{key}", text, source)
         kwargs[key] = float(value) if isinstance(default, float) else value
     return cls(**kwargs)
 
@@ -166,6 +243,8 @@ def _checkpoint_interval(value: Any, source: str) -> str | float:
 
 def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:
     """Validate a parsed config; every problem is a ConfigError naming the key and the fix."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: the configuration is not a table", "see docs/configuration.md")
     known = set(_SECTIONS) | set(_DELEGATED)
     for section in data:
         if section not in known:
@@ -176,10 +255,12 @@ def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:
         table = data.get(name, {})
         if not isinstance(table, Mapping):
             raise ConfigError(f"{source}: [{name}] must be a table", f"write it as [{name}] with key = value lines")
+        _check_numbers(name, table, source)
         try:
             loader()(table)
-        except (ValueError, TypeError) as err:
-            raise ConfigError(f"{source}: {err}", "see docs/configuration.md for the keys and their ranges") from None
+        except Exception as err:  # noqa: BLE001 - any loader failure (e.g. weights = 5: AttributeError) is bad input
+            raise ConfigError(f"{source}: [{name}]: {str(err)[:300] or err.__class__.__name__}",
+                              "see docs/configuration.md for the keys and their ranges") from None
         delegated[name] = dict(table)
     config = Config(detect=delegated["detect"], policy=delegated["policy"], ledger=delegated["ledger"],
                     log_signatures=delegated["log_signatures"], metrics=delegated["metrics"], **parts)
@@ -200,7 +281,12 @@ def load(path: str | Path | None) -> Config:
         return Config()
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {err.start})",
+                          "save it as UTF-8 (TOML files are UTF-8)") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} nests too deeply", "flatten the tables") from None
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist", "check the --config path") from None
     except tomllib.TOMLDecodeError as err:

@@ -65,7 +65,7 @@ def _decode(line: bytes) -> Event | None:
     """Parse one line; None when it is not a JSON object with a version and a type."""
     try:
         obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: hostile deep nesting
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str) or not isinstance(obj.get("v"), int):
         return None
@@ -74,11 +74,13 @@ def _decode(line: bytes) -> Event | None:
 
 def parse(data: bytes, where: str = "journal") -> JournalContents:
     """Pure: decode a journal's bytes (see the module docstring for the torn-line rules)."""
+    # Lines end with b"\n" only, as the writer writes them and as the torn-tail seal finds them (a raw b"\r"
+    # is never written: JSON escapes it), so reader and re-seal agree on every line's byte offset.
     lines: list[tuple[int, bytes]] = []
     offset = 0
-    for raw in data.splitlines(keepends=True):
+    for raw in data.split(b"\n"):
         lines.append((offset, raw))
-        offset += len(raw)
+        offset += len(raw) + 1
     events: list[Event] = []
     sealed: list[int] = []
     torn_tail = False

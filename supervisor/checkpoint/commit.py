@@ -13,6 +13,7 @@ first waits for the previous one. torch is imported lazily so ``supervisor.check
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from supervisor.checkpoint import trust
 from supervisor.checkpoint.durable import fsync_path, rename_durable, write_durable
 from supervisor.checkpoint.fingerprint import fingerprint
 from supervisor.checkpoint.hashing import DEFAULT_ALGORITHM, hash_file
@@ -57,6 +59,7 @@ class CheckpointSaver:
         self.root = Path(root)
         self.keep_last, self.keep_every = keep_last, keep_every
         self.hash_algorithm, self.seeds, self.thread_count = hash_algorithm, dict(seeds or {}), thread_count
+        self.key = trust.key_from_env()  # the campaign's manifest key when supervised (SUPERVISOR_CAMPAIGN)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
@@ -159,7 +162,7 @@ class CheckpointSaver:
                                   "free disk space or fix the checkpoint directory; the previous one is still valid")
         final = self.root / outcome[3:]
         if self.rank == 0:
-            CheckpointStore(self.root).apply_retention(self.keep_last, self.keep_every)
+            CheckpointStore(self.root, key=self.key).apply_retention(self.keep_last, self.keep_every)
         return final
 
     def _commit(self, tmp: Path, step: int, extra: dict[str, Any], reports: list[dict[str, Any]],
@@ -173,10 +176,13 @@ class CheckpointSaver:
         manifest = Manifest(step=step, time=time.time(), world_size=self.world, hash_algorithm=self.hash_algorithm,
                             files=tuple(sorted(entries, key=lambda e: e.path)),
                             env=fingerprint(torch_version, self.seeds), extra=extra)
+        if self.key is not None:  # supervised: authenticate it, and the files torch unpickles, with the campaign key
+            sha = {e.path: trust.sha256_file(tmp / e.path) for e in manifest.files if trust.is_pickled(e.path)}
+            manifest = dataclasses.replace(manifest, auth=trust.make_auth(self.key, manifest.to_doc(), sha))
         write_durable(tmp / MANIFEST_NAME, manifest.to_json())
         _fault_point("after_manifest")
         final = self.root / checkpoint_name(step)
-        store = CheckpointStore(self.root)
+        store = CheckpointStore(self.root, key=self.key)
         if final.exists():  # a re-save of the same step (resumed from an older one): keep the old aside
             store.quarantine(final, f"replaced by a new save of step {step}")
         rename_durable(tmp, final)
@@ -298,7 +304,7 @@ def resume_path(root: str | os.PathLike[str]) -> Path | None:
     choice = ""
     if not distributed or dist.get_rank() == 0:
         if Path(root).is_dir():
-            info = CheckpointStore(root).newest_valid(full=False, quarantine=True)
+            info = CheckpointStore(root, key=trust.key_from_env()).newest_valid(full=False, quarantine=True)
             choice = str(info.path) if info else ""
     if distributed:
         data = choice.encode()
@@ -322,7 +328,7 @@ def load(path: str | os.PathLike[str], state_dict: dict[str, Any]) -> Manifest |
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    v = validate_checkpoint(Path(path), full=False)
+    v = validate_checkpoint(Path(path), full=False, key=trust.key_from_env())
     if not v.usable:
         raise CheckpointError(f"cannot resume from {path}: {v.status}: {v.reason}",
                               "unset SUPERVISOR_RESUME_FROM or point it at a valid checkpoint")

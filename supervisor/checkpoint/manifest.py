@@ -40,13 +40,20 @@ class Manifest:
     files: tuple[FileEntry, ...]
     env: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    # The ``auth`` field (see trust.py) and the parsed document it covers; absent in unsigned manifests.
+    auth: dict[str, Any] | None = field(default=None, compare=False)
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def size_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
-    def to_json(self) -> bytes:
-        doc = {
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON document (without ``auth``): what a MAC covers."""
+        return json.loads(self.to_json(auth=False))
+
+    def to_json(self, auth: bool = True) -> bytes:
+        doc: dict[str, Any] = {
             "format": FORMAT,
             "version": VERSION,
             "step": self.step,
@@ -58,6 +65,8 @@ class Manifest:
             "env": self.env,
             "extra": self.extra,
         }
+        if auth and self.auth is not None:
+            doc["auth"] = self.auth
         return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
 
@@ -89,7 +98,20 @@ def _field(doc: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any
 
 
 def parse_manifest(data: bytes) -> Manifest:
-    """Parse and check a manifest; any defect raises ManifestError with a one-line reason."""
+    """Parse and check a manifest; any defect raises ManifestError with a one-line reason, never anything else.
+
+    Hostile JSON raises more than JSONDecodeError: RecursionError (deep nesting), ValueError (an int of
+    over 4300 digits), OverflowError (such an int as a float); all are a ManifestError here.
+    """
+    try:
+        return _parse(data)
+    except ManifestError:
+        raise
+    except (ValueError, TypeError, OverflowError, RecursionError, MemoryError) as err:
+        raise ManifestError(f"manifest is not readable ({err.__class__.__name__}: {str(err)[:200]})") from None
+
+
+def _parse(data: bytes) -> Manifest:
     try:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -125,4 +147,7 @@ def parse_manifest(data: bytes) -> Manifest:
     extra = doc.get("extra") or {}
     if not isinstance(env, dict) or not isinstance(extra, dict):
         raise ManifestError("fields 'env' and 'extra' must be objects")
-    return Manifest(step, when, world, algo, tuple(files), env, extra)
+    auth = doc.get("auth")
+    if auth is not None and not isinstance(auth, dict):
+        raise ManifestError("field 'auth' must be an object")
+    return Manifest(step, when, world, algo, tuple(files), env, extra, auth, doc)

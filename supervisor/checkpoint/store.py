@@ -7,12 +7,14 @@ torch and never deletes an invalid checkpoint - it moves it into ``ROOT/quaranti
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.checkpoint import single_file, trust
 from supervisor.checkpoint.durable import fsync_path, rename_durable, write_durable
 from supervisor.checkpoint.manifest import MANIFEST_NAME
 from supervisor.checkpoint.retention import steps_to_delete
@@ -21,6 +23,8 @@ from supervisor.checkpoint.validate import (
     INCOMPLETE,
     INCOMPLETE_PREFIX,
     INVALID,
+    REFUSED,
+    UNVERIFIED,
     VALID,
     Validation,
     step_from_name,
@@ -64,32 +68,83 @@ class QuarantinedInfo:
     reason: str
 
 
-class CheckpointStore:
-    """Checkpoints under ``root``: committed ``step_*`` dirs, adopted DCP dirs and ``.incomplete-*`` temps."""
+# Where Lightning keeps single-file checkpoints under its default_root_dir / a ModelCheckpoint dirpath.
+_FILE_SUBDIRS = ("checkpoints", "lightning_logs/*/checkpoints")
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+
+class CheckpointStore:
+    """Checkpoints under ``root``: committed ``step_*`` dirs, adopted DCP dirs, single ``.ckpt``/``.pt``
+    files and ``.incomplete-*`` temps.
+
+    ``key``: the campaign's manifest key (trust.campaign_key); manifests signed with it are trusted anywhere.
+    Everything else is *foreign* and usable only while ``adopt_foreign`` and the root is private (owned by
+    this user, not writable by group or others): see trust.py and docs/security.md.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], key: bytes | None = None, adopt_foreign: bool = True) -> None:
         self.root = Path(root)
+        self.key = key
+        self.adopt_foreign = adopt_foreign
+        self._root_problem: str | None = None
+        self.refused: builtins.list[CheckpointInfo] = []  # foreign ones newest_valid skipped, newest first
 
     # -- discovery -------------------------------------------------------------------------------------
     def _candidates(self) -> list[Path]:
         found: list[Path] = []
         with os.scandir(self.root) as it:
             for entry in it:
-                if entry.name == QUARANTINE_DIR or entry.is_symlink() or not entry.is_dir():
+                if entry.name == QUARANTINE_DIR or entry.is_symlink():
                     continue
                 path = Path(entry.path)
+                if entry.is_file(follow_symlinks=False):
+                    if single_file.is_candidate(entry.name):
+                        found.append(path)
+                    continue
+                if not entry.is_dir():
+                    continue
                 if (entry.name.startswith(INCOMPLETE_PREFIX) or entry.name.startswith(CHECKPOINT_PREFIX)
                         or (path / MANIFEST_NAME).exists() or (path / DCP_METADATA).exists()):
                     found.append(path)
+        for pattern in _FILE_SUBDIRS:
+            for sub in self.root.glob(pattern):
+                if sub.is_dir() and not sub.is_symlink():
+                    found += [p for p in sub.iterdir() if single_file.is_candidate(p.name)
+                              and p.is_file() and not p.is_symlink()]
         return found
 
+    def root_problem(self) -> str:
+        """Why others could plant checkpoints in the root ("" when it is private). Cached per store."""
+        if self._root_problem is None:
+            self._root_problem = trust.private_problem(self.root)
+        return self._root_problem
+
+    def refusal(self, v: Validation) -> str:
+        """Why a usable checkpoint may not be adopted here, or "" when it may (one line, naming the fix)."""
+        if not v.usable or v.trust == trust.SIGNED:
+            return ""
+        what = "a foreign checkpoint (no manifest signed by this campaign)"
+        if not self.adopt_foreign:
+            return f"refused {what}: adopt_foreign_checkpoints is false (fix: {trust.ADOPT_FIX_DISABLED})"
+        problem = self.root_problem() or (trust.private_problem(v.path) if v.path.is_dir() else "")
+        if problem:
+            fix = trust.ADOPT_FIX_PRIVATE.format(root=self.root)
+            return f"refused {what}: {problem}, so anyone could have planted it (fix: {fix})"
+        return ""
+
+    def _judged(self, v: Validation) -> Validation:
+        reason = self.refusal(v)
+        if reason:
+            return dataclasses.replace(v, status=REFUSED, reason=reason)
+        return v
+
     def list(self, full: bool = False) -> list[CheckpointInfo]:
-        """Every checkpoint-like directory with its status, newest (highest step) first."""
-        infos = [CheckpointInfo.from_validation(validate_checkpoint(p, full)) for p in self._candidates()]
+        """Every checkpoint with its status, newest (highest step) first."""
+        infos = [CheckpointInfo.from_validation(self.validate(p, full)) for p in self._candidates()]
         return sorted(infos, key=_newest_first)
 
     def validate(self, path: str | os.PathLike[str], full: bool = False) -> Validation:
-        return validate_checkpoint(Path(path), full)
+        """Validate one checkpoint, and judge whether it may be adopted here (status "refused" if not)."""
+        return self._judged(validate_checkpoint(Path(path), full, key=self.key))
 
     def newest_valid(self, full: bool = False, quarantine: bool = True,
                      allow_unverified: bool = True) -> CheckpointInfo | None:
@@ -103,9 +158,11 @@ class CheckpointStore:
         for path in sorted(self._candidates(), key=_name_order):
             if path.name.startswith(INCOMPLETE_PREFIX):
                 continue
-            v = validate_checkpoint(path, False)
-            if v.status == VALID and full:
-                v = validate_checkpoint(path, True)
+            v = self.validate(path, False)
+            if v.status in (VALID, UNVERIFIED) and full:
+                v = self.validate(path, True)
+            if v.status == REFUSED:  # newer than the one chosen: the caller may want to say why it was skipped
+                self.refused.append(CheckpointInfo.from_validation(v))
             if v.status == INVALID:
                 if quarantine:
                     self._try_quarantine(v.path, v.reason)
@@ -126,7 +183,11 @@ class CheckpointStore:
         while dst.exists():
             n += 1
             dst = qdir / f"{src.name}-{stamp}-{n}"
-        rename_durable(src, dst)
+        if src.is_file() and not src.is_symlink():  # a single-file checkpoint: kept in a folder of its own
+            dst.mkdir(mode=0o700)
+            rename_durable(src, dst / src.name)
+        else:
+            rename_durable(src, dst)
         write_durable(dst / REASON_FILE, f"{reason}\nquarantined-at: {stamp}\nfrom: {src}\n".encode())
         return dst
 
@@ -185,7 +246,15 @@ class CheckpointStore:
 
 
 def _name_order(path: Path) -> tuple[int, str]:
-    step = step_from_name(path.name)
+    if single_file.is_candidate(path.name):
+        step = single_file.step_from_file_name(path.name)
+        if step is None:  # last.ckpt: the step recorded inside (read from the pickle's opcodes, never loaded)
+            try:
+                step = single_file.check_file(path).step
+            except single_file.FormatError:
+                step = None
+    else:
+        step = step_from_name(path.name)
     return (-(step if step is not None else -1), path.name)
 
 

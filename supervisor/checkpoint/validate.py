@@ -1,8 +1,10 @@
-"""Decide whether one checkpoint directory is usable, without torch and without unpickling anything.
+"""Decide whether one checkpoint (directory or single file) is usable, without torch and without unpickling.
 
 Quick validation: manifest present and parseable, every listed file present, confined to the directory
-and of the recorded size. Full validation adds the hashes (parallel threads). A DCP directory without
-our manifest gets structural checks only and the weaker status "unverified".
+and of the recorded size, and the files torch unpickles (``.metadata``) hashed. Full validation adds every
+hash (parallel workers). A DCP directory without our manifest, or a single ``.ckpt``/``.pt`` file, gets the
+checks its format allows and the weaker status "unverified". Whether a checkpoint may be *trusted*
+(authenticated manifest, private root) is the store's call, from ``Validation.trust`` (see trust.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.checkpoint.hashing import available, hash_files
+from supervisor.checkpoint import single_file, trust
+from supervisor.checkpoint.hashing import available, hash_file, hash_files
 from supervisor.checkpoint.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -28,7 +31,8 @@ DCP_METADATA = ".metadata"
 MAX_MANIFEST_BYTES = 256 << 20
 
 VALID, INVALID, INCOMPLETE, UNVERIFIED = "valid", "invalid", "incomplete", "unverified"
-STATUSES = (VALID, INVALID, INCOMPLETE, UNVERIFIED)
+REFUSED = "refused"  # usable by its format, but foreign and not adoptable here (the store decides)
+STATUSES = (VALID, INVALID, INCOMPLETE, UNVERIFIED, REFUSED)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class Validation:
     size_bytes: int = 0
     full: bool = False  # True when hashes were checked
     manifest: Manifest | None = None
+    trust: str = trust.FOREIGN  # "signed": manifest authenticated with this campaign's key; else "foreign"
 
     @property
     def usable(self) -> bool:
@@ -55,12 +60,19 @@ def step_from_name(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def validate_checkpoint(path: Path, full: bool = False, threads: int | None = None) -> Validation:
-    """Validate the checkpoint directory ``path``; never raises for a bad checkpoint, only reports it."""
+def validate_checkpoint(path: Path, full: bool = False, threads: int | None = None,
+                        key: bytes | None = None) -> Validation:
+    """Validate the checkpoint ``path`` (a directory, or a single file); never raises for a bad checkpoint.
+
+    ``key``: the campaign's manifest key; a manifest signed with it is checked (forged = invalid) and
+    gets ``trust == "signed"``.
+    """
     path = Path(path)
     if path.name.startswith(INCOMPLETE_PREFIX):
         return Validation(path, INCOMPLETE, "save did not finish (in progress, or left by a crash)",
                           step_from_name(path.name), _mtime(path))
+    if path.is_file() and not path.is_symlink() and single_file.is_candidate(path.name):
+        return validate_single_file(path, full)
     if not path.is_dir():
         return Validation(path, INVALID, "not a directory")
     manifest_path = path / MANIFEST_NAME
@@ -74,17 +86,59 @@ def validate_checkpoint(path: Path, full: bool = False, threads: int | None = No
     except (OSError, ManifestError) as err:
         return Validation(path, INVALID, f"{MANIFEST_NAME}: {err}", step_from_name(path.name), _mtime(path))
     base = (manifest.step, manifest.time, manifest.size_bytes)
+    trusted = trust.check_auth(manifest.raw, manifest.auth, key)
+    if trusted == trust.FORGED:
+        return Validation(path, INVALID, f"{MANIFEST_NAME} fails its authentication with this campaign's key "
+                          "(forged or altered)", *base, manifest=manifest)
     problem, files = _check_files_quick(path, manifest)
+    if not problem:
+        problem = _check_pickled(path, manifest, trusted)
     if problem:
-        return Validation(path, INVALID, problem, *base, full=False, manifest=manifest)
+        return Validation(path, INVALID, problem, *base, full=False, manifest=manifest, trust=trusted)
     if full and not available(manifest.hash_algorithm):
         return Validation(path, VALID, f"sizes checked but not hashes: {manifest.hash_algorithm} is not available "
-                          "here (pip install crc32c)", *base, full=False, manifest=manifest)
+                          "here (pip install crc32c)", *base, full=False, manifest=manifest, trust=trusted)
     if full:
         problem = _check_hashes(files, manifest, threads)
         if problem:
-            return Validation(path, INVALID, problem, *base, full=True, manifest=manifest)
-    return Validation(path, VALID, "", *base, full=full, manifest=manifest)
+            return Validation(path, INVALID, problem, *base, full=True, manifest=manifest, trust=trusted)
+    return Validation(path, VALID, "", *base, full=full, manifest=manifest, trust=trusted)
+
+
+def _check_pickled(path: Path, manifest: Manifest, trusted: str) -> str:
+    """Hash the files torch unpickles in full (``.metadata``), even in a quick validation: SHA-256 from the
+    authenticated ``auth`` field when signed, else the manifest's own hash (integrity only)."""
+    sha = (manifest.auth or {}).get("sha256", {}) if trusted == trust.SIGNED else {}
+    for entry in manifest.files:
+        if not trust.is_pickled(entry.path):
+            continue
+        target = path / entry.path
+        try:
+            if trusted == trust.SIGNED:
+                if entry.path not in sha:
+                    return f"file {entry.path!r} is unpickled on load but has no authenticated SHA-256"
+                if trust.sha256_file(target) != sha[entry.path]:
+                    return f"file {entry.path!r} does not match its authenticated SHA-256 (altered)"
+            elif available(manifest.hash_algorithm) and hash_file(target, manifest.hash_algorithm)[1] != entry.hash:
+                return f"file {entry.path!r} {manifest.hash_algorithm} mismatch (corrupt)"
+        except (OSError, ValueError) as err:
+            return f"file {entry.path!r} cannot be hashed ({err})"
+    return ""
+
+
+def validate_single_file(path: Path, full: bool = False) -> Validation:
+    """A single-file checkpoint (``.ckpt``/``.pt``): format checks only, never unpickled; "unverified"."""
+    when = _mtime(path)
+    size = path.stat().st_size if when is not None else 0
+    step = single_file.step_from_file_name(path.name)
+    try:
+        checked = single_file.check_file(path, full)
+    except single_file.FormatError as err:
+        return Validation(path, INVALID, f"single-file checkpoint {err}", step, when, size)
+    if step is None:
+        step = checked.step
+    return Validation(path, UNVERIFIED, f"no {MANIFEST_NAME}: {checked.detail}", step, when, size,
+                      full=full and checked.kind == "torch-zip")
 
 
 def _mtime(path: Path) -> float | None:

@@ -1,4 +1,7 @@
-"""``supervise checkpoints DIR [--verify] [--json]``: list checkpoints with their status, newest first.
+"""``supervise checkpoints DIR [--verify] [--json] [--campaign C]``: list checkpoints with their status, newest first.
+
+With ``--campaign`` manifests signed with that campaign's key are recognised as its own; without it, every
+checkpoint counts as foreign, adopted only from a private root (docs/security.md).
 
 Exit 0 when a usable checkpoint exists (valid, or an adopted DCP layout that passed its structural
 checks), 6 when none does. Read-only unless ``--quarantine`` is given.
@@ -26,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", action="store_true",
                         help="also check every file's hash (reads all data; default: manifest, files and sizes)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--campaign", metavar="C",
+                        help="campaign directory whose secret authenticates the manifests (see docs/security.md)")
     parser.add_argument("--quarantine", action="store_true",
                         help="move invalid checkpoints into DIR/quarantine/ (with a reason file; never deletes)")
 
@@ -59,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"checkpoint directory {str(root)!r} {what}", "pass the training program's --ckpt-dir")
     if not os.access(root, os.R_OK | os.X_OK):
         raise UsageError(f"checkpoint directory {str(root)!r} is not readable", "check its permissions")
-    store = CheckpointStore(root)
+    from supervisor.checkpoint.trust import campaign_key
+
+    store = CheckpointStore(root, key=campaign_key(getattr(args, "campaign", None)))
     infos = store.list(full=args.verify)
     if args.quarantine:
         for info in infos:

@@ -58,7 +58,12 @@ def _campaign(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         if list(spec.command) != list(args.command):
             raise CampaignError(f"{root} holds a campaign for another command", "pick a new --campaign directory")
         return paths, spec
-    cfg = config.load(args.config)
+    from supervisor.checkpoint.locate import RESUME_OFF_HINT
+    from supervisor.commands.submit import with_checkpoint_dir
+
+    cfg = with_checkpoint_dir(config.load(args.config), args.checkpoint_dir, args.command, os.getcwd())
+    if not cfg.run.checkpoint_dir:
+        print(f"supervise: {RESUME_OFF_HINT}", file=sys.stderr)
     spec = campaign.CampaignSpec(command=tuple(args.command), config=cfg.to_dict(), cwd=os.getcwd(),
                                  python=sys.executable, created=time.time())
     return campaign.create(root, spec, batch_script=""), spec
@@ -79,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     paths, spec = _campaign(args)
     cfg = config.from_mapping(spec.config, str(paths.spec))
     if args.checkpoint_dir:
-        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, checkpoint_dir=args.checkpoint_dir))
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, checkpoint_dir=os.path.abspath(args.checkpoint_dir)))
     if not paths.secret.exists():
         create_secret(paths.root)
     configure(paths.logs / "supervisor.jsonl")

@@ -37,9 +37,13 @@ OWNED_FLAGS: dict[str, str] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "supervise submit [sbatch flags] [--campaign DIR] [--config FILE] [--dry-run] -- CMD..."
+    parser.usage = ("supervise submit [sbatch flags] [--campaign DIR] [--config FILE] [--checkpoint-dir DIR] "
+                    "[--dry-run] -- CMD...")
     parser.add_argument("--campaign", metavar="DIR", help="campaign directory (default ./campaigns/<time>-<name>)")
     parser.add_argument("--config", metavar="FILE", help="TOML config (see docs/configuration.md)")
+    parser.add_argument("--checkpoint-dir", metavar="DIR",
+                        help="where the training writes checkpoints (default: [run] checkpoint_dir, else the "
+                             "training command's --ckpt-dir/--save/--output-dir/... flag)")
     parser.add_argument("--dry-run", action="store_true", help="print the batch script and the sbatch command only")
 
 
@@ -65,12 +69,19 @@ def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _check_flags(flags: Sequence[str]) -> None:
-    from slurm.sbatch import option_name
+    from slurm.sbatch import JOB_NAME, option_name
 
     for tok in flags:
         name = option_name(tok)
         if name in OWNED_FLAGS:
             raise UsageError(f"sbatch flag {tok} conflicts with the supervisor's own", OWNED_FLAGS[name])
+    for i, tok in enumerate(flags):
+        name = option_name(tok)
+        if name in ("--job-name", "-J"):
+            value = tok.split("=", 1)[1] if "=" in tok else tok[2:] if name == "-J" and len(tok) > 2 else (
+                flags[i + 1] if i + 1 < len(flags) else "")
+            if not JOB_NAME.fullmatch(value):
+                raise UsageError(f"job name {value!r} is not allowed", "use 1 to 128 of A-Z a-z 0-9 . _ -")
     if flags and option_name(flags[0]) is None:
         raise UsageError(
             f"unexpected argument {flags[0]!r} before --",
@@ -84,7 +95,8 @@ def build(args: argparse.Namespace, now: float | None = None):  # type: ignore[n
     from supervisor import campaign, config
 
     _check_flags(args.sbatch_flags)
-    cfg = config.load(args.config)
+    cfg = with_checkpoint_dir(config.load(args.config), getattr(args, "checkpoint_dir", None), args.command,
+                              str(Path.cwd()))
     root = Path(args.campaign) if args.campaign else campaign.default_root(cfg.submit.job_name, now)
     root = root.resolve()
     python = getattr(args, "python", None) or sys.executable
@@ -108,7 +120,10 @@ def build(args: argparse.Namespace, now: float | None = None):  # type: ignore[n
         f"What it runs is in {root}/campaign.json.",
     ]
     body = [["exec", python, "-m", "supervisor.cli", "run", "--campaign", str(root)]]
-    script = render_script(directives, body, header)
+    try:
+        script = render_script(directives, body, header)
+    except SbatchFlagError as err:
+        raise UsageError(str(err), "fix the value (see docs/configuration.md, [submit])") from None
     spec = campaign.CampaignSpec(
         command=tuple(args.command),
         sbatch_flags=tuple(flags),
@@ -120,10 +135,32 @@ def build(args: argparse.Namespace, now: float | None = None):  # type: ignore[n
     return root, spec, script, flags
 
 
+def with_checkpoint_dir(cfg, explicit: str | None, command: Sequence[str], cwd: str):  # type: ignore[no-untyped-def]
+    """``cfg`` with ``run.checkpoint_dir`` resolved (flag, config, then the training argv), so the
+    campaign records it and every relaunch resumes from the newest valid checkpoint found there."""
+    import dataclasses
+
+    from supervisor.checkpoint.locate import resolve_checkpoint_dir
+
+    found = resolve_checkpoint_dir(explicit, cfg.run.checkpoint_dir, command, cwd)
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, checkpoint_dir=found))
+
+
 def run(args: argparse.Namespace) -> int:
     from supervisor import campaign
+    from supervisor.checkpoint.locate import RESUME_OFF_HINT
 
     root, spec, script, flags = build(args)
+    run_cfg = spec.config.get("run", {})
+    if not run_cfg.get("checkpoint_dir"):
+        print(f"supervise: {RESUME_OFF_HINT}", file=sys.stderr)
+    elif Path(run_cfg["checkpoint_dir"]).is_dir():
+        from supervisor.checkpoint.trust import private_problem
+
+        problem = private_problem(run_cfg["checkpoint_dir"])
+        if problem:  # said now, not discovered at the first relaunch
+            print(f"supervise: note: {problem}: only checkpoints this campaign signs will be resumed (fix: "
+                  f"chmod go-w {run_cfg['checkpoint_dir']} to also resume your own earlier ones)", file=sys.stderr)
     sbatch_argv = ["sbatch", "--parsable", *flags, str(CampaignPaths(root).batch_script)]
     if args.dry_run:
         print(script, end="")

@@ -237,7 +237,10 @@ class Supervisor(Actuators):
         env = dict(os.environ)
         env["SUPERVISOR_CAMPAIGN"] = str(self.paths.root)
         env[SLOT_DIR_ENV] = slot_dir_template(self.job_id, self.slot_token)
-        env["SUPERVISOR_RESUME_FROM"] = resume or ""
+        if resume is None and not self.config.run.checkpoint_dir:
+            env.pop("SUPERVISOR_RESUME_FROM", None)  # unknown, not "fresh start" (""): the program looks itself
+        else:
+            env["SUPERVISOR_RESUME_FROM"] = resume or ""
         return env
 
     def _store(self) -> Any:
@@ -245,8 +248,10 @@ class Supervisor(Actuators):
         if not ckpt_dir or not Path(ckpt_dir).is_dir():
             return None
         from supervisor.checkpoint.store import CheckpointStore
+        from supervisor.checkpoint.trust import campaign_key
 
-        return CheckpointStore(ckpt_dir)
+        return CheckpointStore(ckpt_dir, key=campaign_key(self.paths.root),
+                               adopt_foreign=self.config.run.adopt_foreign_checkpoints)
 
     def _pick_resume(self) -> tuple[str | None, int | None]:
         """The newest valid checkpoint (torn or corrupt ones are quarantined on the way), or a fresh start."""
@@ -254,6 +259,11 @@ class Supervisor(Actuators):
         if store is None:
             return None, None
         newest = store.newest_valid(full=False, quarantine=True)
+        for info in store.refused:  # foreign checkpoints refused from a root others can write: say why, once
+            if str(info.path) not in self.quarantined:
+                self.quarantined.add(str(info.path))
+                self.record({"type": "checkpoint_refused", "t": self.clock(), "path": str(info.path),
+                             "reason": info.reason[:500]})
         for moved in store.quarantined():
             if str(moved.path) not in self.quarantined:
                 self.quarantined.add(str(moved.path))

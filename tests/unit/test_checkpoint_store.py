@@ -216,10 +216,10 @@ def test_quarantine_never_overwrites_an_earlier_quarantine(tmp_path: Path) -> No
 def test_cli_json_lists_checkpoints_and_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     make_checkpoint(tmp_path, 10)
     bad = make_checkpoint(tmp_path, 20)
-    flip_byte(bad / ".metadata")
+    flip_byte(bad / "__0_0.distcp")
     assert cli_main(["checkpoints", str(tmp_path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["newest_valid"]["step"] == 20  # quick check cannot see the flipped byte
+    assert doc["newest_valid"]["step"] == 20  # quick check cannot see a flipped byte in a shard
     assert cli_main(["checkpoints", str(tmp_path), "--json", "--verify"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["newest_valid"]["step"] == 10

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from supervisor.cli import main
 from supervisor.commands import submit
@@ -85,3 +88,34 @@ def test_no_kill_is_left_to_the_user(tmp_path):
     assert "--no-kill" not in script
     _, _, script, flags = _build(["--no-kill", "--campaign", "/c/x", "--", "true"])
     assert flags == ["--no-kill"]
+
+
+@pytest.mark.parametrize("name", ["x\n/usr/bin/id > f\n#", "a b", "", "x" * 129, "tab\there", "ü"])
+def test_a_job_name_that_could_escape_its_directive_is_refused(tmp_path, capsys, name):
+    """Issue 10 finding 4: `submit.job_name = "x\\n/usr/bin/id > f\\n#"` became a shell line of the batch script."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[submit]\njob_name = {json.dumps(name)}\n")
+    assert main(["submit", "--config", str(cfg), "--campaign", str(tmp_path / "c"), "--dry-run", "--", "true"]) == 3
+    assert main(["submit", "-J", name, "--campaign", str(tmp_path / "c"), "--dry-run", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "/usr/bin/id" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("directive", ["--comment=a\nb", "--job-name=a;b", "--x=\x00", "--x=a\rb", "-Jbad name"])
+def test_render_script_refuses_unsafe_directives(directive):
+    from slurm.sbatch import SbatchFlagError, render_script
+
+    with pytest.raises(SbatchFlagError):
+        render_script([directive], [["true"]])
+
+
+@settings(max_examples=300, derandomize=True)
+@given(st.text(max_size=40))
+def test_any_accepted_directive_is_exactly_one_sbatch_line(value):
+    from slurm.sbatch import SbatchFlagError, render_script
+
+    try:
+        script = render_script([f"--comment={value}"], [["true"]])
+    except SbatchFlagError:
+        return
+    assert script.count("\n") == 3 and f"#SBATCH --comment={value}\n" in script

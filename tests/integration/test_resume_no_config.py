@@ -1,0 +1,52 @@
+"""A campaign submitted exactly as README's usage shows (no config file, the checkpoint directory named only by
+the training command's --ckpt-dir) resumes from its newest valid checkpoint after a fault, not from step 0.
+
+Before issue 9 item 1 the supervisor knew no checkpoint directory here and exported SUPERVISOR_RESUME_FROM=""
+("fresh start"), so every relaunch trained from step 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import pytest
+from campaign_tools import EXAMPLE, Campaign, cancel, launches, rank_pid, supervise, wait_for
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+
+START_TIMEOUT = 150  # job scheduled, agents up, 2 ranks import torch and build the process group (2 shared cores)
+
+
+def test_readme_usage_without_config_resumes_from_the_newest_checkpoint(tmp_path):
+    root, ckpt = tmp_path / "campaign", tmp_path / "ckpt"
+    out = supervise("submit", "-N", "2", "--ntasks-per-node=1", "--time=10", "--campaign", str(root), "--",
+                    sys.executable, str(EXAMPLE), "--steps", "60", "--ckpt-dir", str(ckpt), "--ckpt-every", "10",
+                    "--step-time", "0.3", "--seed", "3")
+    assert "resume is off" not in out.stderr
+    camp = Campaign(out.stdout.split()[1], root, ckpt)
+    try:
+        spec = json.loads((root / "campaign.json").read_text())
+        assert spec["config"]["run"]["checkpoint_dir"] == str(ckpt)
+        # Rank 0 past step 22: the checkpoint of step 20 is committed (the save is synchronous, every 10 steps).
+        pid = wait_for("rank 0 past a checkpoint", lambda: rank_pid(camp, 0, min_step=22), START_TIMEOUT)
+        saved = sorted(p for p in ckpt.iterdir() if p.name.startswith("step_"))
+        assert saved
+        # Saved under supervision: the manifest is authenticated with the campaign's key (docs/security.md).
+        assert json.loads((saved[-1] / "manifest.json").read_text())["auth"]["alg"] == "hmac-sha256"
+        before = len(launches(camp))
+        os.kill(pid, signal.SIGKILL)
+        relaunch = wait_for("a relaunch", lambda: launches(camp)[before:] or None, 90)[0]
+        assert relaunch["resume_step"] is not None and relaunch["resume_step"] >= 20
+        assert relaunch["resume_from"].startswith(str(ckpt))
+        ended = wait_for("the campaign to complete", camp.ended, 240)
+        assert ended["state"] == "completed"
+        log2 = next(root.glob(f"logs/*/train-{relaunch['launch']}.log")).read_text(errors="replace")
+        assert f"resumed from {relaunch['resume_from']} at step {relaunch['resume_step']}" in log2
+        first_step = next(int(line.split()[0][5:]) for line in log2.splitlines() if line.startswith("step="))
+        assert first_step == relaunch["resume_step"] + 1  # not step 1
+    finally:
+        cancel(camp.job_id)

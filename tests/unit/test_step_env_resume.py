@@ -1,0 +1,78 @@
+"""SUPERVISOR_RESUME_FROM: a path, "" (fresh start: the supervisor knows there is nothing), or unset (unknown)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from supervisor.campaign import CampaignPaths
+from supervisor.config import Config
+from supervisor.driver.loop import Supervisor
+
+
+def _sup(checkpoint_dir: str) -> Supervisor:
+    sup = Supervisor.__new__(Supervisor)  # only the fields _step_env reads
+    sup.paths, sup.job_id = CampaignPaths(Path("/c")), "7"
+    cfg = Config()
+    sup.config = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, checkpoint_dir=checkpoint_dir))
+    return sup
+
+
+@pytest.mark.parametrize(("ckpt_dir", "resume", "expected"), [
+    ("", None, None),                   # nobody knows where checkpoints are: left unset, never "fresh start"
+    ("/ck", None, ""),                  # known directory, nothing valid in it: fresh start
+    ("/ck", "/ck/step_1", "/ck/step_1"),
+    ("", "/ck/step_1", "/ck/step_1"),
+])
+def test_resume_env(ckpt_dir, resume, expected, monkeypatch):
+    monkeypatch.setenv("SUPERVISOR_RESUME_FROM", "/inherited/from/the/batch/env")
+    env = _sup(ckpt_dir)._step_env(resume)
+    assert env.get("SUPERVISOR_RESUME_FROM") == expected
+
+
+def test_pick_resume_refuses_a_planted_checkpoint_in_a_shared_root_and_journals_why(tmp_path):
+    """Issue 10 finding 2, through the driver: a manifest-less DCP dir planted in a root others can write is
+    never handed to the ranks; the campaign's own signed checkpoint is, and the journal says why."""
+    import os
+    import pickle
+    import time
+
+    from supervisor.checkpoint import trust
+    from supervisor.checkpoint.durable import write_durable
+    from supervisor.checkpoint.manifest import FileEntry, Manifest
+    from supervisor.heartbeat.secret import create_secret
+    from supervisor.journal import Journal, read
+
+    def signed_checkpoint(root, step, key):
+        d = root / f"step_{step:09d}"
+        d.mkdir(mode=0o700)
+        (d / ".metadata").write_bytes(b"meta")
+        (d / "__0_0.distcp").write_bytes(b"shard")
+        m = Manifest(step=step, time=1.0, world_size=1, hash_algorithm="crc32",
+                     files=(FileEntry(".metadata", 4, "d7f21435"), FileEntry("__0_0.distcp", 5, "9801adcc")))
+        sha = {".metadata": trust.sha256_file(d / ".metadata")}
+        write_durable(d / "manifest.json", dataclasses.replace(m, auth=trust.make_auth(key, m.to_doc(), sha)).to_json())
+
+    campaign = tmp_path / "campaign"
+    key = trust.manifest_key(create_secret(campaign))
+    root = tmp_path / "shared"
+    root.mkdir()
+    os.chmod(root, 0o777)
+    signed_checkpoint(root, 10, key=key)
+    planted = root / "step_99"
+    planted.mkdir()
+    (planted / ".metadata").write_bytes(pickle.dumps({"f": "__0_0.distcp"}))
+    (planted / "__0_0.distcp").write_bytes(b"x")
+    sup = _sup(str(root))
+    sup.paths = CampaignPaths(campaign)
+    sup.journal, sup.history, sup.quarantined, sup.best_step, sup.clock = (
+        Journal(campaign / "journal.jsonl"), [], set(), None, time.time)
+    try:
+        path, step = sup._pick_resume()
+    finally:
+        sup.journal.close()
+    assert step == 10 and path.endswith("step_000000010")
+    (refused,) = [e for e in read(campaign / "journal.jsonl") if e["type"] == "checkpoint_refused"]
+    assert refused["path"] == str(planted) and "fix:" in refused["reason"]
