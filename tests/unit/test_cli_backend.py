@@ -229,8 +229,20 @@ def test_job_on_24_11_uses_scontrol_json() -> None:
 
 def test_job_picks_the_asked_job_never_the_first() -> None:
     text = (FIX / "24.11" / "squeue.json").read_text()
-    replay = Replay(V24, (["scontrol"], ok(text)))
+    replay = Replay(V24, (["scontrol", "show", "job", "--json"], ok(text)),
+                    (["scontrol", "show", "job", "-o", "999"], err(INVALID_JOB)))
     assert client(replay).job("999") is None
+
+
+def test_empty_json_answer_is_checked_with_the_text_form() -> None:
+    """24.11.5 answers `scontrol show job --json J` with exit 0 and no jobs both for an unknown job and when
+    slurmctld is unreachable (captured: scontrol_json_unreachable.json): never read that as "no such job"."""
+    empty = (FIX / "24.11" / "scontrol_json_unreachable.json").read_text()
+    unreachable = err("slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
+    replay = Replay(V24, (["scontrol", "show", "job", "--json"], ok(empty)),
+                    *[(["scontrol", "show", "job", "-o"], unreachable)] * 50)
+    with pytest.raises(SlurmUnreachable):
+        client(replay, policy=RetryPolicy(budget_s=5.0, initial_s=0.5)).job("7")
 
 
 def test_unknown_job_is_none_not_a_crash() -> None:
