@@ -249,9 +249,10 @@ class CliSlurmClient:
 
     def jobs(self, job_ids: Iterable[str | int] | None = None, name: str | None = None) -> list[JobInfo]:
         """Jobs in the queue from ``squeue --json``, filtered here by id and/or job name (22.05 ignores
-        squeue's own filters in JSON mode). Finished jobs older than MinJobAge are absent."""
+        squeue's own filters in JSON mode). Finished jobs older than MinJobAge are absent. ``--states=all``:
+        24.11 leaves finished jobs out without it (22.05 listed them)."""
         wanted = {validate_job_id(j) for j in job_ids} if job_ids is not None else None
-        argv = ["squeue", "--json"]
+        argv = ["squeue", "--json", "--states=all"]
         result = self.run(argv)
         try:
             found = parse_squeue_json(result.stdout)
@@ -264,9 +265,15 @@ class CliSlurmClient:
         ]
 
     def nodes(self, names: Iterable[str] | None = None) -> list[NodeInfo]:
-        """State of the given nodes (default: all), from ``sinfo --json`` or ``scontrol show node -o``."""
+        """State of the given nodes (default: all), from ``scontrol --json show node`` (Slurm >= 23.02),
+        ``sinfo --json`` (22.05) or ``scontrol show node -o``.
+
+        Not ``sinfo --json`` on 24.11: it groups nodes and gives the whole group one node's drain reason
+        (measured on 24.11.5: a reason set on node1 showed on idle node2-4 too)."""
         wanted = [validate_node_name(n) for n in names] if names is not None else None
-        argv = ["sinfo", "--json"]
+        version = self.slurm_version()
+        argv = ["scontrol", "--json", "show", "node"] if version is not None and version >= (23, 2) else [
+            "sinfo", "--json"]
         try:
             result = self.run(argv)
             infos = parse_nodes_json(result.stdout)

@@ -25,6 +25,7 @@ from slurm.errors import (
     SlurmUnreachable,
     UnknownJob,
 )
+from slurm.parse import parse_nodes_json
 from slurm.retry import NO_RETRY, Failure, RetryPolicy, classify_failure, should_retry
 from supervisor.errors import SlurmRejected, SlurmUnavailable, UsageError
 
@@ -270,15 +271,27 @@ def test_jobs_filters_the_whole_queue_itself() -> None:
 
 
 def test_nodes_from_sinfo_json_and_fallback() -> None:
-    replay = Replay((["sinfo", "--json"], ok((FIX / "22.05" / "sinfo_drain.json").read_text())))
+    replay = Replay(V22, (["sinfo", "--json"], ok((FIX / "22.05" / "sinfo_drain.json").read_text())))
     (node,) = client(replay).nodes(["node4"])
     assert node.is_drain and node.reason == "engA capture: maint Foo=bar test"
     replay = Replay(
+        V22,
         (["sinfo", "--json"], ok("not json")),
         (["scontrol", "show", "node", "-o"], ok((FIX / "22.05" / "scontrol_nodes_drain.txt").read_text())),
     )
     assert client(replay).node("node3") is not None
     assert replay.argvs[-1] == ["scontrol", "show", "node", "-o"]
+
+
+def test_nodes_on_24_11_come_per_node_from_scontrol_json() -> None:
+    """24.11's sinfo --json smears one node's reason over its whole group (real capture: sinfo_idle.json)."""
+    smeared = {n.name: n.reason for n in parse_nodes_json((FIX / "24.11" / "sinfo_idle.json").read_text())}
+    assert smeared["node2"] == "fixture capture"  # node2 was never drained: why sinfo is not used there
+    replay = Replay(V24, (["scontrol", "--json", "show", "node"],
+                          ok((FIX / "24.11" / "scontrol_json_nodes.json").read_text())))
+    nodes = {n.name: n for n in client(replay).nodes()}
+    assert nodes["node2"].reason is None and nodes["node1"].reason == "fixture capture"
+    assert all(n.is_usable for n in nodes.values())
 
 
 def test_history_without_accounting() -> None:
