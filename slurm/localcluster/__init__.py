@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from slurm.localcluster import accounting, procs
-from slurm.localcluster.chroot import Chroot, ChrootError, host_os_version, interpreter_binds
+from slurm.localcluster.chroot import Chroot, ChrootError, cluster_binds, host_os_version
 from slurm.localcluster.config import (
     DEFAULT_BASE_PORT,
     DEFAULT_NODES,
@@ -271,18 +271,10 @@ class LocalCluster:
         if self.spec.accounting:
             write_if_changed(accounting.dbd_conf(self.spec), accounting.dbd_conf_text(self.spec), 0o600)
 
-    def _chroot_binds(self) -> list[Path]:
-        """What the chroot's daemons and jobs must see at the host's paths: the checkout, the interpreter that
-        runs the project, and the cluster directory (unless it lies in the checkout)."""
-        binds = [repo_root(), *interpreter_binds()]
-        if not any(self.root == b or b in self.root.parents for b in binds):
-            self.root.mkdir(parents=True, exist_ok=True)
-            binds.append(self.root)
-        return binds
-
     def _prepare_chroot(self) -> None:
         assert self.chroot is not None
-        self.chroot.ensure(self._chroot_binds(), self.log)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.chroot.ensure(cluster_binds(repo_root(), self.root), self.log)
         self.chroot.write_wrappers(self.bin_dir)
 
     def _check_multiple_slurmd(self) -> None:
@@ -523,15 +515,9 @@ class LocalCluster:
         return sorted(running)
 
     def _release_chroot(self) -> None:
-        """Stop what is left in the chroot and unmount it, unless another cluster's daemons still run there."""
         assert self.chroot is not None
-        daemons = {self._program(n) for n in ("munged", "slurmctld", "slurmd")}
-        others = [pid for pid in self.chroot.processes() if any(procs.is_our_process(pid, d) for d in daemons)]
-        if others:
-            self.log.append(f"chroot left mounted: another cluster's daemons run in it (pids {sorted(others)})")
-            return
         try:
-            self.chroot.release(self.log)
+            self.chroot.release_unless_shared([self._program(n) for n in ("munged", "slurmctld", "slurmd")], self.log)
         except ChrootError as e:
             raise ClusterError(str(e)) from e
 

@@ -241,6 +241,16 @@ class Chroot:
                     continue
         return found
 
+    def release_unless_shared(self, daemons: Iterable[Path], log: list[str]) -> None:
+        """``release()``, unless one of the ``daemons`` programs (another cluster's, since the caller stopped
+        its own) still runs inside: then leave everything mounted and say so."""
+        programs = list(daemons)
+        others = [pid for pid in self.processes() if any(procs.is_our_process(pid, p) for p in programs)]
+        if others:
+            log.append(f"chroot left mounted: another cluster's daemons run in it (pids {sorted(others)})")
+            return
+        self.release(log)
+
     def release(self, log: list[str], timeout: float = 15.0) -> None:
         """Stop every process left inside the chroot (SIGTERM, then SIGKILL), then unmount all mounts under it,
         deepest first. Raises if something stays mounted."""
@@ -308,3 +318,12 @@ def _host_program(name: str, install: str | None = None) -> Path:
 def interpreter_binds() -> list[Path]:
     """The running interpreter's prefixes (venv and base installation), so the project's Python runs inside."""
     return sorted({Path(os.path.realpath(p)) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+
+
+def cluster_binds(checkout: Path, cluster_root: Path) -> list[Path]:
+    """What a chroot cluster's daemons and jobs must see at the host's paths: the checkout, the interpreter that
+    runs the project, and the cluster directory (unless it lies in one of those)."""
+    binds = [checkout, *interpreter_binds()]
+    if not any(is_under(cluster_root, b) for b in binds):
+        binds.append(cluster_root)
+    return binds

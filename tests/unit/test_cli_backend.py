@@ -284,11 +284,12 @@ def test_nodes_from_sinfo_json_and_fallback() -> None:
 
 
 def test_nodes_on_24_11_come_per_node_from_scontrol_json() -> None:
-    """24.11's sinfo --json smears one node's reason over its whole group (real capture: sinfo_idle.json)."""
-    smeared = {n.name: n.reason for n in parse_nodes_json((FIX / "24.11" / "sinfo_idle.json").read_text())}
+    """24.11's sinfo --json smears one node's reason over its whole group (real capture: node1 resumed after a
+    drain keeps its reason, and sinfo gave it to the idle group node[1-4])."""
+    smeared = {n.name: n.reason for n in parse_nodes_json((FIX / "24.11" / "sinfo_reason_smeared.json").read_text())}
     assert smeared["node2"] == "fixture capture"  # node2 was never drained: why sinfo is not used there
     replay = Replay(V24, (["scontrol", "--json", "show", "node"],
-                          ok((FIX / "24.11" / "scontrol_json_nodes.json").read_text())))
+                          ok((FIX / "24.11" / "scontrol_json_nodes_reason_kept.json").read_text())))
     nodes = {n.name: n for n in client(replay).nodes()}
     assert nodes["node2"].reason is None and nodes["node1"].reason == "fixture capture"
     assert all(n.is_usable for n in nodes.values())

@@ -126,6 +126,18 @@ def test_idle_nodes_json_and_text_agree(utc: None) -> None:
     assert by_text["node2"].reason is None  # sinfo's group carries node1's old reason for all four: see below
 
 
+def test_resumed_node_keeps_its_reason_and_sinfo_gives_it_to_the_whole_group(utc: None) -> None:
+    """Captured right after a drain + resume of node1: scontrol still shows node1's reason (node1 only); sinfo's
+    node group node[1-4] carries it for all four. Per-node truth comes from scontrol."""
+    by_text = {n.name: n for n in parse_scontrol_nodes((REAL / "scontrol_nodes_reason_kept.txt").read_text())}
+    by_json = {n.name: n for n in parse_nodes_json((REAL / "scontrol_json_nodes_reason_kept.json").read_text())}
+    grouped = {n.name: n for n in parse_nodes_json((REAL / "sinfo_reason_smeared.json").read_text())}
+    for nodes in (by_text, by_json):
+        assert nodes["node1"].reason == "fixture capture" and nodes["node1"].is_usable
+        assert nodes["node2"].reason is None
+    assert {n.reason for n in grouped.values()} == {"fixture capture"}
+
+
 def test_drained_node_json_and_text_agree(utc: None) -> None:
     from_json = {n.name: n for n in parse_nodes_json((REAL / "sinfo_drain.json").read_text())}
     from_text = {n.name: n for n in parse_scontrol_nodes((REAL / "scontrol_nodes_drain.txt").read_text())}
