@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup lint test test-unit demo cluster-up cluster-down bench
+.PHONY: setup lint test test-unit test-slurm24 cluster-down-slurm24 demo cluster-up cluster-down bench
 
 setup: $(VENV)/.installed
 
@@ -26,6 +26,20 @@ test: lint
 
 test-unit: setup
 	$(BIN)/pytest -q -m 'not slurm' $(PYTEST_ARGS)
+
+# The Slurm-facing integration tests against Debian 13's Slurm 24.11: on a Debian 13 host its own packages, elsewhere
+# a Debian 13 chroot (debootstrapped once into /var/cache/slurm-supervisor/trixie, ~2 min). Its own cluster
+# directory (.cluster-24) and ports (SLURM24_PORT..+6), so it runs beside the default cluster. As root.
+SLURM24_PORT  ?= $(or $(SUPERVISOR_CLUSTER_BASE_PORT),16917)
+SLURM24_TESTS ?= tests/integration/test_slurm_adapter.py tests/integration/test_localcluster.py \
+                 tests/integration/test_agent_slurm.py tests/integration/test_supervisor_faults.py
+test-slurm24: setup
+	$(BIN)/python -m slurm.localcluster up --slurm 24 --base-port $(SLURM24_PORT) --timeout 120
+	SUPERVISOR_CLUSTER_SLURM=24 SUPERVISOR_CLUSTER_BASE_PORT=$(SLURM24_PORT) \
+		$(BIN)/pytest -q -ra -m slurm $(SLURM24_TESTS) $(PYTEST_ARGS)
+
+cluster-down-slurm24: setup
+	$(BIN)/python -m slurm.localcluster down --slurm 24 --base-port $(SLURM24_PORT)
 
 cluster-up: setup
 	$(BIN)/python -m slurm.localcluster up

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from slurm.localcluster import LocalCluster  # noqa: E402
+from slurm.localcluster.config import DEFAULT_BASE_PORT  # noqa: E402
 from supervisor.campaign_view import events, job_nodes, live_rank, wait_for  # noqa: E402
 
 
@@ -48,9 +49,10 @@ def main() -> int:  # noqa: C901 - a script, read top to bottom
     args = parser.parse_args()
 
     say("bringing up the local Slurm cluster (4 nodes) ...")
-    cluster = LocalCluster()
+    # The cluster the tests use: SUPERVISOR_CLUSTER_BASE_PORT / SUPERVISOR_CLUSTER_SLURM=24 pick a private or 24.11 one.
+    cluster = LocalCluster(base_port=int(os.environ.get("SUPERVISOR_CLUSTER_BASE_PORT") or DEFAULT_BASE_PORT))
     cluster.up(timeout=120)
-    os.environ["SLURM_CONF"] = str(cluster.conf)
+    os.environ.update(cluster.env)  # SLURM_CONF (and PATH to the 24.11 chroot's client wrappers)
     say(f"cluster up: export SLURM_CONF={cluster.conf}")
 
     root, ckpt = args.workdir / "campaign", args.workdir / "ckpt"

@@ -157,13 +157,19 @@ class CliSlurmClient:
             raise AccountingUnavailable(argv, message)
         raise SlurmCommandError(argv, result.returncode, message)
 
-    def run(self, argv: Sequence[str], *, input_text: str | None = None, idempotent: bool = True) -> RunResult:
-        """Run a Slurm command with retries; return its result when it exits 0, else raise a typed error."""
+    def run(
+        self, argv: Sequence[str], *, input_text: str | None = None, idempotent: bool = True,
+        deadline: float | None = None,
+    ) -> RunResult:
+        """Run a Slurm command with retries; return its result when it exits 0, else raise a typed error.
+
+        ``deadline`` (a ``clock()`` time) caps the policy's budget, so a query made of several commands stays
+        within one budget."""
         if not argv or any(not isinstance(a, str) or "\0" in a for a in argv):
             raise UsageError(f"bad argument list {argv!r}", "pass a list of strings without NUL bytes")
         policy = self.policy
         start = self._clock()
-        deadline = start + policy.budget_s
+        deadline = start + policy.budget_s if deadline is None else min(deadline, start + policy.budget_s)
 
         def attempt() -> RunResult:
             left = deadline - self._clock()
@@ -207,11 +213,13 @@ class CliSlurmClient:
         """
         jid = validate_job_id(job_id)
         version = self.slurm_version()
+        deadline = None
         if version is not None and version >= (23, 2):
+            deadline = self._clock() + self.policy.budget_s
             argv = ["scontrol", "show", "job", "--json", jid]
             try:
                 result = self.run(argv)
-                return _pick_job(parse_squeue_json(result.stdout), jid)
+                found = _pick_job(parse_squeue_json(result.stdout), jid)
             except UnknownJob:
                 return None
             except SlurmCommandError as exc:
@@ -219,14 +227,19 @@ class CliSlurmClient:
                     raise
             except (ParseError, ValueError):
                 pass  # fall back to the text form below
-        return self.job_via_scontrol(jid)
+            else:
+                if found is not None:
+                    return found
+                # Measured on 24.11.5: an unknown job AND an unreachable slurmctld both give exit 0 and
+                # {"jobs": [], "errors": []}; only the text form tells "no such job" from "no answer".
+        return self.job_via_scontrol(jid, deadline=deadline)
 
-    def job_via_scontrol(self, job_id: str | int) -> JobInfo | None:
+    def job_via_scontrol(self, job_id: str | int, deadline: float | None = None) -> JobInfo | None:
         """The job from ``scontrol show job -o`` (no JSON support needed)."""
         jid = validate_job_id(job_id)
         argv = ["scontrol", "show", "job", "-o", jid]
         try:
-            result = self.run(argv)
+            result = self.run(argv, deadline=deadline)
         except UnknownJob:
             return None
         try:
@@ -236,9 +249,10 @@ class CliSlurmClient:
 
     def jobs(self, job_ids: Iterable[str | int] | None = None, name: str | None = None) -> list[JobInfo]:
         """Jobs in the queue from ``squeue --json``, filtered here by id and/or job name (22.05 ignores
-        squeue's own filters in JSON mode). Finished jobs older than MinJobAge are absent."""
+        squeue's own filters in JSON mode). Finished jobs older than MinJobAge are absent. ``--states=all``:
+        24.11 leaves finished jobs out without it (22.05 listed them)."""
         wanted = {validate_job_id(j) for j in job_ids} if job_ids is not None else None
-        argv = ["squeue", "--json"]
+        argv = ["squeue", "--json", "--states=all"]
         result = self.run(argv)
         try:
             found = parse_squeue_json(result.stdout)
@@ -251,9 +265,15 @@ class CliSlurmClient:
         ]
 
     def nodes(self, names: Iterable[str] | None = None) -> list[NodeInfo]:
-        """State of the given nodes (default: all), from ``sinfo --json`` or ``scontrol show node -o``."""
+        """State of the given nodes (default: all), from ``scontrol --json show node`` (Slurm >= 23.02),
+        ``sinfo --json`` (22.05) or ``scontrol show node -o``.
+
+        Not ``sinfo --json`` on 24.11: it groups nodes and gives the whole group one node's drain reason
+        (measured on 24.11.5: a reason set on node1 showed on idle node2-4 too)."""
         wanted = [validate_node_name(n) for n in names] if names is not None else None
-        argv = ["sinfo", "--json"]
+        version = self.slurm_version()
+        argv = ["scontrol", "--json", "show", "node"] if version is not None and version >= (23, 2) else [
+            "sinfo", "--json"]
         try:
             result = self.run(argv)
             infos = parse_nodes_json(result.stdout)

@@ -214,6 +214,23 @@ def load_json(output: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- jobs
 
 
+UNLIMITED_END_S = 365 * 24 * 3600
+
+
+def _json_end_time(job: Mapping[str, Any], base: str | None) -> int | None:
+    """``end_time``, except where scontrol prints ``EndTime=Unknown``: for a job without a time limit, Slurm
+    keeps start + 365 days as its "end" while it runs, and a meaningless value while it is pending (both measured
+    on 24.11.5). A preempted job's real deadline (preempt time + grace) is kept."""
+    end = timestamp(job.get("end_time"))
+    limit = job.get("time_limit")
+    if end is None or not (isinstance(limit, Mapping) and limit.get("infinite") is True):
+        return end
+    start = timestamp(job.get("start_time"))
+    if base == "PENDING" or (start is not None and end - start == UNLIMITED_END_S):
+        return None
+    return end
+
+
 def job_from_json(job: Mapping[str, Any]) -> JobInfo:
     """One element of ``squeue --json``'s ``jobs`` array (any supported version)."""
     job_id_n = number(job.get("job_id"))
@@ -243,7 +260,7 @@ def job_from_json(job: Mapping[str, Any]) -> JobInfo:
         partition=text(job.get("partition")),
         submit_time=timestamp(job.get("submit_time")),
         start_time=timestamp(job.get("start_time")),
-        end_time=timestamp(job.get("end_time")),
+        end_time=_json_end_time(job, base),
         preempt_time=timestamp(job.get("preempt_time")),
         exit_code=code,
         exit_signal=signal,

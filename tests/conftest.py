@@ -2,7 +2,8 @@
 
 The cluster is left running after the session so re-runs start in under a second; set
 SUPERVISOR_CLUSTER_TEARDOWN=1 to stop it at the end. SUPERVISOR_CLUSTER_DIR and SUPERVISOR_CLUSTER_BASE_PORT
-select another cluster (e.g. a private one on other ports). A machine that cannot run Slurm makes these tests
+select another cluster (e.g. a private one on other ports); SUPERVISOR_CLUSTER_SLURM=24 runs Debian 13's Slurm 24.11
+(`make test-slurm24`). A machine that cannot run Slurm makes these tests
 FAIL, never skip: CI must not pass without talking to a real slurmctld.
 """
 
@@ -32,13 +33,15 @@ def slurm_cluster() -> Iterator[LocalCluster]:
     except ClusterError as e:
         pytest.fail(f"the local Slurm cluster could not be started ({e}); these tests need a real Slurm: run as "
                     "root, or install the packages as `python -m slurm.localcluster up` explains", pytrace=False)
-    previous = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(cluster.conf)
+    # SLURM_CONF, and PATH to the client wrappers when the cluster runs in a chroot (SUPERVISOR_CLUSTER_SLURM=24).
+    previous = {key: os.environ.get(key) for key in cluster.env}
+    os.environ.update(cluster.env)
     yield cluster
-    if previous is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = previous
+    for key, value in previous.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     if os.environ.get("SUPERVISOR_CLUSTER_TEARDOWN") == "1":
         cluster.down()
 

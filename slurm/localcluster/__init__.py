@@ -4,6 +4,10 @@
 with every file (config, munge key, state, spool, logs, pids) under one ROOT directory, so it never touches the
 system's Slurm and can coexist with other such clusters on other ports. ``crash_node`` kills a node's slurmd and
 its job steps like a lost machine would; ``revive_node`` brings it back.
+
+``slurm="24"`` (or $SUPERVISOR_CLUSTER_SLURM=24) runs Debian 13's Slurm 24.11 instead of the host's packages: on a
+Debian 13 host those are the host's own; elsewhere the daemons run in a Debian 13 chroot (see ``chroot.py``) and
+clients reach them through wrapper scripts in ROOT/bin, which ``env`` puts first on PATH.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ import re
 import socket
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from slurm.localcluster import accounting, procs
+from slurm.localcluster.chroot import Chroot, ChrootError, cluster_binds, host_os_version
 from slurm.localcluster.config import (
     DEFAULT_BASE_PORT,
     DEFAULT_NODES,
@@ -30,7 +35,10 @@ from slurm.localcluster.config import (
 from slurm.localcluster.files import locked, tail, write_if_changed
 from slurm.localcluster.install import InstallError, ensure_installed, find_program
 
-__all__ = ["ClusterError", "LocalCluster", "default_root"]
+__all__ = ["ClusterError", "LocalCluster", "default_root", "default_slurm"]
+
+# Which Slurm a cluster runs: the host's packages, or Debian 13's 24.11 (a chroot on hosts other than Debian 13).
+SLURM_CHOICES = ("system", "24")
 
 # Node state words (scontrol's State=BASE+FLAG+...) under which a node can run jobs.
 USABLE_BASE_STATES = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}
@@ -43,12 +51,22 @@ class ClusterError(RuntimeError):
     """The local cluster cannot be started or controlled; the message names the problem and the fix."""
 
 
-def default_root() -> Path:
-    """$SUPERVISOR_CLUSTER_DIR, else ``<repo root>/.cluster`` (the directory above the slurm package)."""
+def repo_root() -> Path:
+    """The checkout this package lives in (the directory above the slurm package)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def default_slurm() -> str:
+    """$SUPERVISOR_CLUSTER_SLURM (``system`` or ``24``), else ``system``."""
+    return os.environ.get("SUPERVISOR_CLUSTER_SLURM") or "system"
+
+
+def default_root(slurm: str = "system") -> Path:
+    """$SUPERVISOR_CLUSTER_DIR, else ``<repo root>/.cluster`` (``.cluster-24`` for the Slurm 24.11 cluster)."""
     env = os.environ.get("SUPERVISOR_CLUSTER_DIR")
     if env:
         return Path(env).resolve()
-    return Path(__file__).resolve().parents[2] / ".cluster"
+    return repo_root() / (".cluster" if slurm == "system" else f".cluster-{slurm}")
 
 
 class LocalCluster:
@@ -60,12 +78,22 @@ class LocalCluster:
         base_port: int = DEFAULT_BASE_PORT,
         nodes: int = DEFAULT_NODES,
         accounting: bool = False,
+        slurm: str | None = None,
     ) -> None:
+        slurm = slurm or default_slurm()
+        if slurm not in SLURM_CHOICES:
+            raise ClusterError(f"--slurm {slurm!r} is not supported (fix: use one of {', '.join(SLURM_CHOICES)})")
+        # Debian 13's own packages are 24.11: no chroot needed there.
+        self.chroot = Chroot() if slurm == "24" and host_os_version() != "13" else None
+        if self.chroot is not None and accounting:
+            raise ClusterError("--accounting is not supported with --slurm 24 on this host (fix: drop --accounting; "
+                               "sacct needs slurmdbd + MariaDB, which the chroot does not carry)")
+        self.slurm_choice = slurm
         if nodes < 1:
             raise ClusterError(f"--nodes must be at least 1, got {nodes}")
         if not 1024 <= base_port <= 65535 - nodes - 2:
             raise ClusterError(f"--base-port {base_port} out of range (fix: pick a port in 1024-{65533 - nodes})")
-        self.layout = Layout(Path(root).resolve() if root is not None else default_root())
+        self.layout = Layout(Path(root).resolve() if root is not None else default_root(slurm))
         self.spec = ClusterSpec(
             layout=self.layout,
             hostname=socket.gethostname().split(".")[0],
@@ -86,9 +114,20 @@ class LocalCluster:
         return self.layout.conf
 
     @property
+    def bin_dir(self) -> Path:
+        """Where the client wrappers into the chroot live (only used with a chroot)."""
+        return self.root / "bin"
+
+    @property
     def env(self) -> dict[str, str]:
-        """Environment variables that point Slurm clients at this cluster."""
-        return {"SLURM_CONF": str(self.conf)}
+        """Environment variables that point Slurm clients at this cluster (and, with a chroot, PATH at the
+        wrappers that run the chroot's clients)."""
+        env = {"SLURM_CONF": str(self.conf)}
+        if self.chroot is not None:
+            path = os.environ.get("PATH", "")
+            parts = [p for p in path.split(os.pathsep) if p and p != str(self.bin_dir)]
+            env["PATH"] = os.pathsep.join([str(self.bin_dir), *parts])
+        return env
 
     @property
     def node_names(self) -> list[str]:
@@ -96,16 +135,25 @@ class LocalCluster:
 
     # ----- running Slurm commands -----------------------------------------------------------------------------
     def _program(self, name: str) -> Path:
-        path = find_program(name)
+        """Host path of program ``name`` as the daemons' /proc/PID/exe shows it (inside the chroot if any)."""
+        path = find_program(name) if self.chroot is None else self.chroot.program(name)
         if path is None:
-            raise ClusterError(f"program {name!r} not found (fix: run `python -m slurm.localcluster up` as root "
-                               "to install the Slurm packages)")
+            flag = "" if self.chroot is None else " --slurm 24"
+            raise ClusterError(f"program {name!r} not found (fix: run `python -m slurm.localcluster up{flag}` as "
+                               "root to install the Slurm packages)")
         return path
+
+    def _command(self, name: str, argv: Sequence[str]) -> list[str]:
+        """Argument list that runs program ``name`` (in the chroot if any) with ``argv``."""
+        if self.chroot is None:
+            return [str(self._program(name)), *argv]
+        self._program(name)  # a clear error if it is missing
+        return self.chroot.command(name, argv)
 
     def slurm(self, *argv: str, check: bool = True, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command (``sinfo``, ``scontrol``...) against this cluster."""
         env = {**os.environ, **self.env}
-        cmd = [str(self._program(argv[0])), *argv[1:]]
+        cmd = self._command(argv[0], argv[1:])
         try:
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
@@ -115,7 +163,7 @@ class LocalCluster:
         return res
 
     def version(self) -> tuple[int, int, int]:
-        out = subprocess.run([str(self._program("slurmctld")), "-V"], capture_output=True, text=True)
+        out = subprocess.run(self._command("slurmctld", ["-V"]), capture_output=True, text=True)
         return parse_version(out.stdout + out.stderr)
 
     # ----- daemons ----------------------------------------------------------------------------------------------
@@ -171,7 +219,7 @@ class LocalCluster:
             raise ClusterError(f"port {port} needed by {name} is already in use by another program (fix: stop it, "
                                "or choose other ports with --base-port; see `ss -ltnp`)")
         self.layout.pid_file(name).unlink(missing_ok=True)
-        cmd = [str(self._program(program)), *argv]
+        cmd = self._command(program, argv)
         env = {**os.environ, **self.env}
         if program == "mariadbd":  # does not daemonize itself: `setsid -f` detaches it so init becomes its parent
             with open(log_file, "ab") as out:
@@ -223,9 +271,15 @@ class LocalCluster:
         if self.spec.accounting:
             write_if_changed(accounting.dbd_conf(self.spec), accounting.dbd_conf_text(self.spec), 0o600)
 
+    def _prepare_chroot(self) -> None:
+        assert self.chroot is not None
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.chroot.ensure(cluster_binds(repo_root(), self.root), self.log)
+        self.chroot.write_wrappers(self.bin_dir)
+
     def _check_multiple_slurmd(self) -> None:
         out = self.slurm("scontrol", "show", "config").stdout
-        if not re.search(r"MULTIPLE_SLURMD\s*=\s*Yes", out):
+        if not re.search(r"MULTIPLE_SLURMD\s*=\s*yes", out, re.IGNORECASE):  # 22.05 "Yes", 24.11 "yes"
             raise ClusterError(
                 "this Slurm build lacks multiple-slurmd support (no MULTIPLE_SLURMD in `scontrol show config`), "
                 "so several nodes cannot run on one host (fix: use the Debian slurm-wlm packages, or a Slurm "
@@ -244,8 +298,11 @@ class LocalCluster:
     def _up(self, timeout: float) -> list[str]:
         self.log = []
         try:
-            ensure_installed(self.spec.accounting, self.log)
-        except InstallError as e:
+            if self.chroot is None:
+                ensure_installed(self.spec.accounting, self.log)
+            else:
+                self._prepare_chroot()
+        except (InstallError, ChrootError) as e:
             raise ClusterError(str(e)) from e
         deadline = time.monotonic() + timeout  # installing packages (minutes on a slow mirror) does not count
         self._prepare_files()
@@ -453,7 +510,16 @@ class LocalCluster:
             self.layout.pid_file(name).unlink(missing_ok=True)
         if not running:
             self.log.append("nothing was running")
+        if self.chroot is not None:
+            self._release_chroot()
         return sorted(running)
+
+    def _release_chroot(self) -> None:
+        assert self.chroot is not None
+        try:
+            self.chroot.release_unless_shared([self._program(n) for n in ("munged", "slurmctld", "slurmd")], self.log)
+        except ChrootError as e:
+            raise ClusterError(str(e)) from e
 
     def status(self) -> dict:
         """{"root", "conf", "daemons": {name: pid|None}, "nodes": {name: state}, "up": bool}."""

@@ -1,7 +1,8 @@
 """``python -m slurm.localcluster up|down|status|crash-node NODE|revive-node NODE`` (contract).
 
 ``up`` ends by printing ``export SLURM_CONF=<ROOT>/etc/slurm.conf`` as its last line of stdout, so
-``eval "$(python -m slurm.localcluster up | tail -n1)"`` points the shell at the cluster.
+``eval "$(python -m slurm.localcluster up | tail -n1)"`` points the shell at the cluster. With ``--slurm 24`` on a
+host that needs the Debian 13 chroot, that line also puts the cluster's client wrappers first on PATH.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 
-from slurm.localcluster import ClusterError, LocalCluster, default_root
+from slurm.localcluster import SLURM_CHOICES, ClusterError, LocalCluster, default_root, default_slurm
 from slurm.localcluster.config import DEFAULT_BASE_PORT, DEFAULT_NODES
 
 
@@ -32,6 +34,9 @@ def _add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:
     parser.add_argument("--accounting", action="store_true", default=default(False),
                         help="also run slurmdbd + MariaDB so that sacct works (installs them if missing)")
     parser.add_argument("--timeout", type=float, default=default(60.0), help="seconds to wait (default 60)")
+    parser.add_argument("--slurm", choices=SLURM_CHOICES, default=default(None),
+                        help="which Slurm: the host's packages, or Debian 13's 24.11 (in a chroot unless the host "
+                             "is Debian 13); default $SUPERVISOR_CLUSTER_SLURM or system")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,14 +70,16 @@ def _print_status(st: dict) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cluster = LocalCluster(args.root, base_port=args.base_port, nodes=args.nodes, accounting=args.accounting)
+        cluster = LocalCluster(args.root, base_port=args.base_port, nodes=args.nodes, accounting=args.accounting,
+                               slurm=args.slurm or default_slurm())
         if args.command == "up":
             try:
                 cluster.up(timeout=args.timeout)
             finally:
                 for line in cluster.log:
                     print(line)
-            print(f"export SLURM_CONF={cluster.conf}")
+            exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in cluster.env.items())
+            print(f"export {exports}")
         elif args.command == "down":
             cluster.down(timeout=args.timeout)
             for line in cluster.log:
