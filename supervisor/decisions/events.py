@@ -60,6 +60,7 @@ AGENTS_MISSING = "agents_missing"
 AGENTS_RESTARTED = "agents_restarted"
 REQUEUE_SKIPPED = "requeue_skipped"
 TIMEOUTS_LEARNED = "timeouts_learned"
+JOURNAL_RESUMED = "journal_resumed"  # written by supervisor.journal itself; readers drop it
 
 EVENT_TYPES: tuple[str, ...] = (
     CAMPAIGN_STARTED,
@@ -80,6 +81,7 @@ EVENT_TYPES: tuple[str, ...] = (
     AGENTS_RESTARTED,
     REQUEUE_SKIPPED,
     TIMEOUTS_LEARNED,
+    JOURNAL_RESUMED,
 )
 
 TIERS: tuple[str, ...] = ("L1", "L2", "L3", "L4")
@@ -236,3 +238,8 @@ def requeue_skipped(t: float, reason: str) -> Event:
 def timeouts_learned(t: float, histograms: Mapping[str, Any], timeouts_s: Mapping[str, Any]) -> Event:
     """The detector's learned per-phase step-time histograms; the last one is restored by the next Slurm run."""
     return {"type": TIMEOUTS_LEARNED, "t": t, "histograms": dict(histograms), "timeouts_s": dict(timeouts_s)}
+
+
+def journal_resumed(t: float, torn_offset: int) -> Event:
+    """A writer reopened a journal whose last line was torn: the fragment at ``torn_offset`` is sealed off."""
+    return {"type": JOURNAL_RESUMED, "t": t, "torn_offset": torn_offset}
