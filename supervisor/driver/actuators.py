@@ -25,7 +25,7 @@ from supervisor.decisions import events as ev
 from supervisor.decisions import policy
 from supervisor.decisions.respond import last_step
 from supervisor.driver import launcher
-from supervisor.driver.launcher import Step
+from supervisor.driver.launcher import Launch
 from supervisor.driver.ports import Channel
 from supervisor.driver.requeue import JobActions
 from supervisor.driver.signals import SignalInbox
@@ -49,7 +49,7 @@ ENDED_STATES = ("stopped", "exited", "gone", "zombie")
 class Situation:
     """What the actions of one decision act on: the launch, and why it ended (or must end)."""
 
-    step: Step
+    launch: Launch
     interruption: cl.Interruption
     decision: policy.Decision
     evidence: cl.Evidence
@@ -82,7 +82,7 @@ class Actuators:
         campaign: str,
         alerts_config: AlertConfig,
         checkpoint_grace_s: float,
-        ranks_of: Callable[[Step], Sequence[Any]],
+        ranks_of: Callable[[Launch], Sequence[Any]],
     ) -> None:
         self.slurm, self.channel, self.inbox, self.jobs = slurm, channel, inbox, jobs
         self.record, self.clock, self.job_id, self.campaign = record, clock, job_id, campaign
@@ -117,7 +117,7 @@ class Actuators:
                 return None
             if result is not None:
                 return result
-        self.end_step(situation.step)
+        self.end_launch(situation.launch)
         return None
 
     # ------------------------------------------------------------------------------------ the launch's ranks
@@ -133,20 +133,20 @@ class Actuators:
         """L3: ask every rank to (checkpoint and) stop; the job step is killed if it has not exited in time."""
         checkpoint = action.kind == policy.CHECKPOINT_NOW or bool(action.params.get("checkpoint", True))
         grace_s = float(action.params.get("grace_s", self.checkpoint_grace_s))
-        step = s.step
-        if step.proc.poll() is not None:
+        launch = s.launch
+        if launch.proc.poll() is not None:
             return None
         if not checkpoint:
             # Stop without a checkpoint (a NaN state must not overwrite good ones): the ranks get no chance to
             # save, as SIGTERM would give them.
-            launcher.kill_step(self.slurm, self.job_id, step.name, step.proc)
+            launcher.kill_step(self.slurm, self.job_id, launch.name, launch.proc)
             return None
         flags = wire.flags_arg(slot_flag("FLAG_CHECKPOINT") | slot_flag("FLAG_STOP"), 0)
-        for node in step.nodes:
+        for node in launch.nodes:
             self.channel.send(node, [wire.Command(wire.CMD_SET_FLAGS, wire.ALL_RANKS, flags)])
         self.record(ev.checkpoint_requested(self.clock(), "checkpoint and stop"))
         deadline = time.monotonic() + grace_s
-        while step.proc.poll() is None and time.monotonic() < deadline:
+        while launch.proc.poll() is None and time.monotonic() < deadline:
             self.channel.poll(0.2)
         return None
 
@@ -155,8 +155,8 @@ class Actuators:
         stuck, their peers show which collective they wait in. A stopped rank cannot run its dump handler, so
         it is recorded as such instead of being waited for."""
         wanted = 0
-        ranks = list(self.ranks_of(s.step))
-        for node in s.step.nodes:
+        ranks = list(self.ranks_of(s.launch))
+        for node in s.launch.nodes:
             here = [r for r in ranks if r.node == node]
             for r in here:
                 if r.state == "stopped":
@@ -180,7 +180,7 @@ class Actuators:
         return None
 
     def kill_step(self, action: policy.Action, s: Situation) -> int | None:
-        launcher.kill_step(self.slurm, self.job_id, s.step.name, s.step.proc)
+        launcher.kill_step(self.slurm, self.job_id, s.launch.name, s.launch.proc)
         return None
 
     def mark_suspect(self, action: policy.Action, s: Situation) -> int | None:
@@ -200,11 +200,11 @@ class Actuators:
 
     # ------------------------------------------------------------------------------------ what comes next
     def restart_in_allocation(self, action: policy.Action, s: Situation) -> int | None:
-        self.end_step(s.step)
+        self.end_launch(s.launch)
         return RELAUNCH
 
     def requeue(self, action: policy.Action, s: Situation) -> int | None:
-        self.end_step(s.step)
+        self.end_launch(s.launch)
         self.record_attempt_end(s)
         self.jobs.requeue(tuple(action.params.get("exclude", ())), hold=action.kind == policy.HOLD)
         return EXIT_REQUEUED
@@ -220,7 +220,7 @@ class Actuators:
         finish = action.kind == policy.FINISH
         state = "completed" if finish else str(action.params.get("state", "stopped"))
         self.record(ev.campaign_ended(self.clock(), state, s.decision.message))
-        self.end_step(s.step, slurm_is_ending=any(name == "TERM" for name, _ in s.evidence.batch_signals))
+        self.end_launch(s.launch, slurm_is_ending=any(name == "TERM" for name, _ in s.evidence.batch_signals))
         print(f"supervise: {s.decision.message}", file=sys.stderr, flush=True)
         return EXIT_COMPLETED if finish else EXIT_STOPPED
 
@@ -229,13 +229,13 @@ class Actuators:
         self.record(ev.attempt_ended(self.clock(), self.job_id, i.cls, i.blamed_nodes, i.evidence,
                                      last_step(s.evidence)))  # fmt: skip
 
-    def end_step(self, step: Step, slurm_is_ending: bool = False) -> None:
+    def end_launch(self, launch: Launch, slurm_is_ending: bool = False) -> None:
         """Make sure the launch's job step is gone. When Slurm itself is ending the job (the batch step got
         SIGTERM: scancel, a requeue from outside), it signals the ranks too: let them finish (KillWait), never
         signal twice."""
         if slurm_is_ending:
             deadline = time.monotonic() + SLURM_TERM_WAIT_S
-            while step.proc.poll() is None and time.monotonic() < deadline:
+            while launch.proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
-        if step.proc.poll() is None:
-            launcher.kill_step(self.slurm, self.job_id, step.name, step.proc)
+        if launch.proc.poll() is None:
+            launcher.kill_step(self.slurm, self.job_id, launch.name, launch.proc)

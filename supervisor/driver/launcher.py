@@ -35,10 +35,11 @@ class Layout:
 
 
 @dataclasses.dataclass
-class Step:
-    """One launch of the training: its job step's name, srun process, log and nodes."""
+class Launch:
+    """One launch of the training (one srun, a Slurm job step): its number in this attempt (1, 2, ...), the job
+    step's name, the srun process, its log and nodes."""
 
-    launch: int
+    number: int
     name: str
     proc: Process
     log_path: Path
@@ -109,9 +110,9 @@ def kill_step(
     srun's exit code.
     """
     try:
-        step = slurm.step_ids(job_id).get(name)
-        if step is not None:
-            slurm.cancel_step(step, "KILL")
+        step_id = slurm.step_ids(job_id).get(name)
+        if step_id is not None:
+            slurm.cancel_step(step_id, "KILL")
     except SlurmError:
         pass  # the step ended meanwhile, or Slurm did not answer; srun is killed and reaped below either way
     deadline = time.monotonic() + wait_s

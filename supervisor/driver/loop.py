@@ -34,7 +34,7 @@ from supervisor.driver.actuators import Actuators, Situation, slot_flag
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoints import CheckpointTracker
 from supervisor.driver.evidence import WatchResult, query_job, query_nodes
-from supervisor.driver.launcher import Step
+from supervisor.driver.launcher import Launch
 from supervisor.driver.ports import Channel, StepLauncher
 from supervisor.driver.recorder import Recorder
 from supervisor.driver.requeue import JobActions
@@ -151,7 +151,7 @@ class Supervisor:
         self.actuators = Actuators(
             slurm=self.slurm, channel=self.channel, inbox=self.inbox, jobs=jobs, record=self.record,
             clock=self.clock, job_id=self.job_id, campaign=str(self.paths.root), alerts_config=self.config.alerts,
-            checkpoint_grace_s=run.checkpoint_grace_s, ranks_of=lambda step: self.watcher.live(step).ranks,
+            checkpoint_grace_s=run.checkpoint_grace_s, ranks_of=lambda launch: self.watcher.live(launch).ranks,
         )  # fmt: skip
 
     def _shutdown(self) -> None:
@@ -167,36 +167,36 @@ class Supervisor:
         excluded = self._ledger_exclusions()
         while True:
             resume, resume_step = self.checkpoints.pick_resume()
-            step = self._launch(resume, resume_step, excluded)
-            watched = self.watcher.watch(step)
+            launch = self._launch(resume, resume_step, excluded)
+            watched = self.watcher.watch(launch)
             self.watcher.journal_timeouts()
-            found = self._evidence(step, watched)
+            found = self._evidence(launch, watched)
             state = campaign_state.fold(self.recorder.history, self.ledger_config)
             now = self.clock()
             interruption, decision = respond(
                 found, state.history, state.ledger, nodes=self.layout.nodes, needed=self.layout.train_nodes,
-                config=self.policy, now=now, step_running=step.proc.poll() is None,
+                config=self.policy, now=now, step_running=launch.proc.poll() is None,
                 restarts_here=self.launches - 1, signatures=self.signatures,
                 slurm_kills_on_node_failure=not self._no_kill(),
             )  # fmt: skip
-            self.record({**interruption.to_event(self.clock()), "launch": step.launch, "last_step": last_step(found)})
-            outcome = self.actuators.carry_out(Situation(step, interruption, decision, found))
+            self.record({**interruption.to_event(self.clock()), "launch": launch.number, "last_step": last_step(found)})
+            outcome = self.actuators.carry_out(Situation(launch, interruption, decision, found))
             if interruption.cls == ev.NUMERICAL:  # the launch is gone now: no checkpoint can appear after this
                 self.checkpoints.quarantine_after_divergence()
             if outcome is not None:
                 return outcome
             excluded = self._next_exclusions(decision)
 
-    def _evidence(self, step: Step, watched: WatchResult) -> Any:
+    def _evidence(self, launch: Launch, watched: WatchResult) -> Any:
         """The one Evidence of this ending; the detections that led to it are journaled first."""
         now = self.clock()
         for d in watched.detections:
             self.record(ev.detection_event(d, now))
         job, job_known = query_job(self.slurm, self.job_id)
         return evidence.build(
-            watched, now=self.clock(), ranks=self.watcher.live(step).ranks, sigterm_flag=slot_flag("RANK_FLAG_SIGTERM"),
+            watched, now=self.clock(), ranks=self.watcher.live(launch).ranks, sigterm_flag=slot_flag("RANK_FLAG_SIGTERM"),
             job=job, job_known=job_known, nodes=query_nodes(self.slurm, self.layout.nodes),
-            log_lines=evidence.tail(step.log_path), step_nodes=step.nodes, job_nodes=self.layout.nodes,
+            log_lines=evidence.tail(launch.log_path), step_nodes=launch.nodes, job_nodes=self.layout.nodes,
             signal_lead_s=float(self.config.submit.signal_lead_s), scheduled_end=self.scheduled_end,
         )  # fmt: skip
 
@@ -230,7 +230,7 @@ class Supervisor:
         env["SUPERVISOR_RESUME_FROM"] = resume or ""
         return env
 
-    def _launch(self, resume: str | None, resume_step: int | None, excluded: tuple[str, ...]) -> Step:
+    def _launch(self, resume: str | None, resume_step: int | None, excluded: tuple[str, ...]) -> Launch:
         """One srun of the training in this attempt (journaled as ``step_launched``, the contract's name)."""
         self.launches += 1
         name = f"train-{self.launches}"
@@ -242,4 +242,4 @@ class Supervisor:
         self.checkpoints.launched(resume_step)
         self.watcher.forget_ranks()
         proc = self.start_step(argv, self._step_env(resume), log_path, self.spec.cwd)
-        return Step(self.launches, name, proc, log_path, time.monotonic(), nodes)
+        return Launch(self.launches, name, proc, log_path, time.monotonic(), nodes)

@@ -18,7 +18,7 @@ from supervisor.decisions.detect import NODE_SILENT, RANK_EXITED, DetectionEvent
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoints import CheckpointTracker
 from supervisor.driver.evidence import WatchResult
-from supervisor.driver.launcher import Step
+from supervisor.driver.launcher import Launch
 from supervisor.driver.ports import Channel
 from supervisor.driver.signals import SignalInbox
 
@@ -50,7 +50,7 @@ class Watcher:
         """Called before a new launch: the ranks now in the table belong to earlier launches."""
         self.old_pids.update(r.pid for r in self.channel.table.snapshot().ranks)
 
-    def watch(self, step: Step) -> WatchResult:
+    def watch(self, launch: Launch) -> WatchResult:
         next_eval = next_scan = next_timeouts = 0.0
         exited_since: float | None = None  # a rank exited while srun still runs: normal at the very end
         pending: list[DetectionEvent] = []
@@ -59,11 +59,11 @@ class Watcher:
             received = self.inbox.drain()
             if received:
                 return WatchResult("signal", detections=tuple(pending), signals=tuple(received))
-            code = step.proc.poll()
+            code = launch.proc.poll()
             if code is not None:
                 self.settle(EXIT_SETTLE_S)
                 self.checkpoints.scan()
-                found = self.verdict_on_silent_nodes(step) if code != 0 else []
+                found = self.verdict_on_silent_nodes(launch) if code != 0 else []
                 return WatchResult("exited", exit_code=code, detections=tuple(pending + found))
             now = time.monotonic()
             if now >= next_scan:
@@ -76,7 +76,7 @@ class Watcher:
             if now < next_eval:
                 continue
             next_eval = now + self.loop_interval_s
-            for d in self.observe(step):
+            for d in self.observe(launch):
                 if not d.is_fault:
                     self.record(ev.detection_event(d, self.clock()))
                 elif d.kind == RANK_EXITED:
@@ -87,11 +87,11 @@ class Watcher:
                 else:
                     return WatchResult("detection", detections=tuple(pending + [d]))
             if exited_since is not None and now - exited_since > EXIT_GRACE_S:
-                return WatchResult("detection", detections=tuple(pending + self.verdict_on_silent_nodes(step)))
+                return WatchResult("detection", detections=tuple(pending + self.verdict_on_silent_nodes(launch)))
             if self.agents.died():
                 self.agents.restart()
 
-    def verdict_on_silent_nodes(self, step: Step) -> list[DetectionEvent]:
+    def verdict_on_silent_nodes(self, launch: Launch) -> list[DetectionEvent]:
         """A crash seen from the survivors (gloo errors, exits) often means a node died: while some node's
         agent has gone quiet, wait until the detectors call it silent (or it speaks again), so the dead node,
         not the network, takes the blame."""
@@ -99,9 +99,9 @@ class Watcher:
         deadline = time.monotonic() + hang.node_silence_s + 1.0
         found: list[DetectionEvent] = []
         while time.monotonic() < deadline:
-            found += [d for d in self.observe(step) if d.is_fault]
+            found += [d for d in self.observe(launch) if d.is_fault]
             views = self.channel.table.node_views()
-            stale = [n for n in step.nodes if n not in views or views[n].staleness_s > hang.node_stale_s]
+            stale = [n for n in launch.nodes if n not in views or views[n].staleness_s > hang.node_stale_s]
             if not stale or any(d.kind == NODE_SILENT for d in found):
                 break
             self.settle(0.5)
@@ -117,19 +117,19 @@ class Watcher:
         while time.monotonic() < deadline:
             self.channel.poll(0.05)
 
-    def live(self, step: Step) -> Any:
+    def live(self, launch: Launch) -> Any:
         """The heartbeat table's snapshot of the launch's nodes, without the ranks of earlier launches."""
         live = self.channel.table.snapshot()
-        nodes = set(step.nodes)
+        nodes = set(launch.nodes)
         return dataclasses.replace(
             live, nodes={n: v for n, v in live.nodes.items() if n in nodes},
             ranks=[r for r in live.ranks if r.pid not in self.old_pids and r.node in nodes],
         )  # fmt: skip
 
-    def observe(self, step: Step) -> list[DetectionEvent]:
-        live = self.live(step)
+    def observe(self, launch: Launch) -> list[DetectionEvent]:
+        live = self.live(launch)
         finite = [r.loss_step for r in live.ranks if r.loss_step >= 0 and math.isfinite(r.loss)]
         if finite:  # the newest iteration known to have a finite loss: later checkpoints are suspect after a NaN
             self.checkpoints.saw_finite_loss(max(finite))
-        snap = snapshot_from_live(live, launch_age_s=time.monotonic() - step.started)
+        snap = snapshot_from_live(live, launch_age_s=time.monotonic() - launch.started)
         return self.detector.observe(snap, self.clock())
