@@ -81,8 +81,9 @@ EVENT_TYPES: tuple[str, ...] = (
     AGENTS_RESTARTED,
     REQUEUE_SKIPPED,
     TIMEOUTS_LEARNED,
-    JOURNAL_RESUMED,
 )
+# Written by ``supervisor.journal`` itself (never by the supervisor) and dropped by every reader.
+STORAGE_EVENT_TYPES: tuple[str, ...] = (JOURNAL_RESUMED,)
 
 TIERS: tuple[str, ...] = ("L1", "L2", "L3", "L4")
 
