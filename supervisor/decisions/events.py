@@ -59,6 +59,7 @@ NODES_EXCLUDED = "nodes_excluded"
 AGENTS_MISSING = "agents_missing"
 AGENTS_RESTARTED = "agents_restarted"
 REQUEUE_SKIPPED = "requeue_skipped"
+EXCLUSION_SKIPPED = "exclusion_skipped"
 TIMEOUTS_LEARNED = "timeouts_learned"
 JOURNAL_RESUMED = "journal_resumed"  # written by supervisor.journal itself; readers drop it
 
@@ -80,6 +81,7 @@ EVENT_TYPES: tuple[str, ...] = (
     AGENTS_MISSING,
     AGENTS_RESTARTED,
     REQUEUE_SKIPPED,
+    EXCLUSION_SKIPPED,
     TIMEOUTS_LEARNED,
 )
 # Written by ``supervisor.journal`` itself (never by the supervisor) and dropped by every reader.
@@ -234,6 +236,12 @@ def agents_restarted(t: float, nodes: Iterable[str]) -> Event:
 def requeue_skipped(t: float, reason: str) -> Event:
     """A requeue the policy asked for was not done (e.g. the job was cancelled: a user's stop is final)."""
     return {"type": REQUEUE_SKIPPED, "t": t, "reason": reason}
+
+
+def exclusion_skipped(t: float, nodes: Iterable[str], reason: str) -> Event:
+    """ExcNodeList was not written: the job's current list could not be read, and Slurm replaces the list, so
+    writing ours alone would drop the user's own exclusions."""
+    return {"type": EXCLUSION_SKIPPED, "t": t, "nodes": sorted(set(nodes)), "reason": reason}
 
 
 def timeouts_learned(t: float, histograms: Mapping[str, Any], timeouts_s: Mapping[str, Any]) -> Event:

@@ -71,7 +71,11 @@ class JobActions:
                 return
 
     def exclude(self, nodes: tuple[str, ...]) -> None:
-        job, _ = query_job(self.slurm, self.job_id)
+        job, known = query_job(self.slurm, self.job_id)
+        if not known:  # (the adapter already retried with backoff)
+            self.record(ev.exclusion_skipped(self.clock(), nodes, "Slurm did not answer the query for the job's "
+                                             "current ExcNodeList; writing ours alone would drop the user's"))
+            return
         already = tuple(job.excluded_nodes) if job is not None else ()
         # ExcNodeList is replaced, not extended: keep what the user or an earlier run excluded.
         wanted = sorted(set(already) | set(nodes))

@@ -227,3 +227,28 @@ def test_the_bind_address_is_the_override_else_the_nodes_address_else_every_inte
     assert bind_host(slurm, "n1") == "127.0.0.1"
     slurm.unreachable = True
     assert bind_host(slurm, "n1") == "0.0.0.0"  # noqa: S104
+
+
+def test_exclusions_are_not_written_when_the_current_list_cannot_be_read(tmp_path: Path) -> None:
+    sup, slurm, launcher, channel, _ = make(tmp_path, [Launch(1, log="1: gloo: Connection reset by peer\n")])
+    slurm.set_node("n2", "DOWN", "NOT_RESPONDING")
+    slurm.set_job(flags=frozenset({"COMPLETING"}), excluded_nodes=("n9",))
+    original = slurm.job
+
+    def job_then_unreachable(job_id: str | int) -> JobInfo | None:
+        if any(e["type"] == ev.ATTEMPT_ENDED for e in sup.recorder.history):
+            slurm.unreachable = True
+        return original(job_id)
+
+    slurm.job = job_then_unreachable  # type: ignore[method-assign]
+    r = run(sup, slurm, launcher, channel)
+    assert not [c for c in slurm.calls if c[0] == "update_excluded_nodes"]  # the user's n9 is never dropped
+    assert r.of(ev.EXCLUSION_SKIPPED)[-1]["nodes"] == ["n2"]
+
+
+def test_exclusions_keep_what_the_job_already_excludes(tmp_path: Path) -> None:
+    sup, slurm, launcher, channel, _ = make(tmp_path, [Launch(1, log="1: gloo: Connection reset by peer\n")])
+    slurm.set_node("n2", "DOWN", "NOT_RESPONDING")
+    slurm.set_job(flags=frozenset({"COMPLETING"}), excluded_nodes=("n9",))
+    run(sup, slurm, launcher, channel)
+    assert ("update_excluded_nodes", JOB, ["n2", "n9"]) in slurm.calls
