@@ -25,7 +25,7 @@ from supervisor.campaign import CampaignPaths, CampaignSpec
 from supervisor.config import Config
 from supervisor.decisions import campaign_state, policy
 from supervisor.decisions import events as ev
-from supervisor.decisions.classify import signatures_from_table
+from supervisor.decisions.classify import Evidence, signatures_from_table
 from supervisor.decisions.detect import DetectConfig, Detector
 from supervisor.decisions.ledger import LedgerConfig
 from supervisor.decisions.respond import last_step, respond
@@ -121,9 +121,9 @@ class Supervisor:
         self.record(ev.attempt_started(now, self.job_id, self.env.restart_count, self.layout.nodes, None))
         job, _ = query_job(self.slurm, self.job_id)
         self.scheduled_end = (job.end_time if job is not None else None) or self.env.end_time
-        self.channel = self.channel_factory(self.paths.root, self.job_id,
-                                            (bind_host(self.slurm, self.env.batch_host), 0))  # fmt: skip
         try:
+            self.channel = self.channel_factory(self.paths.root, self.job_id,
+                                                (bind_host(self.slurm, self.env.batch_host), 0))  # fmt: skip
             self._compose()
             self.channel.write_address_file()
             self.agents.spawn(self.layout.nodes)
@@ -155,10 +155,12 @@ class Supervisor:
         )  # fmt: skip
 
     def _shutdown(self) -> None:
-        agents = getattr(self, "agents", None)
+        agents: AgentStep | None = getattr(self, "agents", None)
         if agents is not None:
             agents.stop()
-        self.channel.close()
+        channel: Channel | None = getattr(self, "channel", None)
+        if channel is not None:
+            channel.close()
         self.inbox.close()
         self.recorder.close()
 
@@ -187,7 +189,7 @@ class Supervisor:
                 return outcome
             excluded = self._next_exclusions(decision)
 
-    def _evidence(self, launch: Launch, watched: WatchResult) -> Any:
+    def _evidence(self, launch: Launch, watched: WatchResult) -> Evidence:
         """The one Evidence of this ending; the detections that led to it are journaled first."""
         now = self.clock()
         for d in watched.detections:
