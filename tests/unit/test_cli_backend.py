@@ -446,9 +446,9 @@ NODES = (FIX / "22.05" / "scontrol_nodes.txt").read_text()
 
 def test_step_ids_map_names_to_ids_from_squeue() -> None:
     replay = Replay((["squeue"], ok(STEPS)))
-    ids = client(replay).step_ids("41")
-    assert replay.calls[0][0] == ["squeue", "--steps", "--noheader", "--jobs=41", "--format=%i %j"]
-    assert ids["train-2"] == "41.2" and ids["supervisor-agent"] == "41.0" and ids["batch"] == "41.batch"
+    ids = client(replay).step_ids("1721717")
+    assert replay.calls[0][0] == ["squeue", "--steps", "--noheader", "--jobs=1721717", "--format=%i %j"]
+    assert ids == {"supervisor-agent": "1721717.0", "train-1": "1721717.1", "batch": "1721717.batch"}
 
 
 def test_step_ids_skip_lines_that_are_not_steps() -> None:
