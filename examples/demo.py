@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from examples.campaign_view import events, job_nodes, live_rank, wait_for  # noqa: E402
 from slurm.localcluster import LocalCluster  # noqa: E402
+from slurm.localcluster.config import DEFAULT_BASE_PORT  # noqa: E402
 
 
 def say(text: str) -> None:
@@ -48,7 +49,8 @@ def main() -> int:  # noqa: C901 - a script, read top to bottom
     args = parser.parse_args()
 
     say("bringing up the local Slurm cluster (4 nodes) ...")
-    cluster = LocalCluster()
+    # The cluster the tests use (SUPERVISOR_CLUSTER_BASE_PORT picks a private one beside others on this host).
+    cluster = LocalCluster(base_port=int(os.environ.get("SUPERVISOR_CLUSTER_BASE_PORT", DEFAULT_BASE_PORT)))
     cluster.up(timeout=120)
     os.environ["SLURM_CONF"] = str(cluster.conf)
     say(f"cluster up: export SLURM_CONF={cluster.conf}")
