@@ -28,8 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from examples.campaign_view import events, job_nodes, live_rank, wait_for  # noqa: E402
 from slurm.localcluster import LocalCluster  # noqa: E402
-from supervisor.campaign_view import events, job_nodes, live_rank, wait_for  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
 STEP = re.compile(r"^(?:\s*\d+: )?step=(\d+) ", re.M)  # the supervisor's launch logs carry srun --label's "N: "

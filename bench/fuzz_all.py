@@ -274,7 +274,7 @@ def _use_frame(wire: Any, frame: Any) -> Any:
     if frame.kind == wire.KIND_SUMMARY:
         return list(wire.iter_ranks(frame.body))
     if frame.kind == wire.KIND_CONTROL:
-        return wire.describe_commands(wire.commands(frame))
+        return [(c.command, c.rank, c.arg) for c in wire.commands(frame)]
     return wire.events(frame)
 
 

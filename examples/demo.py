@@ -26,9 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from examples.campaign_view import events, job_nodes, live_rank, wait_for  # noqa: E402
 from slurm.localcluster import LocalCluster  # noqa: E402
 from slurm.localcluster.config import DEFAULT_BASE_PORT  # noqa: E402
-from supervisor.campaign_view import events, job_nodes, live_rank, wait_for  # noqa: E402
 
 
 def say(text: str) -> None:

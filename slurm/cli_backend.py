@@ -24,20 +24,23 @@ from slurm.errors import (
     SlurmCommandMissing,
     SlurmOutputError,
     SlurmUnreachable,
+    SlurmUsageError,
     UnknownJob,
 )
 from slurm.hostlist import compress, validate_job_id, validate_node_name, validate_step_id
 from slurm.model import JobInfo, JobRun, NodeInfo
 from slurm.parse import (
     ParseError,
+    parse_node_address,
+    parse_node_addresses,
     parse_nodes_json,
     parse_scontrol_jobs,
     parse_scontrol_nodes,
     parse_squeue_json,
+    parse_step_names,
 )
 from slurm.parse_sacct import SACCT_FIELDS, parse_sacct_text
 from slurm.retry import Failure, RetryPolicy, classify_failure, should_retry
-from supervisor.errors import UsageError
 
 SignalTarget = Literal["batch", "steps"]
 
@@ -84,7 +87,7 @@ class _Transient(Exception):
 
 
 def signal_name(sig: int | str) -> str:
-    """``10`` / ``"SIGUSR1"`` / ``"usr1"`` -> ``"USR1"``; anything else is a UsageError."""
+    """``10`` / ``"SIGUSR1"`` / ``"usr1"`` -> ``"USR1"``; anything else is a SlurmUsageError."""
     try:
         if isinstance(sig, int) and not isinstance(sig, bool):
             return signal_module.Signals(sig).name.removeprefix("SIG")
@@ -94,12 +97,12 @@ def signal_name(sig: int | str) -> str:
             return signal_module.Signals[name].name.removeprefix("SIG")
     except (ValueError, KeyError):
         pass
-    raise UsageError(f"unknown signal {sig!r}", "use a signal name such as USR1 or TERM, or its number")
+    raise SlurmUsageError(f"unknown signal {sig!r}", "use a signal name such as USR1 or TERM, or its number")
 
 
 def _validate_reason(reason: str) -> str:
     if not reason or not reason.strip() or len(reason) > 256 or any(c in reason for c in "\r\n\0"):
-        raise UsageError(
+        raise SlurmUsageError(
             f"invalid node reason {reason!r}", "give a one-line reason of at most 256 characters"
         )
     return reason.strip()
@@ -108,7 +111,7 @@ def _validate_reason(reason: str) -> str:
 def _node_hostlist(nodes: Iterable[str]) -> str:
     names = [validate_node_name(n) for n in nodes]
     if not names:
-        raise UsageError("no nodes given", "name at least one node")
+        raise SlurmUsageError("no nodes given", "name at least one node")
     return compress(names)
 
 
@@ -166,7 +169,7 @@ class CliSlurmClient:
         ``deadline`` (a ``clock()`` time) caps the policy's budget, so a query made of several commands stays
         within one budget."""
         if not argv or any(not isinstance(a, str) or "\0" in a for a in argv):
-            raise UsageError(f"bad argument list {argv!r}", "pass a list of strings without NUL bytes")
+            raise SlurmUsageError(f"bad argument list {argv!r}", "pass a list of strings without NUL bytes")
         policy = self.policy
         start = self._clock()
         deadline = start + policy.budget_s if deadline is None else min(deadline, start + policy.budget_s)
@@ -351,7 +354,7 @@ class CliSlurmClient:
         """
         _check_sbatch_options(options)
         if not script_text.startswith("#!"):
-            raise UsageError("the batch script does not start with '#!'", "begin it with e.g. #!/bin/bash")
+            raise SlurmUsageError("the batch script does not start with '#!'", "begin it with e.g. #!/bin/bash")
         argv = ["sbatch", "--parsable", *options]
         result = self.run(argv, input_text=script_text, idempotent=False)
         first = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
@@ -385,7 +388,7 @@ class CliSlurmClient:
         Never uses ``--full``: that also signals srun, which then tears its step down.
         """
         if target not in ("batch", "steps"):
-            raise UsageError(f"invalid signal target {target!r}", "use 'batch' or 'steps'")
+            raise SlurmUsageError(f"invalid signal target {target!r}", "use 'batch' or 'steps'")
         argv = ["scancel", f"--signal={signal_name(sig)}"]
         if target == "batch":
             argv.append("--batch")
@@ -396,6 +399,38 @@ class CliSlurmClient:
         """Send ``sig`` to the tasks of one step (``123.0``), e.g. TERM to stop a training step but not the
         supervisor's other steps."""
         self.run(["scancel", f"--signal={signal_name(sig)}", validate_step_id(step_id)], idempotent=False)
+
+    def step_ids(self, job_id: str | int) -> dict[str, str]:
+        """The job's live steps by name: {step name: step id ("123.4")} (``squeue --steps``)."""
+        result = self.run(["squeue", "--steps", "--noheader", f"--jobs={validate_job_id(job_id)}", "--format=%i %j"])
+        return parse_step_names(result.stdout)
+
+    def cancel_step(self, step_id: str, sig: int | str = "KILL") -> None:
+        """Signal every task of one step on all its nodes at once (``scancel --signal=SIG STEP``); KILL ends the
+        step even when its tasks are stopped (SIGSTOP)."""
+        self.run(["scancel", f"--signal={signal_name(sig)}", validate_step_id(step_id)], idempotent=False)
+
+    def node_addresses(self, nodes: Iterable[str]) -> dict[str, str]:
+        """NodeAddr of each node, in one query; a node missing from the answer is unknown (not in the dict)."""
+        names = [validate_node_name(n) for n in nodes]
+        if not names:
+            return {}
+        argv = ["scontrol", "show", "node", "-o", compress(names)]
+        result = self.run(argv)
+        try:
+            return {n: a for n, a in parse_node_addresses(result.stdout).items() if n in set(names)}
+        except (ParseError, ValueError) as exc:
+            raise SlurmOutputError(argv, str(exc)) from None
+
+    def node_address(self, node: str) -> str | None:
+        """The node's NodeAddr (where processes on it can be reached), or None when Slurm has none for it."""
+        name = validate_node_name(node)
+        argv = ["scontrol", "show", "node", "-o", name]
+        result = self.run(argv)
+        try:
+            return parse_node_address(result.stdout, name)
+        except (ParseError, ValueError) as exc:
+            raise SlurmOutputError(argv, str(exc)) from None
 
     def update_excluded_nodes(self, job_id: str | int, nodes: Iterable[str]) -> None:
         """Set the job's ExcNodeList (replaces it; empty clears). Slurm accepts this only while the job is
@@ -434,7 +469,7 @@ def _check_sbatch_options(options: Sequence[str]) -> None:
     previous = ""
     for opt in options:
         if not isinstance(opt, str) or "\0" in opt or not opt:
-            raise UsageError(f"invalid sbatch option {opt!r}", "pass options as '--flag=value' or '-f value'")
+            raise SlurmUsageError(f"invalid sbatch option {opt!r}", "pass options as '--flag=value' or '-f value'")
         if opt.startswith("-"):
             previous = opt
             continue
@@ -442,7 +477,7 @@ def _check_sbatch_options(options: Sequence[str]) -> None:
             previous.startswith("--") and "=" not in previous or len(previous) == 2 and previous[0] == "-"
         ) and previous not in SBATCH_FLAGS_WITHOUT_SEPARATE_VALUE
         if not takes_value:
-            raise UsageError(
+            raise SlurmUsageError(
                 f"unexpected bare argument {opt!r} among the sbatch options",
                 "pass options as '--flag=value' or '-f value'; the batch script is generated, not given",
             )

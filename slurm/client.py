@@ -10,10 +10,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from slurm.cli_backend import CliSlurmClient, SignalTarget
-from slurm.errors import BackendUnavailable
+from slurm.errors import BackendUnavailable, SlurmUsageError
 from slurm.model import JobInfo, JobRun, NodeInfo
 from slurm.retry import RetryPolicy
-from supervisor.errors import UsageError
 
 BACKENDS = ("auto", "cli", "pyslurm")
 
@@ -54,6 +53,22 @@ class SlurmClient(Protocol):
         """Signal the tasks of one step (``123.0``)."""
         ...
 
+    def step_ids(self, job_id: str | int) -> dict[str, str]:
+        """The job's live steps: {step name: step id ("123.4")}."""
+        ...
+
+    def cancel_step(self, step_id: str, sig: int | str = "KILL") -> None:
+        """Signal every task of one step on all its nodes at once."""
+        ...
+
+    def node_address(self, node: str) -> str | None:
+        """The node's NodeAddr, or None when Slurm has none for it."""
+        ...
+
+    def node_addresses(self, nodes: Iterable[str]) -> dict[str, str]:
+        """NodeAddr of each node in one query; a node missing from the answer is unknown."""
+        ...
+
     def update_excluded_nodes(self, job_id: str | int, nodes: Iterable[str]) -> None:
         """Replace the job's ExcNodeList (PENDING/COMPLETING only): pass the full set to exclude."""
         ...
@@ -68,7 +83,7 @@ def get_client(
 ) -> SlurmClient:
     """``auto``: pyslurm when it imports and matches the running Slurm, else the CLI backend."""
     if backend not in BACKENDS:
-        raise UsageError(f"unknown Slurm backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+        raise SlurmUsageError(f"unknown Slurm backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
     cli = CliSlurmClient(env=env, policy=policy)
     if backend == "cli":
         return cli

@@ -1,14 +1,47 @@
-"""Typed Slurm errors. They subclass the CLI's error classes so ``supervise`` maps them to its exit codes.
+"""Typed Slurm errors, independent of the supervisor package (``slurm`` imports nothing from ``supervisor``).
 
-``SlurmUnreachable`` -> exit 4 (retry later / start slurmctld), everything Slurm refused -> exit 5.
-Each carries the argv and Slurm's own message, because that message is what an operator searches for.
+Four families, each a :class:`SlurmError` with ``problem`` and ``fix``: :class:`SlurmUnavailable` (slurmctld
+unreachable, commands missing), :class:`SlurmRejected` (Slurm refused a request or printed something
+unparseable), :class:`SlurmUsageError` (bad input: job ids, node names, signals) and :class:`SlurmConfigError`
+(an impossible SLURM_* environment). ``supervisor.cli`` maps the families to the CLI's exit codes (4, 5, 2, 3;
+README, "Exit codes"). Each command error carries the argv and Slurm's own message, because that message is
+what an operator searches for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from supervisor.errors import ConfigError, SlurmRejected, SlurmUnavailable, UsageError
+
+class SlurmError(Exception):
+    """Base of every error raised by ``slurm``: ``problem`` says what is wrong, ``fix`` what to do about it."""
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.fix = fix
+
+    def one_line(self) -> str:
+        text = f"supervise: error: {self.problem}"
+        if self.fix:
+            text += f" (fix: {self.fix})"
+        return text.replace("\n", " ")
+
+
+class SlurmUnavailable(SlurmError):
+    """slurmctld cannot be reached (after retries) or the Slurm commands are missing."""
+
+
+class SlurmRejected(SlurmError):
+    """Slurm refused a request (bad job id, permission denied, invalid option...)."""
+
+
+class SlurmUsageError(SlurmError):
+    """Bad input to the adapter: a job id, node name, signal or option that Slurm would misread."""
+
+
+class SlurmConfigError(SlurmError):
+    """The Slurm environment (SLURM_* variables) is inconsistent."""
 
 
 def _argv_text(argv: Sequence[str]) -> str:
@@ -77,7 +110,7 @@ class AccountingUnavailable(SlurmRejected):
         )
 
 
-class InvalidJobId(UsageError):
+class InvalidJobId(SlurmUsageError):
     """A job id is not ``123``, ``123_4`` (array task) or ``123+1`` (het component)."""
 
     def __init__(self, value: str) -> None:
@@ -88,7 +121,7 @@ class InvalidJobId(UsageError):
         )
 
 
-class InvalidNodeName(UsageError):
+class InvalidNodeName(SlurmUsageError):
     """A node name contains characters that could be read as an option or shell syntax."""
 
     def __init__(self, value: str, reason: str) -> None:
@@ -96,7 +129,7 @@ class InvalidNodeName(UsageError):
         super().__init__(f"invalid node name {value!r}: {reason}", "use the node names that sinfo -N prints")
 
 
-class HostlistError(UsageError):
+class HostlistError(SlurmUsageError):
     """A hostlist expression is malformed (nested or unbalanced brackets, bad ranges)."""
 
     def __init__(self, expr: str, reason: str) -> None:
@@ -115,7 +148,7 @@ class BackendUnavailable(SlurmUnavailable):
         super().__init__(f"Slurm backend '{backend}' is unavailable: {reason}", fix)
 
 
-class SlurmEnvError(ConfigError):
+class SlurmEnvError(SlurmConfigError):
     """A SLURM_* environment variable has a value Slurm would never set."""
 
     def __init__(self, variable: str, value: str, reason: str) -> None:

@@ -495,3 +495,41 @@ def parse_scontrol_nodes(output: str) -> list[NodeInfo]:
     """All ``scontrol show node -o`` lines."""
     lines = [ln for ln in output.splitlines() if ln.strip().startswith("NodeName=")]
     return [node_from_scontrol(parse_key_values(ln)) for ln in lines]
+
+
+def parse_step_names(output: str) -> dict[str, str]:
+    """``squeue --steps --noheader --format='%i %j'`` -> {step name: step id ("123.4")}.
+
+    Lines that are not "<id> <name>" (a blank line, a warning) are skipped; a later step of the same name wins,
+    as the newest one is the one to act on."""
+    out: dict[str, str] = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and re.fullmatch(r"\d+(?:_\d+)?(?:\+\d+)?\.(?:\d+|batch|extern|interactive)", parts[0]):
+            out[parts[1]] = parts[0]
+    return out
+
+
+def parse_node_addresses(output: str) -> dict[str, str]:
+    """``scontrol show node -o NODES`` -> NodeName -> NodeAddr, for the lines that have both."""
+    out: dict[str, str] = {}
+    for line in output.splitlines():
+        if not line.strip().startswith("NodeName="):
+            continue
+        fields = parse_key_values(line.strip())
+        name, addr = text(fields.get("NodeName")), text(fields.get("NodeAddr"))
+        if name and addr:
+            out[name] = addr
+    return out
+
+
+def parse_node_address(output: str, node: str) -> str | None:
+    """``scontrol show node -o NODE`` -> the node's NodeAddr (where its processes can be reached), or None
+    when the output has no line for ``node`` or no address."""
+    for line in output.splitlines():
+        if not line.strip().startswith("NodeName="):
+            continue
+        fields = parse_key_values(line.strip())
+        if fields.get("NodeName") == node:
+            return text(fields.get("NodeAddr"))
+    return None

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from slurm.cli_backend import CliSlurmClient, SignalTarget, signal_name
-from slurm.errors import BackendUnavailable, SlurmCommandError, SlurmUnreachable
+from slurm.errors import BackendUnavailable, SlurmCommandError, SlurmUnreachable, SlurmUsageError
 from slurm.hostlist import validate_job_id, validate_node_name
 from slurm.model import JobInfo, JobRun, NodeInfo
 from slurm.parse import (
@@ -28,7 +28,6 @@ from slurm.parse import (
     timestamp,
 )
 from slurm.retry import Failure, classify_failure
-from supervisor.errors import UsageError
 
 T = TypeVar("T")
 
@@ -160,7 +159,7 @@ class PyslurmClient:
     def _job(self, job_id: str | int) -> Any:
         jid = validate_job_id(job_id)
         if not jid.isdigit():
-            raise UsageError(f"the pyslurm backend needs a plain job id, got {jid}", "use the cli backend")
+            raise SlurmUsageError(f"the pyslurm backend needs a plain job id, got {jid}", "use the cli backend")
         return self.pyslurm.Job(int(jid))
 
     def requeue(self, job_id: str | int) -> None:
@@ -180,7 +179,7 @@ class PyslurmClient:
 
     def signal(self, job_id: str | int, sig: int | str, target: SignalTarget = "steps") -> None:
         if target not in ("batch", "steps"):
-            raise UsageError(f"invalid signal target {target!r}", "use 'batch' or 'steps'")
+            raise SlurmUsageError(f"invalid signal target {target!r}", "use 'batch' or 'steps'")
         name = "SIG" + signal_name(sig)
         steps = "batch" if target == "batch" else "children"
         self._call(
@@ -190,6 +189,18 @@ class PyslurmClient:
 
     def signal_step(self, step_id: str, sig: int | str) -> None:
         self.cli.signal_step(step_id, sig)
+
+    def step_ids(self, job_id: str | int) -> dict[str, str]:
+        return self.cli.step_ids(job_id)
+
+    def cancel_step(self, step_id: str, sig: int | str = "KILL") -> None:
+        self.cli.cancel_step(step_id, sig)
+
+    def node_address(self, node: str) -> str | None:
+        return self.cli.node_address(node)
+
+    def node_addresses(self, nodes: Iterable[str]) -> dict[str, str]:
+        return self.cli.node_addresses(nodes)
 
     def update_excluded_nodes(self, job_id: str | int, nodes: Iterable[str]) -> None:
         self.cli.update_excluded_nodes(job_id, nodes)

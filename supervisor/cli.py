@@ -12,7 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from supervisor.errors import EXIT_CODES, SupervisorError, UsageError
+from slurm.errors import SlurmError
+from supervisor.errors import EXIT_CODES, SupervisorError, UsageError, exit_code_of
 
 # name -> (module, one-line help). Order is the order shown in --help.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -66,9 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = build_parser().parse_args(argv)
             module = importlib.import_module(args._module)
         return int(module.run(args) or 0)
-    except SupervisorError as err:
+    except (SupervisorError, SlurmError) as err:  # slurm's errors get their exit codes here (slurm is standalone)
         print(err.one_line(), file=sys.stderr)
-        return err.exit_code
+        return exit_code_of(err)
     except KeyboardInterrupt:
         return 130
 

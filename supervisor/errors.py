@@ -35,18 +35,6 @@ class ConfigError(SupervisorError):
     exit_code = 3
 
 
-class SlurmUnavailable(SupervisorError):
-    """slurmctld cannot be reached (after retries) or the Slurm commands are missing."""
-
-    exit_code = 4
-
-
-class SlurmRejected(SupervisorError):
-    """Slurm refused a request (bad job id, permission denied, invalid option...)."""
-
-    exit_code = 5
-
-
 class CheckpointError(SupervisorError):
     """No valid checkpoint, or a checkpoint operation failed."""
 
@@ -63,6 +51,29 @@ class HealthCheckFailed(SupervisorError):
     """A node health check found a problem."""
 
     exit_code = 8
+
+
+# Exit codes of the errors the Slurm adapter raises (``slurm.errors``, which knows nothing of this package):
+# ``supervisor.cli`` maps them with :func:`exit_code_of`.
+EXIT_SLURM_UNAVAILABLE = 4
+EXIT_SLURM_REJECTED = 5
+
+
+def exit_code_of(err: BaseException) -> int:
+    """The CLI exit code for an error of this package or of ``slurm`` (README, "Exit codes")."""
+    from slurm import errors as slurm_errors
+
+    if isinstance(err, SupervisorError):
+        return err.exit_code
+    if isinstance(err, slurm_errors.SlurmUnavailable):
+        return EXIT_SLURM_UNAVAILABLE
+    if isinstance(err, slurm_errors.SlurmRejected):
+        return EXIT_SLURM_REJECTED
+    if isinstance(err, slurm_errors.SlurmUsageError):
+        return UsageError.exit_code
+    if isinstance(err, slurm_errors.SlurmConfigError):
+        return ConfigError.exit_code
+    return 1
 
 
 EXIT_CODES: dict[int, str] = {

@@ -43,9 +43,9 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from slurm.client import get_client
+    from slurm.errors import SlurmUnavailable
     from slurm.retry import RetryPolicy
     from supervisor.config import load
-    from supervisor.errors import SlurmUnavailable
     from supervisor.health.slurm_config import judge
 
     config = load(args.config)

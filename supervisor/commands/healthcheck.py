@@ -51,7 +51,8 @@ def _filesystems(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from supervisor.errors import HealthCheckFailed, SlurmUnavailable, UsageError
+    from slurm.errors import SlurmUnavailable
+    from supervisor.errors import EXIT_SLURM_UNAVAILABLE, HealthCheckFailed, UsageError
     from supervisor.health.checks import Limits, evaluate, fit
     from supervisor.health.probe import node_name, read_node
 
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if drain_error is not None:
         if isinstance(drain_error, SlurmUnavailable) or args.json:
             print(drain_error.one_line())
-            return SlurmUnavailable.exit_code
+            return EXIT_SLURM_UNAVAILABLE
         raise drain_error
     if not fit(problems):
         if args.json:

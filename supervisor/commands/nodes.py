@@ -23,8 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from slurm.hostlist import validate_node_name
     from supervisor import campaign, config, journal
+    from supervisor.decisions import campaign_state
     from supervisor.decisions import events as ev
-    from supervisor.decisions.ledger import Ledger, LedgerConfig
+    from supervisor.decisions.ledger import LedgerConfig
     from supervisor.errors import ConfigError
 
     paths, spec = campaign.load(args.campaign)
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             for node in args.forgive:
                 writer.append(ev.node_forgiven(now, validate_node_name(node)))
     events = journal.read(paths.journal) if paths.journal.exists() else []
-    rows = Ledger.fold(events, ledger_config).table(now)
+    rows = campaign_state.fold(events, ledger_config).ledger.table(now)
     if args.json:
         print(json.dumps({"campaign": str(paths.root), "threshold": ledger_config.threshold,
                           "half_life_s": ledger_config.half_life_s, "nodes": rows}, indent=2))  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from supervisor.decisions import events as ev
 from supervisor.decisions.detect.model import (
@@ -26,6 +27,9 @@ from supervisor.decisions.detect.model import (
     DetectionEvent,
 )
 from supervisor.decisions.tasklog import LogLine, address_book, named_peers, rank_of
+
+if TYPE_CHECKING:
+    from slurm.model import JobInfo, NodeInfo
 
 # Higher wins. "killed" (an outside SIGKILL: OOM killer, an admin) is reported as class unknown, but it is a
 # root cause, so it outranks the communication errors it triggers on the peers.
@@ -164,6 +168,12 @@ class Evidence:
     # Nodes where each earlier app_error of the campaign happened (Interruption.origin_nodes), oldest first:
     # an app error blames a node only when it repeats there and nowhere else (History.app_error_origins).
     app_error_history: tuple[tuple[str, ...], ...] = ()
+    # Added with the driver's one Evidence per ending (the loop fills every field below):
+    job_nodes: tuple[str, ...] = ()  # every node of the job's allocation, spares included
+    slurm_job: JobInfo | None = None  # typed Slurm job record (job_state/job_reason above are derived from it)
+    slurm_nodes: Mapping[str, NodeInfo] = field(default_factory=dict)  # typed Slurm state per allocation node
+    unknown: tuple[str, ...] = ()  # sources whose query failed ("slurm_job", "slurm_nodes"): unknown, not empty
+    last_steps: Mapping[int, int] = field(default_factory=dict)  # rank -> last iteration it reported
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,16 @@ CHECKPOINT_COMMITTED = "checkpoint_committed"
 ATTEMPT_ENDED = "attempt_ended"
 CAMPAIGN_ENDED = "campaign_ended"
 NODE_FORGIVEN = "node_forgiven"
+CHECKPOINT_QUARANTINED = "checkpoint_quarantined"
+CHECKPOINT_REFUSED = "checkpoint_refused"
+STACKS = "stacks"
+NODES_EXCLUDED = "nodes_excluded"
+AGENTS_MISSING = "agents_missing"
+AGENTS_RESTARTED = "agents_restarted"
+REQUEUE_SKIPPED = "requeue_skipped"
+EXCLUSION_SKIPPED = "exclusion_skipped"
+TIMEOUTS_LEARNED = "timeouts_learned"
+JOURNAL_RESUMED = "journal_resumed"  # written by supervisor.journal itself; readers drop it
 
 EVENT_TYPES: tuple[str, ...] = (
     CAMPAIGN_STARTED,
@@ -66,7 +76,18 @@ EVENT_TYPES: tuple[str, ...] = (
     ATTEMPT_ENDED,
     CAMPAIGN_ENDED,
     NODE_FORGIVEN,
+    CHECKPOINT_QUARANTINED,
+    CHECKPOINT_REFUSED,
+    STACKS,
+    NODES_EXCLUDED,
+    AGENTS_MISSING,
+    AGENTS_RESTARTED,
+    REQUEUE_SKIPPED,
+    EXCLUSION_SKIPPED,
+    TIMEOUTS_LEARNED,
 )
+# Written by ``supervisor.journal`` itself (never by the supervisor) and dropped by every reader.
+STORAGE_EVENT_TYPES: tuple[str, ...] = (JOURNAL_RESUMED,)
 
 TIERS: tuple[str, ...] = ("L1", "L2", "L3", "L4")
 
@@ -187,3 +208,55 @@ def campaign_ended(t: float, state: str, reason: str = "") -> Event:
 def node_forgiven(t: float, node: str, by: str = "operator") -> Event:
     """An operator cleared a node's strikes (``supervise nodes --forgive``)."""
     return {"type": NODE_FORGIVEN, "t": t, "node": node, "by": by}
+
+
+def checkpoint_quarantined(t: float, path: str, reason: str) -> Event:
+    """A checkpoint was moved aside (torn, corrupt, or saved after the last finite loss); never deleted."""
+    return {"type": CHECKPOINT_QUARANTINED, "t": t, "path": path, "reason": reason[:500]}
+
+
+def checkpoint_refused(t: float, path: str, reason: str) -> Event:
+    """A checkpoint this campaign did not sign was found where others can write (or adoption is off): it is
+    never resumed from, nor moved; ``reason`` names the fix."""
+    return {"type": CHECKPOINT_REFUSED, "t": t, "path": path, "reason": reason[:500]}
+
+
+def stacks(t: float, node: str | None, rank: int | None, result: str, detail: str | None = None) -> Event:
+    """One rank's stack dump before a kill: ``result`` is ``stacks_saved`` or ``stacks_failed``."""
+    return {"type": STACKS, "t": t, "node": node, "rank": rank, "result": result, "detail": detail}
+
+
+def nodes_excluded(t: float, nodes: Iterable[str]) -> Event:
+    """The job's ExcNodeList was set to ``nodes`` (the whole list: Slurm replaces it)."""
+    return {"type": NODES_EXCLUDED, "t": t, "nodes": sorted(set(nodes))}
+
+
+def agents_missing(t: float, nodes: Iterable[str], reason: str) -> Event:
+    """Node agents that did not report in time: ranks there run without heartbeats."""
+    return {"type": AGENTS_MISSING, "t": t, "nodes": sorted(set(nodes)), "reason": reason}
+
+
+def agents_restarted(t: float, nodes: Iterable[str]) -> Event:
+    """The node agents' job step died and was started again on ``nodes``."""
+    return {"type": AGENTS_RESTARTED, "t": t, "nodes": list(nodes)}
+
+
+def requeue_skipped(t: float, reason: str) -> Event:
+    """A requeue the policy asked for was not done (e.g. the job was cancelled: a user's stop is final)."""
+    return {"type": REQUEUE_SKIPPED, "t": t, "reason": reason}
+
+
+def exclusion_skipped(t: float, nodes: Iterable[str], reason: str) -> Event:
+    """ExcNodeList was not written: the job's current list could not be read, and Slurm replaces the list, so
+    writing ours alone would drop the user's own exclusions."""
+    return {"type": EXCLUSION_SKIPPED, "t": t, "nodes": sorted(set(nodes)), "reason": reason}
+
+
+def timeouts_learned(t: float, histograms: Mapping[str, Any], timeouts_s: Mapping[str, Any]) -> Event:
+    """The detector's learned per-phase step-time histograms; the last one is restored by the next Slurm run."""
+    return {"type": TIMEOUTS_LEARNED, "t": t, "histograms": dict(histograms), "timeouts_s": dict(timeouts_s)}
+
+
+def journal_resumed(t: float, torn_offset: int) -> Event:
+    """A writer reopened a journal whose last line was torn: the fragment at ``torn_offset`` is sealed off."""
+    return {"type": JOURNAL_RESUMED, "t": t, "torn_offset": torn_offset}

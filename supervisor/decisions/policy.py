@@ -214,16 +214,21 @@ class History:
     def faults_within(self, window_s: float, now: float) -> int:
         return sum(1 for t in self.fault_times if now - t <= window_s)
 
+    def apply(self, e: Mapping[str, Any]) -> History:
+        """Fold one journal event in (``campaign_state.fold`` calls this; unknown events change nothing)."""
+        if e.get("type") == ev.INTERRUPTION and e.get("class") in ev.OUTCOMES:
+            origin = e.get("origin_nodes")
+            nodes = [str(n) for n in origin] if isinstance(origin, list) else []
+            return self.record(str(e["class"]), float(e.get("t", 0.0)), nodes)
+        if e.get("type") == ev.CHECKPOINT_COMMITTED and isinstance(e.get("step"), int):
+            return self.progress(int(e["step"]))
+        return self
+
     @classmethod
     def fold(cls, events: Iterable[Mapping[str, Any]]) -> History:
         history = cls()
         for e in events:
-            if e.get("type") == ev.INTERRUPTION and e.get("class") in ev.OUTCOMES:
-                origin = e.get("origin_nodes")
-                nodes = [str(n) for n in origin] if isinstance(origin, list) else []
-                history = history.record(str(e["class"]), float(e.get("t", 0.0)), nodes)
-            elif e.get("type") == ev.CHECKPOINT_COMMITTED and isinstance(e.get("step"), int):
-                history = history.progress(int(e["step"]))
+            history = history.apply(e)
         return history
 
 

@@ -15,9 +15,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from slurm.cli_backend import CliSlurmClient
+from slurm.client import SlurmClient
+from slurm.errors import SlurmError
 from slurm.hostlist import compress
-from supervisor.errors import SlurmRejected, SlurmUnavailable
+from supervisor.driver.ports import Process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,12 +35,13 @@ class Layout:
 
 
 @dataclasses.dataclass
-class Step:
-    """One launch of the training step: its srun process, log and nodes."""
+class Launch:
+    """One launch of the training (one srun, a Slurm job step): its number in this attempt (1, 2, ...), the job
+    step's name, the srun process, its log and nodes."""
 
-    launch: int
+    number: int
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: Process
     log_path: Path
     started: float
     nodes: tuple[str, ...]
@@ -92,30 +94,20 @@ def start(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: str 
         os.close(fd)
 
 
-def step_ids(slurm: CliSlurmClient, job_id: str) -> dict[str, str]:
-    """Map step name -> step id (``123.4``) for the job's live steps (squeue --steps)."""
-    result = slurm.run(["squeue", "--steps", "--noheader", f"--jobs={job_id}", "--format=%i %j"])
-    out: dict[str, str] = {}
-    for line in result.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            out[parts[1]] = parts[0]
-    return out
-
-
 def kill_step(
-    slurm: CliSlurmClient, job_id: str, name: str, proc: subprocess.Popen[bytes], wait_s: float = 15.0
+    slurm: SlurmClient, job_id: str, name: str, proc: Process, wait_s: float = 15.0
 ) -> int | None:
-    """Kill a step on every node at once (SIGKILL reaches stopped ranks too) and reap its srun.
+    """Kill a job step on every node at once (SIGKILL reaches stopped ranks too) and reap its srun.
 
-    Falls back to signalling srun itself when Slurm no longer lists the step. Returns srun's exit code.
+    Falls back to signalling srun itself when Slurm no longer lists the step (or cannot be asked). Returns
+    srun's exit code.
     """
-    step = step_ids(slurm, job_id).get(name)
-    if step is not None:
-        try:
-            slurm.run(["scancel", "--signal=KILL", step])
-        except (SlurmRejected, SlurmUnavailable):
-            pass  # the step ended meanwhile; srun is reaped below either way
+    try:
+        step_id = slurm.step_ids(job_id).get(name)
+        if step_id is not None:
+            slurm.cancel_step(step_id, "KILL")
+    except SlurmError:
+        pass  # the step ended meanwhile, or Slurm did not answer; srun is killed and reaped below either way
     deadline = time.monotonic() + wait_s
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -22,12 +22,15 @@ from slurm.errors import (
     SlurmCommandError,
     SlurmCommandMissing,
     SlurmOutputError,
+    SlurmRejected,
+    SlurmUnavailable,
     SlurmUnreachable,
     UnknownJob,
 )
+from slurm.errors import SlurmUsageError as UsageError
 from slurm.parse import parse_nodes_json
 from slurm.retry import NO_RETRY, Failure, RetryPolicy, classify_failure, should_retry
-from supervisor.errors import SlurmRejected, SlurmUnavailable, UsageError
+from supervisor.errors import exit_code_of
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
 UNREACHABLE = "squeue: error: Unable to contact slurm controller (connect failure)"
@@ -159,7 +162,7 @@ def test_budget_bounds_the_retries() -> None:
     assert info.value.attempts == len(replay.calls) == 4
     assert info.value.argv == ["squeue", "--json"]
     assert "Unable to contact slurm controller" in info.value.problem
-    assert isinstance(info.value, SlurmUnavailable) and info.value.exit_code == 4
+    assert isinstance(info.value, SlurmUnavailable) and exit_code_of(info.value) == 4
 
 
 def test_each_attempt_has_a_timeout_capped_by_the_budget() -> None:
@@ -185,7 +188,7 @@ def test_permanent_errors_are_not_retried_and_carry_argv_and_message() -> None:
     assert len(replay.calls) == 1
     assert info.value.argv == ["scontrol", "update", "JobId=7", "ExcNodeList=node2"]
     assert info.value.returncode == 1 and "no longer pending" in info.value.stderr
-    assert isinstance(info.value, SlurmRejected) and info.value.exit_code == 5
+    assert isinstance(info.value, SlurmRejected) and exit_code_of(info.value) == 5
 
 
 def test_a_timed_out_submit_is_not_repeated() -> None:
@@ -458,3 +461,37 @@ def test_job_finds_an_array_task_by_its_raw_id() -> None:
     replay = Replay(V22, (["scontrol", "show", "job", "-o", "30"], ok(text)))
     job = client(replay).job(env.job_id or "")
     assert job is not None and job.job_id == f"{env.array_job_id}_{env.array_task_id}" == "30_2"
+
+
+# ------------------------------------------------------------------------------------------- job steps, node address
+
+
+STEPS = (FIX / "22.05" / "squeue_steps.txt").read_text()
+NODES = (FIX / "22.05" / "scontrol_nodes.txt").read_text()
+
+
+def test_step_ids_map_names_to_ids_from_squeue() -> None:
+    replay = Replay((["squeue"], ok(STEPS)))
+    ids = client(replay).step_ids("1721717")
+    assert replay.calls[0][0] == ["squeue", "--steps", "--noheader", "--jobs=1721717", "--format=%i %j"]
+    assert ids == {"supervisor-agent": "1721717.0", "train-1": "1721717.1", "batch": "1721717.batch"}
+
+
+def test_step_ids_skip_lines_that_are_not_steps() -> None:
+    replay = Replay((["squeue"], ok("squeue: warning: something\n\n 41.1 train-1\n")))
+    assert client(replay).step_ids("41") == {"train-1": "41.1"}
+
+
+def test_cancel_step_sends_the_signal_to_one_step_once() -> None:
+    replay = Replay((["scancel"], ok()))
+    client(replay).cancel_step("41.2", "KILL")
+    assert replay.calls[0][0] == ["scancel", "--signal=KILL", "41.2"]
+    with pytest.raises(UsageError):
+        client(Replay()).cancel_step("41; rm -rf /", "KILL")
+
+
+def test_node_address_reads_nodeaddr_of_the_named_node() -> None:
+    replay = Replay((["scontrol"], ok(NODES)))
+    assert client(replay).node_address("node1") == "127.0.0.1"
+    assert replay.calls[0][0] == ["scontrol", "show", "node", "-o", "node1"]
+    assert client(Replay((["scontrol"], ok(NODES)))).node_address("node9") is None

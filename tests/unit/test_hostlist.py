@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm.errors import HostlistError, InvalidJobId, InvalidNodeName
+from slurm.errors import HostlistError, InvalidJobId, InvalidNodeName, SlurmUsageError
 from slurm.hostlist import (
     compress,
     expand,
@@ -15,7 +15,7 @@ from slurm.hostlist import (
     validate_node_name,
     validate_step_id,
 )
-from supervisor.errors import UsageError
+from supervisor.errors import exit_code_of
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_expand_rejects_bad_expressions_with_a_clear_error(expr: str, problem: s
     with pytest.raises(HostlistError) as info:
         expand(expr)
     assert problem in info.value.problem
-    assert isinstance(info.value, UsageError)
+    assert isinstance(info.value, SlurmUsageError) and exit_code_of(info.value) == 2
     assert "\n" not in info.value.one_line()
 
 

@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.decisions import events as ev
-from supervisor.decisions.respond import infer_previous_outcome
+from supervisor.decisions.campaign_state import fold as fold_state
+from supervisor.decisions.campaign_state import infer_previous_outcome
 from supervisor.report import fold, render_text
 
 
@@ -83,12 +84,12 @@ def test_time_is_never_created_or_lost(gaps):
 
 def test_a_run_that_died_with_its_batch_host_is_inferred_a_node_failure():
     history = campaign()[:7]
-    inferred = infer_previous_outcome(history, {"n1": "up", "n2": "down"})
+    inferred = infer_previous_outcome(fold_state(history), ["n2"])
     assert [e["type"] for e in inferred] == ["interruption", "attempt_ended"]
     assert inferred[0]["class"] == "node_failure" and inferred[0]["blamed_nodes"] == ["n2"]
     assert inferred[0]["t"] == history[-1]["t"]  # stamped when the run was last heard of
-    assert infer_previous_outcome(campaign(), {"n2": "down"}) == []  # that campaign ended properly
-    unknown = infer_previous_outcome(history, {"n1": "up", "n2": "up"})
+    assert infer_previous_outcome(fold_state(campaign()), ["n2"]) == []  # that campaign ended properly
+    unknown = infer_previous_outcome(fold_state(history), [])
     assert unknown[0]["class"] == "unknown" and unknown[0]["blamed_nodes"] == []
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from slurm.env import SlurmEnv, parse_tasks_per_node
-from slurm.errors import SlurmEnvError
-from supervisor.errors import ConfigError
+from slurm.errors import SlurmConfigError, SlurmEnvError
+from supervisor.errors import exit_code_of
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm" / "22.05"
 
@@ -98,7 +98,7 @@ def test_bad_values_name_the_variable(var: str, value: str) -> None:
     with pytest.raises(SlurmEnvError) as info:
         SlurmEnv.from_environ({"SLURM_JOB_ID": "1", var: value})
     assert var in info.value.problem
-    assert isinstance(info.value, ConfigError)
+    assert isinstance(info.value, SlurmConfigError) and exit_code_of(info.value) == 3
 
 
 def test_tasks_per_node_format() -> None:

@@ -14,7 +14,7 @@ from supervisor.driver.loop import Supervisor
 
 def _sup(checkpoint_dir: str) -> Supervisor:
     sup = Supervisor.__new__(Supervisor)  # only the fields _step_env reads
-    sup.paths, sup.job_id = CampaignPaths(Path("/c")), "7"
+    sup.paths, sup.job_id, sup.slot_token = CampaignPaths(Path("/c")), "7", "0123abcd"
     cfg = Config()
     sup.config = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, checkpoint_dir=checkpoint_dir))
     return sup
@@ -42,6 +42,7 @@ def test_pick_resume_refuses_a_planted_checkpoint_in_a_shared_root_and_journals_
     from supervisor.checkpoint import trust
     from supervisor.checkpoint.durable import write_durable
     from supervisor.checkpoint.manifest import FileEntry, Manifest
+    from supervisor.driver.checkpoints import CheckpointTracker
     from supervisor.heartbeat.secret import create_secret
     from supervisor.journal import Journal, read
 
@@ -65,14 +66,12 @@ def test_pick_resume_refuses_a_planted_checkpoint_in_a_shared_root_and_journals_
     planted.mkdir()
     (planted / ".metadata").write_bytes(pickle.dumps({"f": "__0_0.distcp"}))
     (planted / "__0_0.distcp").write_bytes(b"x")
-    sup = _sup(str(root))
-    sup.paths = CampaignPaths(campaign)
-    sup.journal, sup.history, sup.quarantined, sup.best_step, sup.clock = (
-        Journal(campaign / "journal.jsonl"), [], set(), None, time.time)
+    journal = Journal(campaign / "journal.jsonl")
+    tracker = CheckpointTracker(str(root), journal.append, time.time, key=trust.campaign_key(campaign))
     try:
-        path, step = sup._pick_resume()
+        path, step = tracker.pick_resume()
     finally:
-        sup.journal.close()
+        journal.close()
     assert step == 10 and path.endswith("step_000000010")
     (refused,) = [e for e in read(campaign / "journal.jsonl") if e["type"] == "checkpoint_refused"]
     assert refused["path"] == str(planted) and "fix:" in refused["reason"]

@@ -1,6 +1,7 @@
-"""Read-only views of a campaign directory for scripts that drive or watch campaigns (the demo, benches, tests).
+"""Read-only views of a campaign directory for scripts that drive or watch campaigns (the demo and benches).
 
-They read only what the supervisor publishes (``journal.jsonl``, ``live.json``), never its internals.
+They read only what the supervisor publishes (``journal.jsonl``, ``live.json``), never its internals. Not part of
+the installed package: ``wait_for`` raises AssertionError, as a demo or a bench wants when the cluster misbehaves.
 """
 
 from __future__ import annotations

@@ -1,0 +1,249 @@
+"""The one fold of the journal into campaign state. Pure.
+
+Everything that reads the campaign's past reads it through :func:`fold`: the loop (learned timeouts to restore,
+quarantined checkpoints, the best committed step, the previous Slurm run's missing outcome), the policy's
+:class:`~supervisor.decisions.policy.History`, the node :class:`~supervisor.decisions.ledger.Ledger`, and the report
+and status (attempts and goodput). One pass over the events feeds each view its per-event step, so no two
+readers can disagree about what the journal says.
+
+Vocabulary (docs/architecture.md, "Glossary"): an *attempt* is one Slurm run of the job (``attempt_started``);
+a *launch* is one srun of the training inside it (journaled as ``step_launched``, the contract's name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervisor.decisions import events as ev
+from supervisor.decisions.ledger import Ledger, LedgerConfig
+from supervisor.decisions.policy import History
+
+Event = Mapping[str, Any]
+HANG_DETECTIONS = ("rank_hang", "global_stall", "rank_stopped")
+
+
+def _outcome(cls: str, blamed: Iterable[str] = (), evidence: Iterable[str] = ()) -> dict[str, Any]:
+    return {"class": cls, "blamed_nodes": sorted(set(blamed)), "evidence": list(evidence)}
+
+
+class Accounting:
+    """Launches, their outcomes and the time accounting of the report (``supervise report``/``status``).
+
+    A row of ``launches`` is one launch of the training: the first of each Slurm run, and every relaunch inside
+    the allocation after a crash or hang; it carries the Slurm job id and restart count it ran under. (The report's
+    contract calls these rows ``attempts``.) Time accounting:
+
+    - productive: launch time that was not thrown away;
+    - lost_work: time after the last checkpoint the next launch resumed from (estimated from iterations);
+    - restart: from an interruption (or a Slurm run's start) until the next launch;
+    - queue: from the end of a Slurm run until Slurm started the next one;
+    - detection: from the last sign of progress to the detection of a hang (the detector's silence duration);
+    - checkpoint: time ranks reported in the checkpoint phase (from ``checkpoint_committed`` durations);
+    - other: the remainder of the wall time (teardown, supervisor start-up...).
+    """
+
+    def __init__(self) -> None:
+        self.campaign: Any = None
+        self.state = "pending"
+        self.reason = ""
+        self.launches: list[dict[str, Any]] = []
+        self.current: dict[str, Any] | None = None
+        self.job: Event | None = None
+        self.start_t: float | None = None
+        self.end_t: float | None = None
+        self.excluded: set[str] = set()
+        self.quarantined: list[dict[str, Any]] = []
+        self.latest_ckpt: dict[str, Any] | None = None
+        self.bad = {"lost_work": 0.0, "restart": 0.0, "checkpoint": 0.0, "queue": 0.0, "detection": 0.0, "other": 0.0}
+        self.gap_from: float | None = None  # start of a restart gap
+        self.queue_from: float | None = None  # start of a queue gap
+
+    def _close(self, cls: str, t: float, blamed: Iterable[str], evidence: Iterable[str], last_step: Any = None) -> None:
+        if self.current is None:
+            return
+        self.current["end"] = t
+        self.current["outcome"] = _outcome(cls, blamed, evidence)
+        if last_step is not None:
+            self.current["last_step"] = last_step
+        self.current = None
+        self.gap_from = t
+
+    def apply(self, e: Event) -> None:
+        t, kind = float(e.get("t", 0.0)), e.get("type")
+        if kind == ev.CAMPAIGN_STARTED:
+            self.campaign = e.get("campaign")
+            self.start_t = t
+        elif kind == ev.ATTEMPT_STARTED:
+            self.job = e
+            self.state = "running"
+            if self.queue_from is not None:
+                self.bad["queue"] += max(0.0, t - self.queue_from)
+                self.queue_from = None
+            self.gap_from = t
+        elif kind == ev.STEP_LAUNCHED:
+            if self.gap_from is not None:
+                self.bad["restart"] += max(0.0, t - self.gap_from)
+                self.gap_from = None
+            self.current = {
+                "job_id": (self.job or {}).get("job_id"),
+                "restart": (self.job or {}).get("restart", 0),
+                "launch": e.get("launch"),
+                "start": e["t"],
+                "end": None,
+                "nodes": e.get("nodes", []),
+                "excluded": e.get("excluded", []),
+                "resume_from": e.get("resume_from"),
+                "resume_step": e.get("resume_step"),
+                "last_step": None,
+                "outcome": None,
+            }
+            self.launches.append(self.current)
+            self.excluded.update(e.get("excluded", []))
+        elif kind == ev.INTERRUPTION:
+            self._close(e.get("class", "unknown"), t, e.get("blamed_nodes", []), e.get("evidence", []),
+                        e.get("last_step"))  # fmt: skip
+        elif kind == ev.DETECTION and e.get("kind") in HANG_DETECTIONS:
+            self.bad["detection"] += float(e.get("duration_s") or 0.0)
+        elif kind == ev.NODES_EXCLUDED:
+            self.excluded.update(e.get("nodes", []))
+        elif kind == ev.ATTEMPT_ENDED:
+            outcome = e.get("outcome", {})
+            self._close(outcome.get("class", "unknown"), t, outcome.get("blamed_nodes", []), outcome.get("evidence", []))
+            self.gap_from = None
+            self.queue_from = t
+            self.state = "pending"
+        elif kind == ev.CHECKPOINT_COMMITTED:
+            self.latest_ckpt = {"step": e.get("step"), "path": e.get("path")}
+            self.bad["checkpoint"] += float(e.get("duration_s") or 0.0)
+        elif kind == ev.CHECKPOINT_QUARANTINED:
+            self.quarantined.append({"path": e.get("path"), "reason": e.get("reason")})
+        elif kind == ev.CAMPAIGN_ENDED:
+            self.state = e.get("state", self.state)
+            self.reason = e.get("reason", "")
+            self.end_t = t
+            self.queue_from = self.gap_from = None
+
+    def report(self, now: float) -> dict[str, Any]:
+        """The report document (contract: ``report --json``). ``now`` closes the books of a running campaign."""
+        launches = [dict(a) for a in self.launches]
+        bad = dict(self.bad)
+        _lost_work(launches, bad)
+        until = self.end_t if self.end_t is not None else now
+        wall = max(0.0, until - self.start_t) if self.start_t is not None else 0.0
+        current_run = max(0.0, until - self.current["start"]) if self.current is not None else 0.0
+        ran = sum((a["end"] - a["start"]) for a in launches if a["end"] is not None) + current_run
+        if self.queue_from is not None:
+            bad["queue"] += max(0.0, until - self.queue_from)
+        if self.gap_from is not None and self.state == "running":
+            bad["restart"] += max(0.0, until - self.gap_from)
+        productive = max(0.0, ran - bad["lost_work"] - bad["detection"] - bad["checkpoint"])
+        accounted = productive + sum(v for k, v in bad.items() if k != "other")
+        bad["other"] = max(0.0, wall - accounted)
+        return {
+            "campaign": self.campaign,
+            "state": self.state,
+            "reason": self.reason,
+            "attempts": launches,
+            "excluded_nodes": sorted(self.excluded),
+            "checkpoints": {"latest_valid": self.latest_ckpt, "quarantined": list(self.quarantined)},
+            "goodput": {
+                "wall_s": round(wall, 3),
+                "productive_s": round(productive, 3),
+                "ettr": round(productive / wall, 4) if wall > 0 else None,
+                "badput_s": {k: round(v, 3) for k, v in bad.items()},
+            },
+        }
+
+
+def _lost_work(launches: list[dict[str, Any]], bad: dict[str, float]) -> None:
+    """Work redone: iterations a launch reached beyond the checkpoint the next launch resumed from."""
+    for prev, nxt in zip(launches, launches[1:], strict=False):
+        last, resumed = prev.get("last_step"), nxt.get("resume_step")
+        first = prev.get("resume_step") or 0
+        if last is None or prev["end"] is None or last <= first:
+            continue
+        resumed = resumed if resumed is not None else 0
+        per_step = (prev["end"] - prev["start"]) / max(1, last - first)
+        bad["lost_work"] += max(0, last - max(resumed, first)) * per_step
+
+
+@dataclass
+class CampaignState:
+    """What the journal says about the campaign, as of its last event."""
+
+    history: History = field(default_factory=History)
+    ledger: Ledger = field(default_factory=Ledger)
+    accounting: Accounting = field(default_factory=Accounting)
+    started: bool = False  # campaign_started was journaled (by the first Slurm run)
+    timeouts: Mapping[str, Any] | None = None  # the last learned step-time histograms (timeouts_learned)
+    quarantined: set[str] = field(default_factory=set)  # paths of quarantined checkpoints
+    best_step: int | None = None  # newest committed checkpoint's iteration
+    open_attempt: Event | None = None  # a Slurm run that started and has no recorded end
+    last_seen: float = 0.0  # time of the last event
+    silent_nodes: set[str] = field(default_factory=set)  # node_silent detections during the open attempt
+
+    def apply(self, e: Event) -> None:
+        kind = e.get("type")
+        self.history = self.history.apply(e)
+        self.ledger.apply(e)
+        self.accounting.apply(e)
+        self.last_seen = float(e.get("t", self.last_seen))
+        if kind == ev.CAMPAIGN_STARTED:
+            self.started = True
+        elif kind == ev.TIMEOUTS_LEARNED:  # the last one wins: a requeued run keeps what was learned
+            self.timeouts = e.get("histograms", {})
+        elif kind in (ev.CHECKPOINT_QUARANTINED, ev.CHECKPOINT_REFUSED):  # each said once per campaign
+            self.quarantined.add(str(e.get("path")))
+        elif kind == ev.CHECKPOINT_COMMITTED and isinstance(e.get("step"), int):
+            self.best_step = max(self.best_step or 0, e["step"])
+        elif kind == ev.ATTEMPT_STARTED:
+            self.open_attempt = e
+            self.silent_nodes = set()
+        elif kind in (ev.ATTEMPT_ENDED, ev.CAMPAIGN_ENDED):
+            self.open_attempt = None
+        elif kind == ev.DETECTION and e.get("kind") == "node_silent" and self.open_attempt is not None:
+            self.silent_nodes.update(e.get("nodes", []))
+
+    def report(self, now: float) -> dict[str, Any]:
+        return self.accounting.report(now)
+
+
+def fold(events: Iterable[Event], ledger_config: LedgerConfig | None = None) -> CampaignState:
+    """The campaign state after ``events`` (in journal order)."""
+    state = CampaignState(ledger=Ledger(ledger_config))
+    for e in events:
+        state.apply(e)
+    return state
+
+
+def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job: Any = None) -> list[ev.Event]:
+    """When a Slurm run ended without its supervisor recording how (Slurm requeued or killed the whole job, e.g. a
+    node failure took the batch host down), infer the outcome now so the report and the ledger stay true.
+
+    ``down_nodes``: nodes Slurm reports DOWN/NOT_RESPONDING now. Returns the events to journal (an interruption
+    and the attempt's end), stamped with the last time the previous run was heard of."""
+    last_attempt = state.open_attempt
+    if last_attempt is None:
+        return []
+    nodes = last_attempt.get("nodes", [])
+    down_set = set(down_nodes)
+    down = sorted(n for n in nodes if n in down_set)
+    silent = state.silent_nodes
+    if down or silent:
+        blamed = down or sorted(silent)
+        cls, confidence = ev.NODE_FAILURE, 0.9 if down else 0.6
+        evidence = [f"node {n} is DOWN/NOT_RESPONDING in Slurm after the previous run ended" for n in down]
+        evidence += [f"node agent on {n} went silent before the previous run ended" for n in sorted(silent)]
+    elif job is not None and getattr(job, "preempt_time", None):
+        blamed, cls, confidence = [], ev.PREEMPTION, 0.8
+        evidence = [f"Slurm recorded a preemption time {job.preempt_time} for the job"]
+    else:
+        blamed, cls, confidence = [], ev.UNKNOWN, 0.1
+        evidence = ["the previous run ended without a word from its supervisor (killed with the job?)"]
+    t = state.last_seen
+    return [
+        ev.interruption_event(t, cls, blamed, confidence, evidence),
+        ev.attempt_ended(t, last_attempt["job_id"], cls, blamed, evidence),
+    ]

@@ -1,0 +1,94 @@
+"""The node agents' job step: one overlapping srun task per node that outlives relaunches of the training.
+
+Started before the first launch (a rank's slot directory must exist before it looks for it), restarted when
+the step dies under a failed node, told to exit at the end. Each start or gap is journaled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from slurm.client import SlurmClient
+from slurm.errors import SlurmError
+from supervisor.decisions import events as ev
+from supervisor.driver import launcher
+from supervisor.driver.ports import Channel, Process, StepLauncher
+from supervisor.heartbeat import wire
+
+AGENT_START_TIMEOUT_S = 60.0  # node agents start with the python interpreter: seconds on a loaded node
+AGENT_RESTART_MIN_S = 10.0  # at most one restart of the agents' step per this many seconds
+
+
+class AgentStep:
+    def __init__(
+        self,
+        *,
+        channel: Channel,
+        slurm: SlurmClient,
+        start: StepLauncher,
+        record: Callable[[dict[str, Any]], None],
+        clock: Callable[[], float],
+        nodes: tuple[str, ...],
+        python: str,
+        campaign: Path,
+        extra_args: Sequence[str],
+        env: Callable[[], Mapping[str, str]],
+        log_path: Path,
+        cwd: str | None,
+    ) -> None:
+        self.channel, self.slurm, self.start_step, self.record, self.clock = channel, slurm, start, record, clock
+        self.nodes, self.python, self.campaign, self.extra_args = nodes, python, campaign, list(extra_args)
+        self.env, self.log_path, self.cwd = env, log_path, cwd
+        self.proc: Process | None = None
+        self.started = 0.0
+
+    def spawn(self, nodes: tuple[str, ...]) -> None:
+        argv = launcher.agent_argv(nodes, self.python, self.campaign, self.channel.address, self.extra_args)
+        self.proc = self.start_step(argv, self.env(), self.log_path, self.cwd)
+        self.started = time.monotonic()
+
+    def wait_until_reported(self, timeout_s: float = AGENT_START_TIMEOUT_S) -> None:
+        """Launch the training only once every node's agent reported: its slot directory must exist before
+        the ranks look for it. A node whose agent stays silent is journaled; training goes on unwatched there."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            self.channel.poll(0.1)
+            if set(self.nodes) <= set(self.channel.table.nodes):
+                return
+        missing = sorted(set(self.nodes) - set(self.channel.table.nodes))
+        self.record(ev.agents_missing(self.clock(), missing,
+                                      "node agents did not report in time; ranks there run without heartbeats"))
+
+    def died(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def restart(self) -> None:
+        """The agents' step died (a node failed under it): start it again on the nodes Slurm still has up."""
+        if time.monotonic() - self.started < AGENT_RESTART_MIN_S:
+            return
+        try:
+            down = {n.name for n in self.slurm.nodes(self.nodes or None) if n.is_down or n.is_drain}
+        except SlurmError:
+            down = set()  # unknown: try every node; an agent on a dead node just fails again
+        nodes = tuple(n for n in self.nodes if n not in down)
+        self.record(ev.agents_restarted(self.clock(), nodes))
+        self.spawn(nodes)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            self.channel.send(node, [wire.Command(wire.CMD_EXIT)])
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        for end in (None, proc.terminate, proc.kill):
+            if end is not None:
+                end()
+            try:
+                proc.wait(timeout=5)
+                return
+            except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired (or a fake's equivalent): escalate
+                continue

@@ -1,0 +1,98 @@
+"""The driver's side of checkpoints: pick the one to resume from, notice new valid ones (the campaign's
+progress), and quarantine those that may hold diverged weights after a NaN/Inf loss. Each change is journaled."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from supervisor.decisions import events as ev
+
+log = structlog.get_logger("supervisor")
+
+
+class CheckpointTracker:
+    def __init__(
+        self,
+        checkpoint_dir: str | None,
+        record: Callable[[dict[str, Any]], None],
+        clock: Callable[[], float],
+        quarantined: Iterable[str] = (),
+        best_step: int | None = None,
+        *,
+        key: bytes | None = None,
+        adopt_foreign: bool = True,
+    ) -> None:
+        self.checkpoint_dir = checkpoint_dir
+        self.key, self.adopt_foreign = key, adopt_foreign  # manifests signed by this campaign; foreign ones
+        self.record = record
+        self.clock = clock
+        self.quarantined: set[str] = set(quarantined)  # what earlier runs journaled is not journaled again
+        self.best_step = best_step
+        self.last_finite_loss_step: int | None = None  # the newest iteration seen with a finite loss
+
+    def _store(self) -> Any:
+        if not self.checkpoint_dir or not Path(self.checkpoint_dir).is_dir():
+            return None
+        from supervisor.checkpoint.store import CheckpointStore
+
+        return CheckpointStore(self.checkpoint_dir, key=self.key, adopt_foreign=self.adopt_foreign)
+
+    def pick_resume(self) -> tuple[str | None, int | None]:
+        """The newest valid checkpoint (torn or corrupt ones are quarantined on the way), or a fresh start."""
+        store = self._store()
+        if store is None:
+            return None, None
+        newest = store.newest_valid(full=False, quarantine=True)
+        for info in store.refused:  # foreign checkpoints refused from a root others can write: say why, once
+            if str(info.path) not in self.quarantined:
+                self.quarantined.add(str(info.path))
+                self.record(ev.checkpoint_refused(self.clock(), str(info.path), info.reason))
+        for moved in store.quarantined():
+            if str(moved.path) not in self.quarantined:
+                self.quarantined.add(str(moved.path))
+                self.record(ev.checkpoint_quarantined(self.clock(), str(moved.path), moved.reason))
+        if newest is None:
+            return None, None
+        self._note(newest)
+        return str(newest.path), newest.step
+
+    def launched(self, resume_step: int | None) -> None:
+        """A launch's losses start after the checkpoint it resumes from."""
+        self.last_finite_loss_step = resume_step
+
+    def saw_finite_loss(self, iteration: int) -> None:
+        self.last_finite_loss_step = max(self.last_finite_loss_step or 0, iteration)
+
+    def quarantine_after_divergence(self) -> None:
+        """After a NaN/Inf loss, checkpoints newer than the last iteration seen with a finite loss may hold the
+        diverged weights: move them aside so no later run resumes from them (never deleted)."""
+        store = self._store()
+        if store is None:
+            return
+        since = self.last_finite_loss_step or 0
+        for info in store.list():
+            if info.step is not None and info.step > since and info.status in ("valid", "unverified"):
+                reason = f"saved at step {info.step}, after the last finite loss seen (step {since}) and before " \
+                         "the NaN/Inf loss was detected: may hold diverged weights"
+                moved = store.quarantine(info.path, reason)
+                self.quarantined.add(str(moved))
+                self.record(ev.checkpoint_quarantined(self.clock(), str(moved), reason))
+
+    def _note(self, info: Any) -> None:
+        """Journal a newly seen valid checkpoint: it is the campaign's progress (budgets, lost work)."""
+        if info is None or info.step is None or (self.best_step is not None and info.step <= self.best_step):
+            return
+        self.best_step = info.step
+        self.record(ev.checkpoint_committed(self.clock(), info.step, str(info.path)))
+
+    def scan(self) -> None:
+        store = self._store()
+        if store is not None:
+            try:
+                self._note(store.newest_valid(full=False, quarantine=False))
+            except OSError as err:
+                log.warning("checkpoint_scan_failed", error=str(err))

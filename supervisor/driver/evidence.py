@@ -1,0 +1,125 @@
+"""Gather one complete :class:`~supervisor.decisions.classify.Evidence` about how a launch ended (or must end).
+
+The sources: Slurm's typed job and node records (a failed query is recorded as *unknown*, never as an empty
+answer), the signals the batch step received, each rank's exit and SIGTERM flag from the agents, the detections,
+and the launch log's tail. The classifier gets all of it in one record, so no field can be dropped on the way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from slurm.client import SlurmClient
+from slurm.errors import SlurmError
+from slurm.model import JobInfo, NodeInfo
+from supervisor import procstate
+from supervisor.decisions import classify as cl
+from supervisor.decisions import tasklog
+from supervisor.decisions.detect import DetectionEvent
+from supervisor.decisions.respond import job_state_of
+from supervisor.driver.signals import Received
+
+log = structlog.get_logger("supervisor")
+
+
+
+@dataclass(frozen=True)
+class WatchResult:
+    """Why the loop stopped watching a launch: ``reason`` is "exited", "detection" or "signal"."""
+
+    reason: str
+    exit_code: int | None = None  # srun's, when it exited
+    detections: tuple[DetectionEvent, ...] = ()
+    signals: tuple[Received, ...] = ()
+
+
+def query_job(slurm: SlurmClient, job_id: str) -> tuple[JobInfo | None, bool]:
+    """(the job, whether Slurm answered). None with True: slurmctld has forgotten the job."""
+    try:
+        return slurm.job(job_id), True
+    except SlurmError as err:  # evidence gathering must never stop the response
+        log.warning("slurm_query_failed", what="job", error=str(err))
+        return None, False
+
+
+def query_nodes(slurm: SlurmClient, nodes: Sequence[str]) -> dict[str, NodeInfo] | None:
+    """Slurm's record of each node, or None when the query failed (unknown, not "all fine")."""
+    try:
+        return {n.name: n for n in slurm.nodes(list(nodes) or None)}
+    except SlurmError as err:
+        log.warning("slurm_query_failed", what="nodes", error=str(err))
+        return None
+
+
+def node_state_word(info: NodeInfo) -> str:
+    """The word the classifier's node-state rules read: DOWN, DRAIN or UP."""
+    return "DOWN" if info.is_down else "DRAIN" if info.is_drain else "UP"
+
+
+def tail(path: Path, max_bytes: int = 65536) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - max_bytes))
+            return f.read().decode(errors="replace").splitlines()[-400:]
+    except OSError:
+        return []
+
+
+def rank_exits(ranks: Sequence[Any]) -> tuple[cl.RankExit, ...]:
+    """How each rank process of the launch ended, from the agents' reports (heartbeat rank views)."""
+    return tuple(
+        cl.RankExit(node=r.node, rank=r.rank, exit_code=r.exit_code, signal=r.exit_signal)
+        for r in ranks if r.state in procstate.ENDED and (r.exit_code is not None or r.exit_signal)
+    )  # fmt: skip
+
+
+def build(
+    watched: WatchResult,
+    *,
+    now: float,
+    ranks: Sequence[Any],
+    sigterm_flag: int,
+    job: JobInfo | None,
+    job_known: bool,
+    nodes: Mapping[str, NodeInfo] | None,
+    log_lines: Sequence[str],
+    step_nodes: tuple[str, ...],
+    job_nodes: tuple[str, ...],
+    signal_lead_s: float,
+    scheduled_end: float | None,
+    tasks_per_node: int = 1,
+    node_addresses: Mapping[str, str] | None = None,
+) -> cl.Evidence:
+    """The one Evidence of an ending. ``ranks``: the launch's rank views (earlier launches' left out)."""
+    exits = rank_exits(ranks)
+    if not exits and watched.exit_code is not None:
+        exits = tuple(cl.RankExit(node=n, exit_code=watched.exit_code) for n in step_nodes[:1])
+    unknown = (() if job_known else ("slurm_job",)) + (() if nodes is not None else ("slurm_nodes",))
+    return cl.Evidence(
+        job_state=job_state_of(job, scheduled_end),
+        job_reason=job.reason if job is not None else None,
+        end_time=job.end_time if job is not None else None,
+        scheduled_end=scheduled_end,
+        preempt_time=job.preempt_time if job is not None else None,
+        batch_signals=tuple((s.name.removeprefix("SIG"), s.at) for s in watched.signals),
+        signal_lead_s=signal_lead_s,
+        sigterm_ranks=tuple(r.rank for r in ranks if r.rank_flags & sigterm_flag),
+        rank_exits=exits,
+        node_states={n: node_state_word(info) for n, info in (nodes or {}).items()},
+        detections=tuple((now, d) for d in watched.detections),
+        log_lines=tuple(cl.LogLine(text=line) for line in log_lines),
+        allocation_nodes=step_nodes,
+        task_nodes=tasklog.task_nodes(step_nodes, tasks_per_node),  # srun --label: each line's rank -> node
+        node_addresses=dict(node_addresses or {}),
+        job_nodes=job_nodes,
+        slurm_job=job,
+        slurm_nodes=dict(nodes or {}),
+        unknown=unknown,
+        last_steps={r.rank: r.step for r in ranks},
+    )

@@ -1,0 +1,135 @@
+"""Watch one launch until it exits, a detector finds a fault, or the batch step gets a signal.
+
+Feeds the pure detectors with the heartbeat table's snapshot of the launch's ranks (ranks of earlier launches
+left out), journals warnings as they come, and keeps the side duties of a running launch: new valid checkpoints
+(the campaign's progress), learned timeouts, and the agents' step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from supervisor.decisions import events as ev
+from supervisor.decisions.detect import NODE_SILENT, RANK_EXITED, DetectionEvent, Detector, snapshot_from_live
+from supervisor.driver.agents import AgentStep
+from supervisor.driver.checkpoints import CheckpointTracker
+from supervisor.driver.evidence import WatchResult
+from supervisor.driver.launcher import Launch
+from supervisor.driver.ports import Channel
+from supervisor.driver.signals import SignalInbox
+
+CHECKPOINT_SCAN_S = 5.0  # how often the checkpoint directory is looked at for new valid checkpoints
+TIMEOUTS_JOURNAL_S = 600.0  # learned timeouts are journaled this often (and whenever a launch ends)
+EXIT_GRACE_S = 5.0  # a rank gone while srun still runs for this long is a fault (not a normal finish)
+EXIT_SETTLE_S = 0.6  # after srun exits: time for the agents to report how each rank ended
+
+
+class Watcher:
+    def __init__(
+        self,
+        *,
+        channel: Channel,
+        detector: Detector,
+        inbox: SignalInbox,
+        checkpoints: CheckpointTracker,
+        agents: AgentStep,
+        record: Callable[[dict[str, Any]], None],
+        clock: Callable[[], float],
+        loop_interval_s: float,
+    ) -> None:
+        self.channel, self.detector, self.inbox = channel, detector, inbox
+        self.checkpoints, self.agents, self.record, self.clock = checkpoints, agents, record, clock
+        self.loop_interval_s = loop_interval_s
+        self.old_pids: set[int] = set()  # rank pids of earlier launches: their slots linger until overwritten
+
+    def forget_ranks(self) -> None:
+        """Called before a new launch: the ranks now in the table belong to earlier launches."""
+        self.old_pids.update(r.pid for r in self.channel.table.snapshot().ranks)
+
+    def watch(self, launch: Launch) -> WatchResult:
+        next_eval = next_scan = next_timeouts = 0.0
+        exited_since: float | None = None  # a rank exited while srun still runs: normal at the very end
+        pending: list[DetectionEvent] = []
+        while True:
+            self.channel.poll(0.1)
+            received = self.inbox.drain()
+            if received:
+                return WatchResult("signal", detections=tuple(pending), signals=tuple(received))
+            code = launch.proc.poll()
+            if code is not None:
+                self.settle(EXIT_SETTLE_S)
+                self.checkpoints.scan()
+                found = self.verdict_on_silent_nodes(launch) if code != 0 else []
+                return WatchResult("exited", exit_code=code, detections=tuple(pending + found))
+            now = time.monotonic()
+            if now >= next_scan:
+                next_scan = now + CHECKPOINT_SCAN_S
+                self.checkpoints.scan()
+            if now >= next_timeouts:
+                if next_timeouts:
+                    self.journal_timeouts()
+                next_timeouts = now + TIMEOUTS_JOURNAL_S
+            if now < next_eval:
+                continue
+            next_eval = now + self.loop_interval_s
+            for d in self.observe(launch):
+                if not d.is_fault:
+                    self.record(ev.detection_event(d, self.clock()))
+                elif d.kind == RANK_EXITED:
+                    # Ranks finish one by one; srun (--kill-on-bad-exit) ends the step at once on a crash.
+                    # Only a rank gone while srun keeps running past the grace time is a fault by itself.
+                    pending.append(d)
+                    exited_since = exited_since or now
+                else:
+                    return WatchResult("detection", detections=tuple(pending + [d]))
+            if exited_since is not None and now - exited_since > EXIT_GRACE_S:
+                return WatchResult("detection", detections=tuple(pending + self.verdict_on_silent_nodes(launch)))
+            if self.agents.died():
+                self.agents.restart()
+
+    def verdict_on_silent_nodes(self, launch: Launch) -> list[DetectionEvent]:
+        """A crash seen from the survivors (gloo errors, exits) often means a node died: while some node's
+        agent has gone quiet, wait until the detectors call it silent (or it speaks again), so the dead node,
+        not the network, takes the blame."""
+        hang = self.detector.config.hang
+        deadline = time.monotonic() + hang.node_silence_s + 1.0
+        found: list[DetectionEvent] = []
+        while time.monotonic() < deadline:
+            found += [d for d in self.observe(launch) if d.is_fault]
+            views = self.channel.table.node_views()
+            stale = [n for n in launch.nodes if n not in views or views[n].staleness_s > hang.node_stale_s]
+            if not stale or any(d.kind == NODE_SILENT for d in found):
+                break
+            self.settle(0.5)
+        return found
+
+    def journal_timeouts(self) -> None:
+        learned = self.detector.timeouts.to_dict()
+        if learned:
+            self.record(ev.timeouts_learned(self.clock(), learned, self.detector.timeouts.learned()))
+
+    def settle(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.channel.poll(0.05)
+
+    def live(self, launch: Launch) -> Any:
+        """The heartbeat table's snapshot of the launch's nodes, without the ranks of earlier launches."""
+        live = self.channel.table.snapshot()
+        nodes = set(launch.nodes)
+        return dataclasses.replace(
+            live, nodes={n: v for n, v in live.nodes.items() if n in nodes},
+            ranks=[r for r in live.ranks if r.pid not in self.old_pids and r.node in nodes],
+        )  # fmt: skip
+
+    def observe(self, launch: Launch) -> list[DetectionEvent]:
+        live = self.live(launch)
+        finite = [r.loss_step for r in live.ranks if r.loss is not None and math.isfinite(r.loss)]
+        if finite:  # the newest iteration known to have a finite loss: later checkpoints are suspect after a NaN
+            self.checkpoints.saw_finite_loss(max(finite))
+        snap = snapshot_from_live(live, launch_age_s=time.monotonic() - launch.started)
+        return self.detector.observe(snap, self.clock())
