@@ -15,6 +15,8 @@ import sys
 import pytest
 from campaign_tools import EXAMPLE, Campaign, cancel, launches, rank_pid, supervise, wait_for
 
+from supervisor.decisions.tasklog import strip_label
+
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -46,7 +48,8 @@ def test_readme_usage_without_config_resumes_from_the_newest_checkpoint(tmp_path
         assert ended["state"] == "completed"
         log2 = next(root.glob(f"logs/*/train-{relaunch['launch']}.log")).read_text(errors="replace")
         assert f"resumed from {relaunch['resume_from']} at step {relaunch['resume_step']}" in log2
-        first_step = next(int(line.split()[0][5:]) for line in log2.splitlines() if line.startswith("step="))
+        lines = [strip_label(line) for line in log2.splitlines()]  # srun --label: "0: step=..."
+        first_step = next(int(line.split()[0][5:]) for line in lines if line.startswith("step="))
         assert first_step == relaunch["resume_step"] + 1  # not step 1
     finally:
         cancel(camp.job_id)
