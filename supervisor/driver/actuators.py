@@ -25,6 +25,7 @@ from supervisor.decisions import events as ev
 from supervisor.decisions import policy
 from supervisor.decisions.respond import last_step
 from supervisor.driver import launcher
+from supervisor.driver.guard import ACTION, Guard
 from supervisor.driver.launcher import Launch
 from supervisor.driver.ports import Channel
 from supervisor.driver.requeue import JobActions
@@ -82,10 +83,12 @@ class Actuators:
         alerts_config: AlertConfig,
         checkpoint_grace_s: float,
         ranks_of: Callable[[Launch], Sequence[Any]],
+        guard: Guard | None = None,
     ) -> None:
         self.slurm, self.channel, self.inbox, self.jobs = slurm, channel, inbox, jobs
         self.record, self.clock, self.job_id, self.campaign = record, clock, job_id, campaign
         self.alerts_config, self.checkpoint_grace_s, self.ranks_of = alerts_config, checkpoint_grace_s, ranks_of
+        self.guard = guard or Guard(record, clock)
         self.table: dict[str, Actuator] = {
             policy.ALERT: self.alert,
             policy.CHECKPOINT_NOW: self.stop_step,
@@ -111,12 +114,13 @@ class Actuators:
             if actuator is None:
                 log.warning("action_unknown", kind=action.kind)
                 continue
-            result = actuator(action, situation)
+            # A failing actuator is journaled and the next action runs: a dead webhook must not cost the requeue.
+            result = self.guard.call(f"{ACTION}:{action.kind}", actuator, action, situation, default=None)
             if result == RELAUNCH:
                 return None
             if result is not None:
                 return result
-        self.end_launch(situation.launch)
+        self.guard.call(f"{ACTION}:end_launch", self.end_launch, situation.launch, default=None)
         return None
 
     # ------------------------------------------------------------------------------------ the launch's ranks

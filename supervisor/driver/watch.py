@@ -18,6 +18,7 @@ from supervisor.decisions.detect import NODE_SILENT, RANK_EXITED, DetectionEvent
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoints import CheckpointTracker
 from supervisor.driver.evidence import WatchResult
+from supervisor.driver.guard import AGENTS, CHECKPOINT_SCAN, DETECT, Guard
 from supervisor.driver.launcher import Launch
 from supervisor.driver.ports import Channel
 from supervisor.driver.signals import SignalInbox
@@ -40,10 +41,12 @@ class Watcher:
         record: Callable[[dict[str, Any]], None],
         clock: Callable[[], float],
         loop_interval_s: float,
+        guard: Guard | None = None,
     ) -> None:
         self.channel, self.detector, self.inbox = channel, detector, inbox
         self.checkpoints, self.agents, self.record, self.clock = checkpoints, agents, record, clock
         self.loop_interval_s = loop_interval_s
+        self.guard = guard or Guard(record, clock)
         self.old_pids: set[int] = set()  # rank pids of earlier launches: their slots linger until overwritten
 
     def forget_ranks(self) -> None:
@@ -62,21 +65,21 @@ class Watcher:
             code = launch.proc.poll()
             if code is not None:
                 self.settle(EXIT_SETTLE_S)
-                self.checkpoints.scan()
+                self.scan_checkpoints()
                 found = self.verdict_on_silent_nodes(launch) if code != 0 else []
                 return WatchResult("exited", exit_code=code, detections=tuple(pending + found))
             now = time.monotonic()
             if now >= next_scan:
                 next_scan = now + CHECKPOINT_SCAN_S
-                self.checkpoints.scan()
+                self.scan_checkpoints()
             if now >= next_timeouts:
                 if next_timeouts:
-                    self.journal_timeouts()
+                    self.guard.call(DETECT, self.journal_timeouts, default=None)
                 next_timeouts = now + TIMEOUTS_JOURNAL_S
             if now < next_eval:
                 continue
             next_eval = now + self.loop_interval_s
-            for d in self.observe(launch):
+            for d in self.guard.call(DETECT, self.observe, launch, default=[]):
                 if not d.is_fault:
                     self.record(ev.detection_event(d, self.clock()))
                 elif d.kind == RANK_EXITED:
@@ -89,7 +92,7 @@ class Watcher:
             if exited_since is not None and now - exited_since > EXIT_GRACE_S:
                 return WatchResult("detection", detections=tuple(pending + self.verdict_on_silent_nodes(launch)))
             if self.agents.died():
-                self.agents.restart()
+                self.guard.call(AGENTS, self.agents.restart, default=None)
 
     def verdict_on_silent_nodes(self, launch: Launch) -> list[DetectionEvent]:
         """A crash seen from the survivors (gloo errors, exits) often means a node died: while some node's
@@ -99,13 +102,16 @@ class Watcher:
         deadline = time.monotonic() + hang.node_silence_s + 1.0
         found: list[DetectionEvent] = []
         while time.monotonic() < deadline:
-            found += [d for d in self.observe(launch) if d.is_fault]
+            found += [d for d in self.guard.call(DETECT, self.observe, launch, default=[]) if d.is_fault]
             views = self.channel.table.node_views()
             stale = [n for n in launch.nodes if n not in views or views[n].staleness_s > hang.node_stale_s]
             if not stale or any(d.kind == NODE_SILENT for d in found):
                 break
             self.settle(0.5)
         return found
+
+    def scan_checkpoints(self) -> None:
+        self.guard.call(CHECKPOINT_SCAN, self.checkpoints.scan, default=None)
 
     def journal_timeouts(self) -> None:
         learned = self.detector.timeouts.to_dict()
