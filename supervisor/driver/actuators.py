@@ -25,7 +25,8 @@ from supervisor.decisions import events as ev
 from supervisor.decisions import policy
 from supervisor.decisions.respond import last_step
 from supervisor.driver import launcher
-from supervisor.driver.guard import ACTION, Guard
+from supervisor.driver.checkpoint_request import CheckpointRequest
+from supervisor.driver.guard import ACTION, CHECKPOINT_SCAN, Guard
 from supervisor.driver.launcher import Launch
 from supervisor.driver.ports import Channel
 from supervisor.driver.requeue import JobActions
@@ -41,6 +42,7 @@ EXIT_REQUEUED = 0  # the job is requeued; this run ends cleanly
 
 SLURM_TERM_WAIT_S = 30.0  # when Slurm is ending the job, how long its own SIGTERM/SIGKILL may take
 STACKS_WAIT_S = 5.0
+TIME_LIMIT_MARGIN_S = 10.0  # at a time limit, the save is waited for until this long before Slurm's EndTime
 
 RELAUNCH = -1  # an actuator's answer: end the action list, relaunch in this allocation
 
@@ -84,11 +86,13 @@ class Actuators:
         checkpoint_grace_s: float,
         ranks_of: Callable[[Launch], Sequence[Any]],
         guard: Guard | None = None,
+        checkpoints: Any = None,
     ) -> None:
         self.slurm, self.channel, self.inbox, self.jobs = slurm, channel, inbox, jobs
         self.record, self.clock, self.job_id, self.campaign = record, clock, job_id, campaign
         self.alerts_config, self.checkpoint_grace_s, self.ranks_of = alerts_config, checkpoint_grace_s, ranks_of
         self.guard = guard or Guard(record, clock)
+        self.checkpoints = checkpoints  # driver.checkpoints.CheckpointTracker: was the requested save committed?
         self.table: dict[str, Actuator] = {
             policy.ALERT: self.alert,
             policy.CHECKPOINT_NOW: self.stop_step,
@@ -144,14 +148,34 @@ class Actuators:
             # save, as SIGTERM would give them.
             launcher.kill_step(self.slurm, self.job_id, launch.name, launch.proc)
             return None
-        flags = wire.flags_arg(slot_flag("FLAG_CHECKPOINT") | slot_flag("FLAG_STOP"), 0)
-        for node in launch.nodes:
-            self.channel.send(node, [wire.Command(wire.CMD_SET_FLAGS, wire.ALL_RANKS, flags)])
+        # Each rank gets the request once it shows up (ranks starting after Slurm's USR1 included), again if
+        # its flags do not show it; then the save is awaited: the launch ends once every rank saved and stopped.
+        request = CheckpointRequest(self.channel, lambda: self.ranks_of(launch),
+                                    slot_flag("FLAG_CHECKPOINT") | slot_flag("FLAG_STOP"))  # fmt: skip
+        before = self.checkpoints.best_step if self.checkpoints is not None else None
         self.record(ev.checkpoint_requested(self.clock(), "checkpoint and stop"))
-        deadline = time.monotonic() + grace_s
+        started = time.monotonic()
+        deadline = started + grace_s
+        end = s.evidence.scheduled_end
+        if s.interruption.cls == ev.TIMEOUT and end is not None:  # leave time to requeue before the limit
+            deadline = min(deadline, started + max(1.0, end - self.clock() - TIME_LIMIT_MARGIN_S))
         while launch.proc.poll() is None and time.monotonic() < deadline:
+            request.deliver()
             self.channel.poll(0.2)
+        self.check_saved(before, request, time.monotonic() - started, launch.proc.poll() is None)
         return None
+
+    def check_saved(self, before: int | None, request: CheckpointRequest, waited_s: float, running: bool) -> None:
+        """Journal a requested checkpoint that did not commit (the next run resumes from an older one)."""
+        if self.checkpoints is None or not self.checkpoints.checkpoint_dir:
+            return  # where the program saves is unknown: nothing to check
+        self.guard.call(CHECKPOINT_SCAN, self.checkpoints.scan, default=None)
+        after = self.checkpoints.best_step
+        if after is not None and (before is None or after > before):
+            return
+        why = ("the launch did not end within the wait" if running else "the launch ended") + \
+            " without committing a new checkpoint"
+        self.record(ev.checkpoint_missed(self.clock(), why, request.unreached(), round(waited_s, 1), after))
 
     def dump_stacks(self, action: policy.Action, s: Situation) -> int | None:
         """Save the stacks of every rank of the launch before it is killed: the hung ranks show where they are

@@ -166,7 +166,7 @@ class Supervisor:
             slurm=self.slurm, channel=self.channel, inbox=self.inbox, jobs=jobs, record=self.record,
             clock=self.clock, job_id=self.job_id, campaign=str(self.paths.root), alerts_config=self.config.alerts,
             checkpoint_grace_s=run.checkpoint_grace_s, ranks_of=lambda launch: self.watcher.live(launch).ranks,
-            guard=self.guard,
+            guard=self.guard, checkpoints=self.checkpoints,
         )  # fmt: skip
 
     def _shutdown(self) -> None:
