@@ -22,6 +22,7 @@ from typing import Any
 from slurm.client import SlurmClient
 from slurm.env import SlurmEnv
 from slurm.errors import SlurmError
+from supervisor import stop_request
 from supervisor.campaign import CampaignSpec
 from supervisor.config import Config
 from supervisor.decisions import campaign_state, policy
@@ -156,7 +157,7 @@ class Supervisor:
         self.watcher = Watcher(
             channel=self.channel, detector=self.detector, inbox=self.inbox, checkpoints=self.checkpoints,
             agents=self.agents, record=self.record, clock=self.clock, loop_interval_s=run.loop_interval_s,
-            guard=self.guard,
+            guard=self.guard, stop_requested=lambda: stop_request.path(self.paths.root).exists(),
         )  # fmt: skip
         jobs = JobActions(
             slurm=self.slurm, channel=self.channel, inbox=self.inbox, record=self.record, clock=self.clock,
@@ -192,7 +193,8 @@ class Supervisor:
             found = self._evidence(launch, watched)
             state = campaign_state.fold(self.recorder.history, self.ledger_config)
             now = self.clock()
-            interruption, decision = respond(
+            request = stop_request.read(self.paths.root) if watched.reason == "stop_request" else None
+            interruption, decision = stop_request.respond(request) if request is not None else respond(
                 found, state.history, state.ledger, nodes=self.layout.nodes, needed=self.layout.train_nodes,
                 config=self.policy, now=now, step_running=launch.proc.poll() is None,
                 restarts_here=self.launches - 1, signatures=self.signatures,
@@ -203,6 +205,8 @@ class Supervisor:
             if interruption.cls == ev.NUMERICAL:  # the launch is gone now: no checkpoint can appear after this
                 self.guard.call(CHECKPOINT_SCAN, self.checkpoints.quarantine_after_divergence, default=None)
             if outcome is not None:
+                if request is not None:
+                    stop_request.clear(self.paths.root)
                 return outcome
             excluded = self._next_exclusions(decision)
 

@@ -26,6 +26,7 @@ from supervisor.driver.signals import SignalInbox
 CHECKPOINT_SCAN_S = 5.0  # how often the checkpoint directory is looked at for new valid checkpoints
 TIMEOUTS_JOURNAL_S = 600.0  # learned timeouts are journaled this often (and whenever a launch ends)
 EXIT_GRACE_S = 5.0  # a rank gone while srun still runs for this long is a fault (not a normal finish)
+STOP_CHECK_S = 1.0  # how often the campaign directory is looked at for a user's stop request
 EXIT_SETTLE_S = 0.6  # after srun exits: time for the agents to report how each rank ended
 
 
@@ -42,11 +43,13 @@ class Watcher:
         clock: Callable[[], float],
         loop_interval_s: float,
         guard: Guard | None = None,
+        stop_requested: Callable[[], bool] | None = None,
     ) -> None:
         self.channel, self.detector, self.inbox = channel, detector, inbox
         self.checkpoints, self.agents, self.record, self.clock = checkpoints, agents, record, clock
         self.loop_interval_s = loop_interval_s
         self.guard = guard or Guard(record, clock)
+        self.stop_requested = stop_requested  # the user asked to stop (``supervise cancel``)
         self.old_pids: set[int] = set()  # rank pids of earlier launches: their slots linger until overwritten
 
     def forget_ranks(self) -> None:
@@ -54,7 +57,7 @@ class Watcher:
         self.old_pids.update(r.pid for r in self.channel.table.snapshot().ranks)
 
     def watch(self, launch: Launch) -> WatchResult:
-        next_eval = next_scan = next_timeouts = 0.0
+        next_eval = next_scan = next_timeouts = next_stop_check = 0.0
         exited_since: float | None = None  # a rank exited while srun still runs: normal at the very end
         pending: list[DetectionEvent] = []
         while True:
@@ -62,6 +65,10 @@ class Watcher:
             received = self.inbox.drain()
             if received:
                 return WatchResult("signal", detections=tuple(pending), signals=tuple(received))
+            if self.stop_requested is not None and time.monotonic() >= next_stop_check:
+                next_stop_check = time.monotonic() + STOP_CHECK_S
+                if self.guard.call(CHECKPOINT_SCAN, self.stop_requested, default=False):
+                    return WatchResult("stop_request", detections=tuple(pending))
             code = launch.proc.poll()
             if code is not None:
                 self.settle(EXIT_SETTLE_S)
