@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,7 @@ class Situation:
     interruption: cl.Interruption
     decision: policy.Decision
     evidence: cl.Evidence
+    history: policy.History | None = None  # the campaign before this interruption (the alert's streak)
 
 
 Actuator = Callable[[policy.Action, Situation], "int | None"]
@@ -87,12 +88,15 @@ class Actuators:
         ranks_of: Callable[[Launch], Sequence[Any]],
         guard: Guard | None = None,
         checkpoints: Any = None,
+        submit_alert: Callable[[alerts.Alert | None], None] | None = None,
+        budgets: Any = None,
     ) -> None:
         self.slurm, self.channel, self.inbox, self.jobs = slurm, channel, inbox, jobs
         self.record, self.clock, self.job_id, self.campaign = record, clock, job_id, campaign
         self.alerts_config, self.checkpoint_grace_s, self.ranks_of = alerts_config, checkpoint_grace_s, ranks_of
         self.guard = guard or Guard(record, clock)
         self.checkpoints = checkpoints  # driver.checkpoints.CheckpointTracker: was the requested save committed?
+        self.submit_alert, self.budgets = submit_alert, budgets  # the alert dispatcher (off the loop's path)
         self.table: dict[str, Actuator] = {
             policy.ALERT: self.alert,
             policy.CHECKPOINT_NOW: self.stop_step,
@@ -131,9 +135,16 @@ class Actuators:
     def alert(self, action: policy.Action, s: Situation) -> int | None:
         if action.tier in (None, "L1"):
             return None
-        doc = alerts.document(self.job_id, self.campaign, action.to_event(self.clock()),
-                              [d.to_dict() for _, d in s.evidence.detections])  # fmt: skip
-        alerts.send(self.alerts_config, doc)
+        detections: list[Mapping[str, Any]] = [d.to_dict() for _, d in s.evidence.detections]
+        if self.submit_alert is None:  # (no dispatcher injected: deliver here, bounded by the sinks' timeouts)
+            alerts.send(self.alerts_config, alerts.document(self.job_id, self.campaign,
+                                                            action.to_event(self.clock()), detections))
+            return None
+        decision = policy.Decision((action,), s.decision.state, s.decision.message)
+        self.submit_alert(alerts.for_decision(
+            self.job_id, self.campaign, decision, s.interruption, detections, history=s.history,
+            budgets=self.budgets, ran_s=time.monotonic() - s.launch.started, t=self.clock(),
+        ))  # fmt: skip
         return None
 
     def stop_step(self, action: policy.Action, s: Situation) -> int | None:

@@ -38,6 +38,7 @@ from supervisor.driver.checkpoints import CheckpointTracker
 from supervisor.driver.evidence import WatchResult, query_job, query_nodes
 from supervisor.driver.guard import CHECKPOINT_SCAN, SLURM_QUERY, Guard, GuardedChannel
 from supervisor.driver.launcher import Launch
+from supervisor.driver.notify import Notifier
 from supervisor.driver.ports import Channel, StepLauncher
 from supervisor.driver.recorder import Recorder
 from supervisor.driver.requeue import JobActions
@@ -71,6 +72,8 @@ def node_addresses(slurm: SlurmClient, nodes: tuple[str, ...], batch_host: str |
 
 
 class Supervisor:
+    resume_unknown = False  # the last checkpoint scan failed: the program finds its checkpoint itself
+
     def __init__(
         self,
         paths: CampaignPaths,
@@ -98,7 +101,6 @@ class Supervisor:
         )  # fmt: skip
         self.recorder = Recorder(Journal(paths.journal, clock=clock))
         self.guard = Guard(self.record, clock)  # a stage's exception is journaled; supervision goes on
-        self.resume_unknown = False  # the checkpoint scan failed: the program finds its checkpoint itself
         self.launches = 0
         self.scheduled_end: float | None = None
         self.slot_token = secrets.token_hex(8)  # this Slurm run's slot directories get unguessable names
@@ -148,6 +150,10 @@ class Supervisor:
 
     def _compose(self) -> None:
         run = self.config.run
+        self.notifier = Notifier(
+            alerts_config=self.config.alerts, metrics_config=self.config.metrics, policy_config=self.policy,
+            record=self.record, clock=self.clock, guard=self.guard, job_id=self.job_id, campaign=str(self.paths.root),
+        )  # fmt: skip
         self.agents = AgentStep(
             channel=self.channel, slurm=self.slurm, start=self.start_step, record=self.record, clock=self.clock,
             nodes=self.layout.nodes, python=self.spec.python or "python3", campaign=self.paths.root,
@@ -158,6 +164,7 @@ class Supervisor:
             channel=self.channel, detector=self.detector, inbox=self.inbox, checkpoints=self.checkpoints,
             agents=self.agents, record=self.record, clock=self.clock, loop_interval_s=run.loop_interval_s,
             guard=self.guard, stop_requested=lambda: stop_request.path(self.paths.root).exists(),
+            on_warning=self.notifier.warning, on_pass=self._metrics_pass,
         )  # fmt: skip
         jobs = JobActions(
             slurm=self.slurm, channel=self.channel, inbox=self.inbox, record=self.record, clock=self.clock,
@@ -167,8 +174,14 @@ class Supervisor:
             slurm=self.slurm, channel=self.channel, inbox=self.inbox, jobs=jobs, record=self.record,
             clock=self.clock, job_id=self.job_id, campaign=str(self.paths.root), alerts_config=self.config.alerts,
             checkpoint_grace_s=run.checkpoint_grace_s, ranks_of=lambda launch: self.watcher.live(launch).ranks,
-            guard=self.guard, checkpoints=self.checkpoints,
+            guard=self.guard, checkpoints=self.checkpoints, submit_alert=self.notifier.submit,
+            budgets=self.policy.budgets,
         )  # fmt: skip
+
+    def _metrics_pass(self) -> None:
+        if self.notifier.metrics is not None:
+            live = getattr(self.channel, "latest", None) or self.channel.table.snapshot()
+            self.notifier.update_metrics(live, self.recorder.history)
 
     def _shutdown(self) -> None:
         agents: AgentStep | None = getattr(self, "agents", None)
@@ -177,6 +190,9 @@ class Supervisor:
         channel: Channel | None = getattr(self, "channel", None)
         if channel is not None:
             channel.close()
+        notifier: Notifier | None = getattr(self, "notifier", None)
+        if notifier is not None:
+            notifier.close()  # queued alerts are sent (bounded), the metrics endpoint stops
         self.inbox.close()
         self.recorder.close()
 
@@ -201,7 +217,7 @@ class Supervisor:
                 slurm_kills_on_node_failure=not self._no_kill(),
             )  # fmt: skip
             self.record({**interruption.to_event(self.clock()), "launch": launch.number, "last_step": last_step(found)})
-            outcome = self.actuators.carry_out(Situation(launch, interruption, decision, found))
+            outcome = self.actuators.carry_out(Situation(launch, interruption, decision, found, state.history))
             if interruption.cls == ev.NUMERICAL:  # the launch is gone now: no checkpoint can appear after this
                 self.guard.call(CHECKPOINT_SCAN, self.checkpoints.quarantine_after_divergence, default=None)
             if outcome is not None:

@@ -44,12 +44,15 @@ class Watcher:
         loop_interval_s: float,
         guard: Guard | None = None,
         stop_requested: Callable[[], bool] | None = None,
+        on_warning: Callable[[DetectionEvent], None] | None = None,
+        on_pass: Callable[[], None] | None = None,
     ) -> None:
         self.channel, self.detector, self.inbox = channel, detector, inbox
         self.checkpoints, self.agents, self.record, self.clock = checkpoints, agents, record, clock
         self.loop_interval_s = loop_interval_s
         self.guard = guard or Guard(record, clock)
         self.stop_requested = stop_requested  # the user asked to stop (``supervise cancel``)
+        self.on_warning, self.on_pass = on_warning, on_pass  # the policy's answer to warnings; metrics
         self.old_pids: set[int] = set()  # rank pids of earlier launches: their slots linger until overwritten
 
     def forget_ranks(self) -> None:
@@ -86,9 +89,13 @@ class Watcher:
             if now < next_eval:
                 continue
             next_eval = now + self.loop_interval_s
+            if self.on_pass is not None:
+                self.on_pass()
             for d in self.guard.call(DETECT, self.observe, launch, default=[]):
                 if not d.is_fault:
                     self.record(ev.detection_event(d, self.clock()))
+                    if self.on_warning is not None:
+                        self.on_warning(d)
                 elif d.kind == RANK_EXITED:
                     # Ranks finish one by one; srun (--kill-on-bad-exit) ends the step at once on a crash.
                     # Only a rank gone while srun keeps running past the grace time is a fault by itself.
