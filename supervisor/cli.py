@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("supervisor.commands.run", "supervise the training step inside an allocation (the batch step)"),
     "report": ("supervisor.commands.report", "report a campaign: attempts, outcomes, exclusions, checkpoints, goodput"),
     "simulate": ("supervisor.commands.simulate", "simulate a long campaign under a failure trace: naive requeue vs this supervisor"),
+    "cancel": ("supervisor.commands.cancel", "stop a campaign for good (optionally checkpointing first); never requeued"),
     "nodes": ("supervisor.commands.nodes", "show the suspect-node ledger (strikes, exclusions) of a campaign"),
     "healthcheck": ("supervisor.commands.healthcheck", "check this node's health (GPUs, Xids, filesystems, memory); exit 8 when unfit; --drain for Slurm"),
     "doctor": ("supervisor.commands.doctor", "check this machine and Slurm's configuration for what the supervisor relies on"),

@@ -62,6 +62,8 @@ AGENTS_RESTARTED = "agents_restarted"
 REQUEUE_SKIPPED = "requeue_skipped"
 EXCLUSION_SKIPPED = "exclusion_skipped"
 TIMEOUTS_LEARNED = "timeouts_learned"
+SUPERVISOR_ERROR = "supervisor_error"
+CHECKPOINT_MISSED = "checkpoint_missed"
 JOURNAL_RESUMED = "journal_resumed"  # written by supervisor.journal itself; readers drop it
 
 EVENT_TYPES: tuple[str, ...] = (
@@ -85,6 +87,8 @@ EVENT_TYPES: tuple[str, ...] = (
     REQUEUE_SKIPPED,
     EXCLUSION_SKIPPED,
     TIMEOUTS_LEARNED,
+    SUPERVISOR_ERROR,
+    CHECKPOINT_MISSED,
 )
 # Written by ``supervisor.journal`` itself (never by the supervisor) and dropped by every reader.
 STORAGE_EVENT_TYPES: tuple[str, ...] = (JOURNAL_RESUMED,)
@@ -255,6 +259,21 @@ def exclusion_skipped(t: float, nodes: Iterable[str], reason: str) -> Event:
 def timeouts_learned(t: float, histograms: Mapping[str, Any], timeouts_s: Mapping[str, Any]) -> Event:
     """The detector's learned per-phase step-time histograms; the last one is restored by the next Slurm run."""
     return {"type": TIMEOUTS_LEARNED, "t": t, "histograms": dict(histograms), "timeouts_s": dict(timeouts_s)}
+
+
+def supervisor_error(t: float, stage: str, error: str, repeats: int = 0) -> Event:
+    """One stage of the supervisor failed (a detector, the live.json write, a checkpoint scan, a Slurm query, an
+    actuator); supervision went on. ``repeats``: the same error suppressed since it was last journaled."""
+    return {"type": SUPERVISOR_ERROR, "t": t, "stage": stage, "error": error[:500], "repeats": repeats}
+
+
+def checkpoint_missed(t: float, reason: str, unreached_ranks: Sequence[int] = (), waited_s: float | None = None,
+                      step: int | None = None) -> Event:
+    """A requested checkpoint did not commit before the launch ended (or the wait ran out): the next run resumes
+    from an older one (``step``: the newest valid one known). ``unreached_ranks``: ranks the request never
+    reached (they had not started, or never used the client)."""
+    return {"type": CHECKPOINT_MISSED, "t": t, "reason": reason, "unreached_ranks": sorted(unreached_ranks),
+            "waited_s": waited_s, "step": step}
 
 
 def journal_resumed(t: float, torn_offset: int) -> Event:

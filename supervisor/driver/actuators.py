@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,8 @@ from supervisor.decisions import events as ev
 from supervisor.decisions import policy
 from supervisor.decisions.respond import last_step
 from supervisor.driver import launcher
+from supervisor.driver.checkpoint_request import CheckpointRequest
+from supervisor.driver.guard import ACTION, CHECKPOINT_SCAN, Guard
 from supervisor.driver.launcher import Launch
 from supervisor.driver.ports import Channel
 from supervisor.driver.requeue import JobActions
@@ -40,6 +42,7 @@ EXIT_REQUEUED = 0  # the job is requeued; this run ends cleanly
 
 SLURM_TERM_WAIT_S = 30.0  # when Slurm is ending the job, how long its own SIGTERM/SIGKILL may take
 STACKS_WAIT_S = 5.0
+TIME_LIMIT_MARGIN_S = 10.0  # at a time limit, the save is waited for until this long before Slurm's EndTime
 
 RELAUNCH = -1  # an actuator's answer: end the action list, relaunch in this allocation
 
@@ -52,6 +55,7 @@ class Situation:
     interruption: cl.Interruption
     decision: policy.Decision
     evidence: cl.Evidence
+    history: policy.History | None = None  # the campaign before this interruption (the alert's streak)
 
 
 Actuator = Callable[[policy.Action, Situation], "int | None"]
@@ -82,10 +86,17 @@ class Actuators:
         alerts_config: AlertConfig,
         checkpoint_grace_s: float,
         ranks_of: Callable[[Launch], Sequence[Any]],
+        guard: Guard | None = None,
+        checkpoints: Any = None,
+        submit_alert: Callable[[alerts.Alert | None], None] | None = None,
+        budgets: Any = None,
     ) -> None:
         self.slurm, self.channel, self.inbox, self.jobs = slurm, channel, inbox, jobs
         self.record, self.clock, self.job_id, self.campaign = record, clock, job_id, campaign
         self.alerts_config, self.checkpoint_grace_s, self.ranks_of = alerts_config, checkpoint_grace_s, ranks_of
+        self.guard = guard or Guard(record, clock)
+        self.checkpoints = checkpoints  # driver.checkpoints.CheckpointTracker: was the requested save committed?
+        self.submit_alert, self.budgets = submit_alert, budgets  # the alert dispatcher (off the loop's path)
         self.table: dict[str, Actuator] = {
             policy.ALERT: self.alert,
             policy.CHECKPOINT_NOW: self.stop_step,
@@ -111,21 +122,29 @@ class Actuators:
             if actuator is None:
                 log.warning("action_unknown", kind=action.kind)
                 continue
-            result = actuator(action, situation)
+            # A failing actuator is journaled and the next action runs: a dead webhook must not cost the requeue.
+            result = self.guard.call(f"{ACTION}:{action.kind}", actuator, action, situation, default=None)
             if result == RELAUNCH:
                 return None
             if result is not None:
                 return result
-        self.end_launch(situation.launch)
+        self.guard.call(f"{ACTION}:end_launch", self.end_launch, situation.launch, default=None)
         return None
 
     # ------------------------------------------------------------------------------------ the launch's ranks
     def alert(self, action: policy.Action, s: Situation) -> int | None:
         if action.tier in (None, "L1"):
             return None
-        doc = alerts.document(self.job_id, self.campaign, action.to_event(self.clock()),
-                              [d.to_dict() for _, d in s.evidence.detections])  # fmt: skip
-        alerts.send(self.alerts_config, doc)
+        detections: list[Mapping[str, Any]] = [d.to_dict() for _, d in s.evidence.detections]
+        if self.submit_alert is None:  # (no dispatcher injected: deliver here, bounded by the sinks' timeouts)
+            alerts.send(self.alerts_config, alerts.document(self.job_id, self.campaign,
+                                                            action.to_event(self.clock()), detections))
+            return None
+        decision = policy.Decision((action,), s.decision.state, s.decision.message)
+        self.submit_alert(alerts.for_decision(
+            self.job_id, self.campaign, decision, s.interruption, detections, history=s.history,
+            budgets=self.budgets, ran_s=time.monotonic() - s.launch.started, t=self.clock(),
+        ))  # fmt: skip
         return None
 
     def stop_step(self, action: policy.Action, s: Situation) -> int | None:
@@ -140,14 +159,34 @@ class Actuators:
             # save, as SIGTERM would give them.
             launcher.kill_step(self.slurm, self.job_id, launch.name, launch.proc)
             return None
-        flags = wire.flags_arg(slot_flag("FLAG_CHECKPOINT") | slot_flag("FLAG_STOP"), 0)
-        for node in launch.nodes:
-            self.channel.send(node, [wire.Command(wire.CMD_SET_FLAGS, wire.ALL_RANKS, flags)])
+        # Each rank gets the request once it shows up (ranks starting after Slurm's USR1 included), again if
+        # its flags do not show it; then the save is awaited: the launch ends once every rank saved and stopped.
+        request = CheckpointRequest(self.channel, lambda: self.ranks_of(launch),
+                                    slot_flag("FLAG_CHECKPOINT") | slot_flag("FLAG_STOP"))  # fmt: skip
+        before = self.checkpoints.best_step if self.checkpoints is not None else None
         self.record(ev.checkpoint_requested(self.clock(), "checkpoint and stop"))
-        deadline = time.monotonic() + grace_s
+        started = time.monotonic()
+        deadline = started + grace_s
+        end = s.evidence.scheduled_end
+        if s.interruption.cls == ev.TIMEOUT and end is not None:  # leave time to requeue before the limit
+            deadline = min(deadline, started + max(1.0, end - self.clock() - TIME_LIMIT_MARGIN_S))
         while launch.proc.poll() is None and time.monotonic() < deadline:
+            request.deliver()
             self.channel.poll(0.2)
+        self.check_saved(before, request, time.monotonic() - started, launch.proc.poll() is None)
         return None
+
+    def check_saved(self, before: int | None, request: CheckpointRequest, waited_s: float, running: bool) -> None:
+        """Journal a requested checkpoint that did not commit (the next run resumes from an older one)."""
+        if self.checkpoints is None or not self.checkpoints.checkpoint_dir:
+            return  # where the program saves is unknown: nothing to check
+        self.guard.call(CHECKPOINT_SCAN, self.checkpoints.scan, default=None)
+        after = self.checkpoints.best_step
+        if after is not None and (before is None or after > before):
+            return
+        why = ("the launch did not end within the wait" if running else "the launch ended") + \
+            " without committing a new checkpoint"
+        self.record(ev.checkpoint_missed(self.clock(), why, request.unreached(), round(waited_s, 1), after))
 
     def dump_stacks(self, action: policy.Action, s: Situation) -> int | None:
         """Save the stacks of every rank of the launch before it is killed: the hung ranks show where they are

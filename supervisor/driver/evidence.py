@@ -31,7 +31,7 @@ log = structlog.get_logger("supervisor")
 
 @dataclass(frozen=True)
 class WatchResult:
-    """Why the loop stopped watching a launch: ``reason`` is "exited", "detection" or "signal"."""
+    """Why the loop stopped watching a launch: ``reason`` is "exited", "detection", "signal" or "stop_request" (``supervise cancel``)."""
 
     reason: str
     exit_code: int | None = None  # srun's, when it exited

@@ -22,6 +22,7 @@ from typing import Any
 from slurm.client import SlurmClient
 from slurm.env import SlurmEnv
 from slurm.errors import SlurmError
+from supervisor import stop_request
 from supervisor.campaign import CampaignSpec
 from supervisor.config import Config
 from supervisor.decisions import campaign_state, policy
@@ -35,7 +36,9 @@ from supervisor.driver.actuators import Actuators, Situation, slot_flag
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoints import CheckpointTracker
 from supervisor.driver.evidence import WatchResult, query_job, query_nodes
+from supervisor.driver.guard import CHECKPOINT_SCAN, SLURM_QUERY, Guard, GuardedChannel
 from supervisor.driver.launcher import Launch
+from supervisor.driver.notify import Notifier
 from supervisor.driver.ports import Channel, StepLauncher
 from supervisor.driver.recorder import Recorder
 from supervisor.driver.requeue import JobActions
@@ -69,6 +72,8 @@ def node_addresses(slurm: SlurmClient, nodes: tuple[str, ...], batch_host: str |
 
 
 class Supervisor:
+    resume_unknown = False  # the last checkpoint scan failed: the program finds its checkpoint itself
+
     def __init__(
         self,
         paths: CampaignPaths,
@@ -95,6 +100,7 @@ class Supervisor:
             spare_nodes=config.run.spare_nodes,
         )  # fmt: skip
         self.recorder = Recorder(Journal(paths.journal, clock=clock))
+        self.guard = Guard(self.record, clock)  # a stage's exception is journaled; supervision goes on
         self.launches = 0
         self.scheduled_end: float | None = None
         self.slot_token = secrets.token_hex(8)  # this Slurm run's slot directories get unguessable names
@@ -120,19 +126,20 @@ class Supervisor:
         now = self.clock()
         if not state.started:
             self.record(ev.campaign_started(now, str(self.paths.root), self.spec.command, self.job_id))
-        nodes = query_nodes(self.slurm, self.layout.nodes) or {}
-        job, _ = query_job(self.slurm, self.job_id)
+        nodes = self._query_nodes() or {}
+        job, _ = self._query_job()
         down = [n for n, info in nodes.items() if info.is_down]
         for event in campaign_state.infer_previous_outcome(state, down, job):
             self.record(event)
         self.record(ev.attempt_started(now, self.job_id, self.env.restart_count, self.layout.nodes, None))
-        job, _ = query_job(self.slurm, self.job_id)
+        job, _ = self._query_job()
         self.scheduled_end = (job.end_time if job is not None else None) or self.env.end_time
         try:
             self.node_addresses = node_addresses(self.slurm, self.layout.nodes, self.env.batch_host)
             host = bind_address(os.environ.get(BIND_ENV), self.node_addresses.get(self.env.batch_host or ""))
             allowed = resolve_sources(self.node_addresses.get(n) for n in self.layout.nodes)
-            self.channel = self.channel_factory(self.paths.root, self.job_id, (host, 0), allowed)
+            self.channel = GuardedChannel(self.channel_factory(self.paths.root, self.job_id, (host, 0), allowed),
+                                          self.guard)
             self._compose()
             self.channel.write_address_file()
             self.agents.spawn(self.layout.nodes)
@@ -143,6 +150,10 @@ class Supervisor:
 
     def _compose(self) -> None:
         run = self.config.run
+        self.notifier = Notifier(
+            alerts_config=self.config.alerts, metrics_config=self.config.metrics, policy_config=self.policy,
+            record=self.record, clock=self.clock, guard=self.guard, job_id=self.job_id, campaign=str(self.paths.root),
+        )  # fmt: skip
         self.agents = AgentStep(
             channel=self.channel, slurm=self.slurm, start=self.start_step, record=self.record, clock=self.clock,
             nodes=self.layout.nodes, python=self.spec.python or "python3", campaign=self.paths.root,
@@ -152,6 +163,8 @@ class Supervisor:
         self.watcher = Watcher(
             channel=self.channel, detector=self.detector, inbox=self.inbox, checkpoints=self.checkpoints,
             agents=self.agents, record=self.record, clock=self.clock, loop_interval_s=run.loop_interval_s,
+            guard=self.guard, stop_requested=lambda: stop_request.path(self.paths.root).exists(),
+            on_warning=self.notifier.warning, on_pass=self._metrics_pass,
         )  # fmt: skip
         jobs = JobActions(
             slurm=self.slurm, channel=self.channel, inbox=self.inbox, record=self.record, clock=self.clock,
@@ -161,7 +174,14 @@ class Supervisor:
             slurm=self.slurm, channel=self.channel, inbox=self.inbox, jobs=jobs, record=self.record,
             clock=self.clock, job_id=self.job_id, campaign=str(self.paths.root), alerts_config=self.config.alerts,
             checkpoint_grace_s=run.checkpoint_grace_s, ranks_of=lambda launch: self.watcher.live(launch).ranks,
+            guard=self.guard, checkpoints=self.checkpoints, submit_alert=self.notifier.submit,
+            budgets=self.policy.budgets,
         )  # fmt: skip
+
+    def _metrics_pass(self) -> None:
+        if self.notifier.metrics is not None:
+            live = getattr(self.channel, "latest", None) or self.channel.table.snapshot()
+            self.notifier.update_metrics(live, self.recorder.history)
 
     def _shutdown(self) -> None:
         agents: AgentStep | None = getattr(self, "agents", None)
@@ -170,6 +190,9 @@ class Supervisor:
         channel: Channel | None = getattr(self, "channel", None)
         if channel is not None:
             channel.close()
+        notifier: Notifier | None = getattr(self, "notifier", None)
+        if notifier is not None:
+            notifier.close()  # queued alerts are sent (bounded), the metrics endpoint stops
         self.inbox.close()
         self.recorder.close()
 
@@ -177,24 +200,29 @@ class Supervisor:
         """Launch, watch, decide, act; until a decision ends this attempt."""
         excluded = self._ledger_exclusions()
         while True:
-            resume, resume_step = self.checkpoints.pick_resume()
+            picked = self.guard.call(CHECKPOINT_SCAN, self.checkpoints.pick_resume, default=None)
+            self.resume_unknown = picked is None
+            resume, resume_step = picked if picked is not None else (None, None)
             launch = self._launch(resume, resume_step, excluded)
             watched = self.watcher.watch(launch)
             self.watcher.journal_timeouts()
             found = self._evidence(launch, watched)
             state = campaign_state.fold(self.recorder.history, self.ledger_config)
             now = self.clock()
-            interruption, decision = respond(
+            request = stop_request.read(self.paths.root) if watched.reason == "stop_request" else None
+            interruption, decision = stop_request.respond(request) if request is not None else respond(
                 found, state.history, state.ledger, nodes=self.layout.nodes, needed=self.layout.train_nodes,
                 config=self.policy, now=now, step_running=launch.proc.poll() is None,
                 restarts_here=self.launches - 1, signatures=self.signatures,
                 slurm_kills_on_node_failure=not self._no_kill(),
             )  # fmt: skip
             self.record({**interruption.to_event(self.clock()), "launch": launch.number, "last_step": last_step(found)})
-            outcome = self.actuators.carry_out(Situation(launch, interruption, decision, found))
+            outcome = self.actuators.carry_out(Situation(launch, interruption, decision, found, state.history))
             if interruption.cls == ev.NUMERICAL:  # the launch is gone now: no checkpoint can appear after this
-                self.checkpoints.quarantine_after_divergence()
+                self.guard.call(CHECKPOINT_SCAN, self.checkpoints.quarantine_after_divergence, default=None)
             if outcome is not None:
+                if request is not None:
+                    stop_request.clear(self.paths.root)
                 return outcome
             excluded = self._next_exclusions(decision)
 
@@ -203,14 +231,21 @@ class Supervisor:
         now = self.clock()
         for d in watched.detections:
             self.record(ev.detection_event(d, now))
-        job, job_known = query_job(self.slurm, self.job_id)
+        job, job_known = self._query_job()
         return evidence.build(
             watched, now=self.clock(), ranks=self.watcher.live(launch).ranks, sigterm_flag=slot_flag("RANK_FLAG_SIGTERM"),
-            job=job, job_known=job_known, nodes=query_nodes(self.slurm, self.layout.nodes),
+            job=job, job_known=job_known, nodes=self._query_nodes(),
             log_lines=evidence.tail(launch.log_path), step_nodes=launch.nodes, job_nodes=self.layout.nodes,
             signal_lead_s=float(self.config.submit.signal_lead_s), scheduled_end=self.scheduled_end,
             tasks_per_node=self.layout.tasks_per_node, node_addresses=self.node_addresses,
         )  # fmt: skip
+
+    def _query_job(self) -> tuple[Any, bool]:
+        """Slurm's job record; a query that fails in any way (not only SlurmError) is unknown, journaled."""
+        return self.guard.call(SLURM_QUERY, query_job, self.slurm, self.job_id, default=(None, False))
+
+    def _query_nodes(self) -> Any:
+        return self.guard.call(SLURM_QUERY, query_nodes, self.slurm, self.layout.nodes, default=None)
 
     def _ledger_exclusions(self) -> tuple[str, ...]:
         """Suspect nodes of the ledger that this allocation holds, left out when enough nodes remain."""
@@ -239,7 +274,7 @@ class Supervisor:
         env = dict(os.environ)
         env["SUPERVISOR_CAMPAIGN"] = str(self.paths.root)
         env[SLOT_DIR_ENV] = slot_dir_template(self.job_id, self.slot_token)
-        if resume is None and not self.config.run.checkpoint_dir:
+        if resume is None and (not self.config.run.checkpoint_dir or self.resume_unknown):
             env.pop("SUPERVISOR_RESUME_FROM", None)  # unknown, not "fresh start" (""): the program looks itself
         else:
             env["SUPERVISOR_RESUME_FROM"] = resume or ""

@@ -18,6 +18,7 @@ from supervisor.decisions.detect import NODE_SILENT, RANK_EXITED, DetectionEvent
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoints import CheckpointTracker
 from supervisor.driver.evidence import WatchResult
+from supervisor.driver.guard import AGENTS, CHECKPOINT_SCAN, DETECT, Guard
 from supervisor.driver.launcher import Launch
 from supervisor.driver.ports import Channel
 from supervisor.driver.signals import SignalInbox
@@ -25,6 +26,7 @@ from supervisor.driver.signals import SignalInbox
 CHECKPOINT_SCAN_S = 5.0  # how often the checkpoint directory is looked at for new valid checkpoints
 TIMEOUTS_JOURNAL_S = 600.0  # learned timeouts are journaled this often (and whenever a launch ends)
 EXIT_GRACE_S = 5.0  # a rank gone while srun still runs for this long is a fault (not a normal finish)
+STOP_CHECK_S = 1.0  # how often the campaign directory is looked at for a user's stop request
 EXIT_SETTLE_S = 0.6  # after srun exits: time for the agents to report how each rank ended
 
 
@@ -40,10 +42,17 @@ class Watcher:
         record: Callable[[dict[str, Any]], None],
         clock: Callable[[], float],
         loop_interval_s: float,
+        guard: Guard | None = None,
+        stop_requested: Callable[[], bool] | None = None,
+        on_warning: Callable[[DetectionEvent], None] | None = None,
+        on_pass: Callable[[], None] | None = None,
     ) -> None:
         self.channel, self.detector, self.inbox = channel, detector, inbox
         self.checkpoints, self.agents, self.record, self.clock = checkpoints, agents, record, clock
         self.loop_interval_s = loop_interval_s
+        self.guard = guard or Guard(record, clock)
+        self.stop_requested = stop_requested  # the user asked to stop (``supervise cancel``)
+        self.on_warning, self.on_pass = on_warning, on_pass  # the policy's answer to warnings; metrics
         self.old_pids: set[int] = set()  # rank pids of earlier launches: their slots linger until overwritten
 
     def forget_ranks(self) -> None:
@@ -51,7 +60,7 @@ class Watcher:
         self.old_pids.update(r.pid for r in self.channel.table.snapshot().ranks)
 
     def watch(self, launch: Launch) -> WatchResult:
-        next_eval = next_scan = next_timeouts = 0.0
+        next_eval = next_scan = next_timeouts = next_stop_check = 0.0
         exited_since: float | None = None  # a rank exited while srun still runs: normal at the very end
         pending: list[DetectionEvent] = []
         while True:
@@ -59,26 +68,34 @@ class Watcher:
             received = self.inbox.drain()
             if received:
                 return WatchResult("signal", detections=tuple(pending), signals=tuple(received))
+            if self.stop_requested is not None and time.monotonic() >= next_stop_check:
+                next_stop_check = time.monotonic() + STOP_CHECK_S
+                if self.guard.call(CHECKPOINT_SCAN, self.stop_requested, default=False):
+                    return WatchResult("stop_request", detections=tuple(pending))
             code = launch.proc.poll()
             if code is not None:
                 self.settle(EXIT_SETTLE_S)
-                self.checkpoints.scan()
+                self.scan_checkpoints()
                 found = self.verdict_on_silent_nodes(launch) if code != 0 else []
                 return WatchResult("exited", exit_code=code, detections=tuple(pending + found))
             now = time.monotonic()
             if now >= next_scan:
                 next_scan = now + CHECKPOINT_SCAN_S
-                self.checkpoints.scan()
+                self.scan_checkpoints()
             if now >= next_timeouts:
                 if next_timeouts:
-                    self.journal_timeouts()
+                    self.guard.call(DETECT, self.journal_timeouts, default=None)
                 next_timeouts = now + TIMEOUTS_JOURNAL_S
             if now < next_eval:
                 continue
             next_eval = now + self.loop_interval_s
-            for d in self.observe(launch):
+            if self.on_pass is not None:
+                self.on_pass()
+            for d in self.guard.call(DETECT, self.observe, launch, default=[]):
                 if not d.is_fault:
                     self.record(ev.detection_event(d, self.clock()))
+                    if self.on_warning is not None:
+                        self.on_warning(d)
                 elif d.kind == RANK_EXITED:
                     # Ranks finish one by one; srun (--kill-on-bad-exit) ends the step at once on a crash.
                     # Only a rank gone while srun keeps running past the grace time is a fault by itself.
@@ -89,7 +106,7 @@ class Watcher:
             if exited_since is not None and now - exited_since > EXIT_GRACE_S:
                 return WatchResult("detection", detections=tuple(pending + self.verdict_on_silent_nodes(launch)))
             if self.agents.died():
-                self.agents.restart()
+                self.guard.call(AGENTS, self.agents.restart, default=None)
 
     def verdict_on_silent_nodes(self, launch: Launch) -> list[DetectionEvent]:
         """A crash seen from the survivors (gloo errors, exits) often means a node died: while some node's
@@ -99,13 +116,16 @@ class Watcher:
         deadline = time.monotonic() + hang.node_silence_s + 1.0
         found: list[DetectionEvent] = []
         while time.monotonic() < deadline:
-            found += [d for d in self.observe(launch) if d.is_fault]
+            found += [d for d in self.guard.call(DETECT, self.observe, launch, default=[]) if d.is_fault]
             views = self.channel.table.node_views()
             stale = [n for n in launch.nodes if n not in views or views[n].staleness_s > hang.node_stale_s]
             if not stale or any(d.kind == NODE_SILENT for d in found):
                 break
             self.settle(0.5)
         return found
+
+    def scan_checkpoints(self) -> None:
+        self.guard.call(CHECKPOINT_SCAN, self.checkpoints.scan, default=None)
 
     def journal_timeouts(self) -> None:
         learned = self.detector.timeouts.to_dict()

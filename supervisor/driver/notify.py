@@ -1,0 +1,70 @@
+"""What people see and hear while the campaign runs: warnings answered by the policy, alerts sent off the
+supervision path, the Prometheus endpoint fed each pass.
+
+* A warning detection (persistent straggler, loss spike) gets ``policy.respond_to_warning``: its actions are
+  journaled (the ledger folds ``mark_suspect`` from the journal; nothing else to do for it) and an ``alert`` goes
+  to the dispatcher. The run goes on.
+* Alerts go through one ``alerts.Dispatcher`` (a worker thread with a bounded queue, dedup/cooldown, retries,
+  escalation): a slow or broken sink never blocks nor ends the loop.
+* ``metrics.start`` (off unless ``[metrics] listen`` is set) is fed the live snapshot and the journal each pass.
+
+Each part that fails is journaled as ``supervisor_error`` (``driver.guard``) and the loop goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from supervisor import alerts, metrics
+from supervisor.decisions import policy
+from supervisor.decisions.detect import DetectionEvent
+from supervisor.driver.guard import METRICS, WARNING, Guard
+
+
+class Notifier:
+    def __init__(
+        self,
+        *,
+        alerts_config: Any,
+        metrics_config: Mapping[str, Any] | Any,
+        policy_config: policy.PolicyConfig,
+        record: Callable[[dict[str, Any]], None],
+        clock: Callable[[], float],
+        guard: Guard,
+        job_id: str,
+        campaign: str,
+    ) -> None:
+        self.policy_config, self.record, self.clock, self.guard = policy_config, record, clock, guard
+        self.job_id, self.campaign = job_id, campaign
+        self.dispatcher: alerts.Dispatcher = guard.call(
+            "alerts", alerts.Dispatcher.from_config, alerts_config, default=None) or alerts.Dispatcher()
+        self.metrics: metrics.Metrics | None = guard.call(METRICS, metrics.start, metrics_config, campaign, job_id,
+                                                          default=None)  # fmt: skip
+
+    def submit(self, alert: alerts.Alert | None) -> None:
+        if alert is not None:
+            self.dispatcher.submit(alert)  # never raises, never blocks
+
+    def warning(self, detection: DetectionEvent) -> None:
+        """The policy's response to a warning: journaled, its alert sent; the run goes on."""
+        self.guard.call(WARNING, self._warning, detection, default=None)
+
+    def _warning(self, detection: DetectionEvent) -> None:
+        actions = policy.respond_to_warning(detection, self.policy_config)
+        kinds = [a.kind for a in actions]
+        for action in actions:
+            event = action.to_event(self.clock())
+            self.record(event)  # MARK_SUSPECT: journaled only, the ledger folds it
+            if action.kind == policy.ALERT:
+                self.submit(alerts.build(self.job_id, self.campaign, event, [detection.to_dict()],
+                                         t=event["t"], actions_taken=kinds))  # fmt: skip
+
+    def update_metrics(self, live: Any, history: Sequence[Mapping[str, Any]]) -> None:
+        if self.metrics is not None:
+            self.guard.call(METRICS, self.metrics.update, live, history, default=None)
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.guard.call(METRICS, self.metrics.close, default=None)
+        self.guard.call("alerts", self.dispatcher.close, default=None)
