@@ -123,7 +123,7 @@ def _manifest_seed(tmp: Path) -> bytes:
 
 
 def build_targets(tmp: Path) -> list[Target]:
-    from slurm import parse, parse_sacct, sbatch
+    from slurm import parse, parse_sacct, parse_scontrol, sbatch
     from supervisor import config, journal
     from supervisor.checkpoint import single_file, trust
     from supervisor.checkpoint.locate import checkpoint_dir_from_argv
@@ -188,8 +188,8 @@ def build_targets(tmp: Path) -> list[Target]:
         Target("nodes-json", _fixture_texts("*/sinfo*.json") + _fixture_texts("*/scontrol_show_node.json"),
                text_of(parse.parse_nodes_json), err, True),
         Target("sacct-json", _fixture_texts("*/sacct*.json"), text_of(parse_sacct.parse_sacct_json), err, True),
-        Target("scontrol-jobs", _fixture_texts("22.05/scontrol_[!n]*.txt"), text_of(parse.parse_scontrol_jobs), err),
-        Target("scontrol-nodes", _fixture_texts("22.05/scontrol_nodes*.txt"), text_of(parse.parse_scontrol_nodes),
+        Target("scontrol-jobs", _fixture_texts("22.05/scontrol_[!n]*.txt"), text_of(parse_scontrol.parse_scontrol_jobs), err),
+        Target("scontrol-nodes", _fixture_texts("22.05/scontrol_nodes*.txt"), text_of(parse_scontrol.parse_scontrol_nodes),
                err),
         Target("sacct-text", _fixture_texts("22.05/sacct_runs.txt"), text_of(parse_sacct.parse_sacct_text), err),
     ]

@@ -29,17 +29,15 @@ from slurm.errors import (
 )
 from slurm.hostlist import compress, validate_job_id, validate_node_name, validate_step_id
 from slurm.model import JobInfo, JobRun, NodeInfo
-from slurm.parse import (
-    ParseError,
+from slurm.parse import ParseError, parse_nodes_json, parse_squeue_json
+from slurm.parse_sacct import SACCT_FIELDS, parse_sacct_text
+from slurm.parse_scontrol import (
     parse_node_address,
     parse_node_addresses,
-    parse_nodes_json,
     parse_scontrol_jobs,
     parse_scontrol_nodes,
-    parse_squeue_json,
     parse_step_names,
 )
-from slurm.parse_sacct import SACCT_FIELDS, parse_sacct_text
 from slurm.retry import Failure, RetryPolicy, classify_failure, should_retry
 
 SignalTarget = Literal["batch", "steps"]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 
-from slurm.parse import ParseError, parse_key_values
+from slurm.parse import ParseError
+from slurm.parse_scontrol import parse_key_values
 
 _LINE = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)\s*=\s?(.*)$")
 

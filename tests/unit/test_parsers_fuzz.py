@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurm import parse, parse_sacct
+from slurm import parse, parse_sacct, parse_scontrol
 from supervisor import config, journal
 from supervisor.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestError, parse_manifest
 from supervisor.checkpoint.store import CheckpointStore, checkpoint_name
@@ -167,8 +167,8 @@ PARSERS = [
     (parse.parse_squeue_json, _fixtures("*/squeue*.json")),
     (parse.parse_nodes_json, _fixtures("*/sinfo*.json")),
     (parse_sacct.parse_sacct_json, _fixtures("*/sacct*.json")),
-    (parse.parse_scontrol_jobs, _fixtures("22.05/scontrol_[!n]*.txt")),
-    (parse.parse_scontrol_nodes, _fixtures("22.05/scontrol_nodes*.txt")),
+    (parse_scontrol.parse_scontrol_jobs, _fixtures("22.05/scontrol_[!n]*.txt")),
+    (parse_scontrol.parse_scontrol_nodes, _fixtures("22.05/scontrol_nodes*.txt")),
     (parse_sacct.parse_sacct_text, _fixtures("22.05/sacct_runs.txt")),
 ]
 

@@ -11,19 +11,16 @@ import pytest
 from slurm.model import JobInfo
 from slurm.parse import (
     ParseError,
-    duration_minutes,
     exit_status,
     job_state,
     node_state,
     number,
-    parse_key_values,
     parse_nodes_json,
-    parse_scontrol_jobs,
-    parse_scontrol_nodes,
     parse_squeue_json,
     timestamp,
 )
 from slurm.parse_sacct import parse_sacct_json, parse_sacct_text
+from slurm.parse_scontrol import duration_minutes, parse_key_values, parse_scontrol_jobs, parse_scontrol_nodes
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
 OLD = FIX / "22.05"

@@ -16,7 +16,8 @@ import pytest
 
 from slurm.env import SlurmEnv
 from slurm.model import JobInfo
-from slurm.parse import parse_nodes_json, parse_scontrol_jobs, parse_scontrol_nodes, parse_squeue_json
+from slurm.parse import parse_nodes_json, parse_squeue_json
+from slurm.parse_scontrol import parse_scontrol_jobs, parse_scontrol_nodes
 from slurm.retry import Failure, classify_failure
 
 REAL = Path(__file__).parent / "fixtures" / "slurm" / "24.11"
