@@ -122,3 +122,17 @@ def test_the_readme_exit_code_table_matches_the_code() -> None:
     table = _section(README, "## Exit codes")
     documented = {int(code) for code in re.findall(r"^\| (\d+) \|", table, re.M)}
     assert documented == set(EXIT_CODES), f"README exit codes {sorted(documented)} vs code {sorted(EXIT_CODES)}"
+
+
+def test_no_tracked_text_file_holds_a_merge_conflict_marker() -> None:
+    """A conflict left in a doc or a source file reads as content; this caught one in docs/architecture.md."""
+    marker = re.compile(r"^(<{7} |={7}$|>{7} )", re.M)
+    suffixes = {".py", ".md", ".toml", ".cfg", ".txt", ".sh", ".sbatch"}
+    found = [
+        str(path.relative_to(ROOT))
+        for top in ("supervisor", "slurm", "docs", "examples", "tests", "bench")
+        for path in (ROOT / top).rglob("*")
+        if path.suffix in suffixes and path.is_file() and marker.search(path.read_text(errors="replace"))
+    ]
+    found += [name for name in ("README.md", "Makefile", "pyproject.toml") if marker.search((ROOT / name).read_text())]
+    assert not found, f"merge conflict markers in {found}"
