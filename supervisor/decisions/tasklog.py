@@ -109,3 +109,53 @@ def named_peers(text: str, book: Mapping[str, str], own: str | None) -> tuple[st
         if node and node != own:
             named.add(node)
     return tuple(sorted(named))
+
+
+# srun's own report of how tasks ended (src/srun/launch: "srun: error: NODE: task(s) LIST: WHAT"): the only
+# place that names a rank killed from outside (its agent cannot read a non-child's exit status).
+_SRUN_TASK = re.compile(r"^srun: error: (?P<node>[\w.\-]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$")
+_EXIT_CODE = re.compile(r"Exited with exit code (\d+)")
+# strsignal(3) texts srun prints for a task killed by a signal
+_SIGNAL_TEXTS = {"Hangup": 1, "Interrupt": 2, "Quit": 3, "Illegal instruction": 4, "Trace/breakpoint trap": 5,
+                 "Aborted": 6, "Bus error": 7, "Floating point exception": 8, "Killed": 9,
+                 "User defined signal 1": 10, "Segmentation fault": 11, "User defined signal 2": 12,
+                 "Broken pipe": 13, "Alarm clock": 14, "Terminated": 15}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TaskExit:
+    """One task's ending as srun reported it: an exit code or a signal number (one of the two is set)."""
+
+    node: str
+    task: int
+    exit_code: int | None = None
+    signal: int | None = None
+    order: int = 0  # position among srun's reports: the first one is usually the cause, later ones its effects
+
+
+def _task_ids(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def srun_task_exits(lines: Iterable[str]) -> tuple[TaskExit, ...]:
+    """srun's ``srun: error: node2: task 1: Killed`` / ``tasks 0-3: Exited with exit code 1`` lines -> one
+    :class:`TaskExit` per task, in the order srun printed them (a task reported twice keeps its first)."""
+    out: dict[int, TaskExit] = {}
+    for line in lines:
+        m = _SRUN_TASK.match(line.strip())
+        if m is None:
+            continue
+        what = m.group("what")
+        code = _EXIT_CODE.search(what)
+        sig = _SIGNAL_TEXTS.get(what.removesuffix(" (core dumped)").strip())
+        if code is None and sig is None:
+            continue
+        for task in _task_ids(m.group("tasks")):
+            if task not in out:
+                out[task] = TaskExit(m.group("node"), task, int(code.group(1)) if code else None, sig, len(out))
+    return tuple(out.values())

@@ -79,6 +79,16 @@ def rank_exits(ranks: Sequence[Any]) -> tuple[cl.RankExit, ...]:
     )  # fmt: skip
 
 
+def merge_task_exits(agents: Sequence[cl.RankExit], srun: Sequence[tasklog.TaskExit]) -> tuple[cl.RankExit, ...]:
+    """The agents' exits (exact, when the rank was their child's) plus srun's report of each task that they could
+    not read (an agent cannot wait for a rank it did not start, so a rank killed from outside reaches us only as
+    srun's ``srun: error: node2: task 1: Killed``)."""
+    known = {x.rank for x in agents if x.rank is not None}
+    extra = tuple(cl.RankExit(node=t.node, rank=t.task, exit_code=t.exit_code, signal=t.signal)
+                  for t in srun if t.task not in known)  # fmt: skip
+    return (*agents, *extra)
+
+
 def build(
     watched: WatchResult,
     *,
@@ -97,7 +107,7 @@ def build(
     node_addresses: Mapping[str, str] | None = None,
 ) -> cl.Evidence:
     """The one Evidence of an ending. ``ranks``: the launch's rank views (earlier launches' left out)."""
-    exits = rank_exits(ranks)
+    exits = merge_task_exits(rank_exits(ranks), tasklog.srun_task_exits(log_lines))
     if not exits and watched.exit_code is not None:
         exits = tuple(cl.RankExit(node=n, exit_code=watched.exit_code) for n in step_nodes[:1])
     unknown = (() if job_known else ("slurm_job",)) + (() if nodes is not None else ("slurm_nodes",))

@@ -68,3 +68,43 @@ def test_real_srun_label_output_maps_to_the_nodes_slurm_used():
     assert out[0] == " 0: x node1" and out[10] == "10: x node3"
     for line in attribute(out, task_nodes(("node1", "node2", "node3"), 4)):
         assert line.text == f"x {line.node}"
+
+
+def test_srun_task_exit_lines_name_the_task_its_node_and_how_it_ended():
+    from supervisor.decisions.tasklog import TaskExit, srun_task_exits
+
+    lines = [
+        "0: step=23 loss=0.6",
+        "srun: error: node2: task 1: Killed",
+        "srun: launch/slurm: _step_signal: Terminating StepId=1707002.1",
+        "0: slurmstepd-node1: error: *** STEP 1707002.1 ON node1 CANCELLED AT 2026-12-03T07:58:02 ***",
+        "srun: error: node1: task 0: Terminated",
+        "srun: error: node3: tasks 4-5,7: Exited with exit code 1",
+        "srun: error: node4: task 6: Segmentation fault (core dumped)",
+        "srun: error: node2: task 1: Exited with exit code 137",  # reported twice: the first report stays
+        "srun: error: node9: task 8: Something new",  # not an ending srun is known to print
+    ]
+    assert srun_task_exits(lines) == (
+        TaskExit("node2", 1, signal=9, order=0),
+        TaskExit("node1", 0, signal=15, order=1),
+        TaskExit("node3", 4, exit_code=1, order=2),
+        TaskExit("node3", 5, exit_code=1, order=3),
+        TaskExit("node3", 7, exit_code=1, order=4),
+        TaskExit("node4", 6, signal=11, order=5),
+    )
+
+
+def test_a_rank_killed_from_outside_is_blamed_on_its_own_node_not_the_first():
+    # The agents cannot read a non-child's exit status: srun's line is the only word on the killed rank.
+    from supervisor.decisions.classify import RankExit, classify
+    from supervisor.driver import evidence
+    from supervisor.driver.evidence import WatchResult
+
+    log = ["0: step=23 loss=0.6", "srun: error: node2: task 1: Killed", "srun: error: node1: task 0: Terminated"]
+    found = evidence.build(WatchResult("exited", exit_code=143), now=0.0, ranks=[], sigterm_flag=0, job=None,
+                           job_known=True, nodes={}, log_lines=log, step_nodes=("node1", "node2"),
+                           job_nodes=("node1", "node2"), signal_lead_s=60.0, scheduled_end=None)  # fmt: skip
+    assert found.rank_exits == (RankExit("node2", 1, signal=9), RankExit("node1", 0, signal=15))
+    got = classify(found)
+    assert got.cls == "unknown" and got.blamed_nodes == ()
+    assert got.evidence[0].startswith("rank 1 on node2 was killed by SIGKILL")
