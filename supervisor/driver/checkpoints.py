@@ -42,11 +42,12 @@ class CheckpointTracker:
         return CheckpointStore(self.checkpoint_dir, key=self.key, adopt_foreign=self.adopt_foreign)
 
     def pick_resume(self) -> tuple[str | None, int | None]:
-        """The newest valid checkpoint (torn or corrupt ones are quarantined on the way), or a fresh start."""
+        """The newest valid checkpoint, fully validated (every shard's hash or CRC read: a bit flip in a shard
+        passes the quick check), torn or corrupt ones quarantined on the way; or a fresh start."""
         store = self._store()
         if store is None:
             return None, None
-        newest = store.newest_valid(full=False, quarantine=True)
+        newest = store.newest_valid(full=True, quarantine=True)
         for info in store.refused:  # foreign checkpoints refused from a root others can write: say why, once
             if str(info.path) not in self.quarantined:
                 self.quarantined.add(str(info.path))

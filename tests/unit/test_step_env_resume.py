@@ -75,3 +75,30 @@ def test_pick_resume_refuses_a_planted_checkpoint_in_a_shared_root_and_journals_
     assert step == 10 and path.endswith("step_000000010")
     (refused,) = [e for e in read(campaign / "journal.jsonl") if e["type"] == "checkpoint_refused"]
     assert refused["path"] == str(planted) and "fix:" in refused["reason"]
+
+
+def test_pick_resume_reads_every_shard_a_bit_flip_in_the_newest_falls_back_to_the_previous(tmp_path):
+    """The quick check reads sizes and the metadata only: a flipped bit in a shard passes it. The resume pick
+    validates fully, quarantines the corrupt checkpoint (journaled) and hands out the previous one."""
+    import time
+    import zipfile
+
+    from supervisor.driver.checkpoints import CheckpointTracker
+
+    root = tmp_path / "ckpt"
+    root.mkdir(mode=0o700)
+    for step in (10, 20):  # torch.save's format: an uncompressed zip with a data.pkl and tensor records
+        with zipfile.ZipFile(root / f"checkpoint-{step}.pt", "w", zipfile.ZIP_STORED) as zf:
+            zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+            zf.writestr("archive/data/0", bytes(range(256)) * 64)
+    newest = root / "checkpoint-20.pt"
+    data = bytearray(newest.read_bytes())
+    at = data.index(bytes(range(256))) + 1000
+    data[at] ^= 0x10
+    newest.write_bytes(bytes(data))
+    events: list[dict] = []
+    tracker = CheckpointTracker(str(root), events.append, time.time)
+    path, step = tracker.pick_resume()
+    assert step == 10 and path.endswith("checkpoint-10.pt")
+    (moved,) = [e for e in events if e["type"] == "checkpoint_quarantined"]
+    assert "checkpoint-20.pt" in moved["path"] and "CRC" in moved["reason"]
