@@ -1,0 +1,144 @@
+"""A training program written the way users write them: plain ``torch.save``/``torch.load`` and gloo DDP.
+
+It never calls the supervisor's client unless ``--client`` is given (the rows that need heartbeats: live hang,
+NaN, loss spike), and it knows nothing of manifests: rank 0 writes ``checkpoint-<step>.pt`` straight into
+``--ckpt-dir`` (not atomically, as most programs do) and every rank waits at a barrier. On start it resumes from
+``$SUPERVISOR_RESUME_FROM`` when the supervisor set it (the documented environment contract), else from the
+highest-numbered file in ``--ckpt-dir``, and rank 0 prints ``resumed from PATH at step N``. Rank 0 prints
+``step=N loss=X`` per step.
+
+The ``--*`` fault flags below exist for the fault matrix (tests/integration/test_fault_matrix_*.py); one-shot
+faults leave a marker file in ``--ckpt-dir`` so a relaunch does not repeat them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--ckpt-dir", required=True)
+    p.add_argument("--ckpt-every", type=int, default=10)
+    p.add_argument("--step-time", type=float, default=0.3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--pg-timeout", type=float, default=300.0, help="gloo collective timeout (s)")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--client", action="store_true", help="report steps and losses to the supervisor's client")
+    # faults (tests)
+    p.add_argument("--crash-at-start-rank", type=int, default=-1, help="this rank raises at every start")
+    p.add_argument("--crash-on-node", default="", help="whichever rank runs on this node raises at step 3")
+    p.add_argument("--print-on-node", default="", help="NODE:STEP:TEXT: that node's rank prints TEXT, exits 1")
+    p.add_argument("--hang-at-step", type=int, default=0, help="one-shot: --hang-rank sleeps forever here")
+    p.add_argument("--hang-rank", type=int, default=1)
+    p.add_argument("--nan-at-step", type=int, default=0)
+    p.add_argument("--spike-at-step", type=int, default=0, help="one step's loss is 1e6x (a spike, not a NaN)")
+    return p.parse_args()
+
+
+def once(ckpt_dir: Path, name: str) -> bool:
+    """True the first time a one-shot fault ``name`` fires in this checkpoint directory's campaign."""
+    marker = ckpt_dir / f".fault-{name}"
+    try:
+        marker.touch(exist_ok=False)
+        return True
+    except FileExistsError:
+        return False
+
+
+def latest(ckpt_dir: Path) -> Path | None:
+    found = []
+    for name in glob.glob(str(ckpt_dir / "checkpoint-*.pt")):
+        m = re.search(r"checkpoint-(\d+)\.pt$", name)
+        if m:
+            found.append((int(m.group(1)), Path(name)))
+    return max(found)[1] if found else None
+
+
+def main() -> int:
+    args = parse_args()
+    torch.set_num_threads(1)
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    world = int(os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS") or 1)
+    node = os.environ.get("SLURMD_NODENAME", "")
+    ckpt_dir = Path(args.ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    if rank == args.crash_at_start_rank:
+        raise ValueError("config key 'lr_schedule' is missing (a bug that crashes every start)")
+    if world > 1:
+        port = 20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=args.pg_timeout))
+    client = None
+    if args.client:
+        from supervisor import client as supervisor_client
+
+        client = supervisor_client
+    torch.manual_seed(args.seed)
+    model = nn.Sequential(nn.Linear(16, args.hidden), nn.Tanh(), nn.Linear(args.hidden, 1))
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    start = 0
+    resume = os.environ.get("SUPERVISOR_RESUME_FROM") or None
+    path = Path(resume) if resume else latest(ckpt_dir)
+    if path is not None:
+        state = torch.load(path, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = int(state["step"])
+        if rank == 0:
+            print(f"resumed from {path} at step {start}", file=sys.stderr, flush=True)
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    for step in range(start + 1, args.steps + 1):
+        x = torch.randn(32, 16, generator=gen)
+        loss = ((model(x) - x.sum(dim=1, keepdim=True).sin()) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        value = float(loss.item())
+        if args.nan_at_step and step >= args.nan_at_step:
+            value = float("nan")
+        if args.spike_at_step and step == args.spike_at_step:
+            value *= 1e6
+        if client is not None:
+            client.step(step, loss=value)
+        if rank == 0:
+            print(f"step={step} loss={value!r}", flush=True)
+        if args.crash_on_node and node == args.crash_on_node and step == 3:
+            raise OSError(f"cannot open /local/scratch/{node}/cache: Input/output error")
+        if args.print_on_node:
+            where, at, text = args.print_on_node.split(":", 2)
+            if node == where and step == int(at) and once(ckpt_dir, "print"):
+                print(text, flush=True)
+                return 1
+        if args.hang_at_step and step == args.hang_at_step and rank == args.hang_rank and once(ckpt_dir, "hang"):
+            while True:  # a live hang: the process runs (sleeps), it never steps again
+                time.sleep(3600)
+        time.sleep(args.step_time)
+        if args.ckpt_every and step % args.ckpt_every == 0:
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
+                           ckpt_dir / f"checkpoint-{step}.pt")
+            if world > 1:
+                dist.barrier()
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
