@@ -13,7 +13,14 @@ import time
 
 import pytest
 from campaign_tools import cancel, launches, wait_for
-from matrix_tools import Row, newest_valid, rank_pid_on, record_time, submit_program, wait_printed
+from matrix_tools import (
+    Row,
+    newest_valid,
+    rank_pid_on,
+    record_time,
+    submit_program,
+    wait_printed,
+)
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
@@ -53,5 +60,70 @@ def test_rank_sigkill_then_rank_sigstop_restart_in_allocation_from_the_newest_ch
         assert [a["outcome"]["class"] for a in report["attempts"]] == ["unknown", "hang", "completed"]
         assert len({a["job_id"] for a in report["attempts"]}) == 1 and report["excluded_nodes"] == []
         assert len(launches(camp)) == 3
+    finally:
+        cancel(camp.job_id)
+
+
+def test_hang_in_a_program_without_the_client_ends_at_its_own_collective_timeout(tmp_path):
+    """What the supervisor cannot see: a rank blocked but alive (sleeping, not stopped) in a program that never
+    calls the client gives no heartbeat to miss and no process state to read. The run stalls until the
+    program's own collective timeout (gloo's, 15 s here; 30 min by default) fails the peer; that failure is
+    classified (a gloo timeout: comm_error, a loopback address names no node) and the step relaunched."""
+    camp = submit_program(tmp_path, "--hang-at-step", "14", "--hang-rank", "1", "--pg-timeout", "15", steps=30)
+    try:
+        wait_printed(camp, 1, 14)
+        t0 = time.time()
+        before = newest_valid(camp.ckpt)
+        assert before is not None and before[1] == 10
+        row = Row(camp, 0)
+        got = row.check("comm_error", [], "restart_in_allocation")
+        assert got["t"] - t0 >= 10  # nothing seen before the program's own timeout
+        assert any("Timed out" in line or "timed out" in line for line in got["evidence"]), got["evidence"]
+        resumed = row.resumed_from(before)
+        record_time("hang without client", detected_s=got["t"] - t0, resumed_s=resumed - t0)
+        ended = wait_for("the campaign to complete", camp.ended, 120)
+        assert ended["state"] == "completed" and camp.report()["excluded_nodes"] == []
+    finally:
+        cancel(camp.job_id)
+
+
+def test_client_program_live_hang_relaunches_loss_spike_warns_nan_stops(tmp_path):
+    """The rows that need heartbeats, in one campaign of a program using the client: a live hang (rank 1 sleeps
+    after its step: no heartbeat, process alive), a loss spike (a warning: L2 alert, the run goes on), then NaN
+    (the campaign stops without a checkpoint of the diverged state)."""
+    config = "[run]\nsummary_interval_s = 0.25\nloop_interval_s = 0.25\n[detect]\nloss_min_samples = 8\n"
+    camp = submit_program(tmp_path, "--client", "--hang-at-step", "14", "--hang-rank", "1", "--spike-at-step",
+                          "34", "--nan-at-step", "50", steps=80, config=config)  # fmt: skip
+    try:
+        # Row: live hang with the client. Rank 0 waits for rank 1 in the next step's all-reduce, so both are
+        # silent at step 14: a global stall, which names no rank (the stacks saved show who is where).
+        wait_printed(camp, 1, 14)
+        t0 = time.time()
+        before = newest_valid(camp.ckpt)
+        assert before is not None and before[1] == 10
+        hang = Row(camp, 0)
+        got = hang.check("hang", [], "restart_in_allocation")
+        assert {"dump_stacks", "kill_step"} <= set(hang.actions())
+        stacks = {(e["rank"], e["result"]) for e in camp.of_type("stacks")}
+        assert {(0, "stacks_saved"), (1, "stacks_saved")} <= stacks
+        resumed = hang.resumed_from(before)
+        record_time("live hang with client", detected_s=got["t"] - t0, resumed_s=resumed - t0)
+
+        # Row: loss spike: detected on rank 0, an L2 alert, no interruption.
+        spike = wait_for("the loss spike", lambda: [e for e in camp.of_type("detection")
+                                                    if e["kind"] == "loss_spike"], 60)[0]  # fmt: skip
+        alert = wait_for("its alert", lambda: [e for e in camp.of_type("action")
+                                               if e["kind"] == "alert" and e["t"] >= spike["t"]], 20)[0]  # fmt: skip
+        assert alert["tier"] == "L2" and len(camp.of_type("interruption")) == 1
+
+        # Row: NaN: numerical, nobody blamed, stopped; checkpoints after the last finite loss quarantined.
+        nan = Row(camp, 1)
+        nan.check("numerical", [], "stop")
+        ended = wait_for("the campaign to stop", camp.ended, 60)
+        assert ended["state"] == "failed" and "NaN" in ended["reason"]
+        assert len(launches(camp)) == 2 and camp.of_type("checkpoint_requested") == []
+        after = newest_valid(camp.ckpt)
+        assert after is not None and after[1] < 50
+        assert camp.report()["excluded_nodes"] == []
     finally:
         cancel(camp.job_id)

@@ -44,7 +44,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hang-at-step", type=int, default=0, help="one-shot: --hang-rank sleeps forever here")
     p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--nan-at-step", type=int, default=0)
-    p.add_argument("--spike-at-step", type=int, default=0, help="one step's loss is 1e6x (a spike, not a NaN)")
+    p.add_argument("--spike-at-step", type=int, default=0, help="from here, 3 steps' losses are 1e6x (not NaN)")
     return p.parse_args()
 
 
@@ -111,7 +111,7 @@ def main() -> int:
         value = float(loss.item())
         if args.nan_at_step and step >= args.nan_at_step:
             value = float("nan")
-        if args.spike_at_step and step == args.spike_at_step:
+        if args.spike_at_step and args.spike_at_step <= step < args.spike_at_step + 3:
             value *= 1e6
         if client is not None:
             client.step(step, loss=value)
