@@ -50,6 +50,8 @@ class RunConfig:
     spare_nodes: int = 0
     # "auto" (Young/Daly from the measured stall and MTBF), "off", or seconds: see docs/goodput.md.
     checkpoint_interval: str | float = "off"
+    # The MTBF "auto" assumes until this campaign saw 3 interruptions; 0: the site prior (Meta RSC's rate).
+    mtbf_prior_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +149,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
 # and within an absurdity bound, and every time (a key ending in _s) is positive (0 allowed for backoff).
 TIME_MAX_S = 30 * DAY_S
 NUMBER_MAX = 1e9
-ZERO_OK_TIMES = frozenset({"policy.backoff_base_s", "policy.backoff_max_s"})
+ZERO_OK_TIMES = frozenset({"policy.backoff_base_s", "policy.backoff_max_s", "run.mtbf_prior_s"})
 JOB_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 

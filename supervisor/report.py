@@ -38,7 +38,33 @@ def render_text(report: dict[str, Any]) -> str:
     lines.append(f"excluded nodes: {', '.join(report['excluded_nodes']) or 'none'}")
     ck = report["checkpoints"]["latest_valid"]
     lines.append("latest valid checkpoint: " + ("none" if not ck else f"step {ck['step']} at {ck['path']}"))
+    if report.get("checkpoint_interval"):
+        lines.append("checkpoint interval: " + interval_text(report["checkpoint_interval"]))
     ettr = "-" if g["ettr"] is None else f"{g['ettr']:.1%}"
     lines.append(f"goodput: wall {g['wall_s']:.1f} s, productive {g['productive_s']:.1f} s, ETTR {ettr}")
-    lines.append("badput: " + ", ".join(f"{k} {v:.1f} s" for k, v in g["badput_s"].items()))
+    lines.append("badput: " + ", ".join(f"{k} {v:.1f} s" for k, v in g["badput_s"].items() if v))
+    if g.get("ideal_step_s"):
+        lines.append(f"ideal step time: {g['ideal_step_s']:.3f} s (mean of the steps <= median + 3 MAD)")
+    if g.get("by_class"):
+        lines.append("badput by interruption class:")
+    for cls, entry in (g.get("by_class") or {}).items():
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in entry["badput_s"].items() if v)
+        lines.append(f"  {cls} x{entry['interruptions']}: {entry['total_s']:.1f} s ({parts or 'nothing'})")
     return "\n".join(lines)
+
+
+def interval_text(a: dict[str, Any]) -> str:
+    """One line for the checkpoint interval in force (``checkpoint_interval`` event), for report and status."""
+    if a.get("interval_s") is None:
+        why = "off" if a.get("mode") == "off" else "auto, waiting for a measured checkpoint stall"
+        return f"not asked ({why})"
+
+    def pct(x: Any) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    delta = "-" if a.get("delta_s") is None else f"{a['delta_s']:.2f} s"
+    restart = "-" if a.get("restart_s") is None else f"{a['restart_s']:.0f} s"
+    mtbf = "-" if a.get("mtbf_s") is None else f"{a['mtbf_s'] / 3600:.1f} h"
+    return (f"{a['interval_s']:.0f} s ({a.get('mode')}; stall {delta}, restart {restart}, MTBF {mtbf} "
+            f"{a.get('mtbf_source')}; predicted goodput {pct(a.get('predicted_goodput'))}, "
+            f"best {pct(a.get('optimum_goodput'))})")

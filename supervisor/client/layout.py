@@ -19,7 +19,9 @@ offset field                                                    written by
        t_last_beat_ns (2 x i64), loss (f64), loss_step, beats
        (2 x i64)
 144    cold part: t_phase_ns, last_ckpt_step (2 x i64),         rank
-       phase code, rank flags, acked request (3 x u32), pad
+       phase code, rank flags, acked request, checkpoint ms
+       (4 x u32; checkpoint ms: total time this process spent
+       in checkpoint phases, wraps at 2**32)
 176    asynchronous rank flags (u64, one store, no seqlock:     rank
        set from signal handlers); readers OR them into flags
 256    control sequence (u64): odd while the agent writes       agent
@@ -127,6 +129,7 @@ class SlotRecord(NamedTuple):
     iter_ewma_ns: int = 0  # EWMA (alpha 1/8, integer) over recent_iter_ns; 0 if empty
     iter_min_ns: int = 0  # min/max over recent_iter_ns (the last 63 steps); 0 if empty
     iter_max_ns: int = 0
+    ckpt_ms: int = 0  # milliseconds this process spent in checkpoint phases (ended ones), modulo 2**32
 
     @property
     def phase_name(self) -> str:

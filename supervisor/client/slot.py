@@ -116,7 +116,7 @@ def _snapshot(data: bytes, seq: int) -> SlotRecord:
     fields[_FLAGS_FIELD] |= async_flags
     recent = _recent_iterations(ring, hot[_HOT_BEATS])
     ewma, lo, hi = iteration_stats(recent)
-    return SlotRecord._make([*fields, seq, recent, ewma, lo, hi])
+    return SlotRecord._make([*fields, seq, recent, ewma, lo, hi, cold[-1]])
 
 
 def read_slot(

@@ -129,6 +129,7 @@ class SlotWriter:
         step, t_last, t_phase, t_mark = -1, 0, now, now
         last_loss, loss_step, beats, last_ckpt = math.nan, -1, 0, -1
         phase, flags = PHASE_INIT, 0
+        ckpt_ms, t_ckpt = 0, now  # milliseconds spent in (outermost) checkpoint phases; when the current began
         ctl = read_control()
         base_request = acked = ctl[1][1] if ctl else 0  # requests older than this process are not ours
         # Control sequence at which should_checkpoint()/should_stop() last found nothing for
@@ -140,7 +141,7 @@ class SlotWriter:
         def write_state() -> None:
             """Inside an open write: the hot and cold parts from the current state."""
             pack_hot(hotv, 0, step, t_last, last_loss, loss_step, beats)
-            pack_cold(buf, OFF_COLD, t_phase, last_ckpt, phase, flags, acked, 0)
+            pack_cold(buf, OFF_COLD, t_phase, last_ckpt, phase, flags, acked, ckpt_ms & 0xFFFFFFFF)
 
         def finish() -> None:
             """Complete a write left open (odd sequence) from the current state, which is always
@@ -232,19 +233,23 @@ class SlotWriter:
 
         def enter_phase(code: int) -> int:
             """Switch to phase ``code``; returns the previous phase code (to restore on exit)."""
-            nonlocal phase, t_phase, flags
+            nonlocal phase, t_phase, flags, t_ckpt
             previous = phase
             phase, t_phase = code, mono()
             if code == PHASE_CHECKPOINT:
                 flags |= RANK_FLAG_IN_CHECKPOINT
+                if previous != PHASE_CHECKPOINT:
+                    t_ckpt = t_phase
             publish()
             return previous
 
         def exit_phase(code: int, previous: int, completed: bool) -> None:
             """Leave phase ``code`` back to ``previous``. A completed checkpoint phase acknowledges
             every request published before it ended (see docs/client.md, "Checkpoint requests")."""
-            nonlocal phase, t_phase, flags, acked, last_ckpt, t_mark
+            nonlocal phase, t_phase, flags, acked, last_ckpt, t_mark, ckpt_ms
             now = mono()
+            if code == PHASE_CHECKPOINT and previous != PHASE_CHECKPOINT:
+                ckpt_ms += (now - t_ckpt) // 1_000_000  # the stall, measured here (completed or not)
             if code == PHASE_CHECKPOINT:
                 if completed:
                     got = read_control()

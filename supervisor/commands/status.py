@@ -106,19 +106,24 @@ def campaign_summary(campaign: Path) -> dict[str, Any]:
     doc = report.fold(events, now=time.time())
     last = doc["attempts"][-1] if doc["attempts"] else None
     return {"state": doc["state"], "reason": doc["reason"], "attempts": len(doc["attempts"]), "last_attempt": last,
-            "excluded_nodes": doc["excluded_nodes"], "latest_checkpoint": doc["checkpoints"]["latest_valid"]}
+            "excluded_nodes": doc["excluded_nodes"], "latest_checkpoint": doc["checkpoints"]["latest_valid"],
+            "checkpoint_interval": doc.get("checkpoint_interval")}
 
 
 ENDED = {"completed": 0, "failed": 1, "stopped": 1}  # campaign state -> exit code of --watch
 
 
 def summary_line(summary: dict[str, Any]) -> str:
+    from supervisor.report import interval_text
+
     last = summary.get("last_attempt") or {}
     outcome = (last.get("outcome") or {}).get("class", "running") if last else "-"
     ckpt = summary.get("latest_checkpoint") or {}
     return (f"state {summary['state']}" + (f" ({summary['reason']})" if summary.get("reason") else "")
             + f"  attempts {summary.get('attempts', 0)}  last: {outcome}"
-            + (f"  latest checkpoint: step {ckpt.get('step')}" if ckpt else ""))
+            + (f"  latest checkpoint: step {ckpt.get('step')}" if ckpt else "")
+            + (f"\ncheckpoint interval: {interval_text(summary['checkpoint_interval'])}"
+               if summary.get("checkpoint_interval") else ""))
 
 
 def current(campaign: Path) -> dict[str, Any]:

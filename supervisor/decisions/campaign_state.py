@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.decisions import events as ev
+from supervisor.decisions import goodput
 from supervisor.decisions.ledger import Ledger, LedgerConfig
 from supervisor.decisions.policy import History
 
@@ -33,15 +34,8 @@ class Accounting:
 
     A row of ``launches`` is one launch of the training: the first of each Slurm run, and every relaunch inside
     the allocation after a crash or hang; it carries the Slurm job id and restart count it ran under. (The report's
-    contract calls these rows ``attempts``.) Time accounting:
-
-    - productive: launch time that was not thrown away;
-    - lost_work: time after the last checkpoint the next launch resumed from (estimated from iterations);
-    - restart: from an interruption (or a Slurm run's start) until the next launch;
-    - queue: from the end of a Slurm run until Slurm started the next one;
-    - detection: from the last sign of progress to the detection of a hang (the detector's silence duration);
-    - checkpoint: time ranks reported in the checkpoint phase (from ``checkpoint_committed`` durations);
-    - other: the remainder of the wall time (teardown, supervisor start-up...).
+    contract calls these rows ``attempts``.) The time accounting is the exact ledger of
+    :mod:`supervisor.decisions.goodput` (every millisecond in one bucket, per launch and per interruption class).
     """
 
     def __init__(self) -> None:
@@ -51,14 +45,11 @@ class Accounting:
         self.launches: list[dict[str, Any]] = []
         self.current: dict[str, Any] | None = None
         self.job: Event | None = None
-        self.start_t: float | None = None
-        self.end_t: float | None = None
         self.excluded: set[str] = set()
         self.quarantined: list[dict[str, Any]] = []
         self.latest_ckpt: dict[str, Any] | None = None
-        self.bad = {"lost_work": 0.0, "restart": 0.0, "checkpoint": 0.0, "queue": 0.0, "detection": 0.0, "other": 0.0}
-        self.gap_from: float | None = None  # start of a restart gap
-        self.queue_from: float | None = None  # start of a queue gap
+        self.timed: list[Event] = []  # the events the goodput ledger folds
+        self.interval: dict[str, Any] | None = None  # the last checkpoint interval asked of the ranks
 
     def _close(self, cls: str, t: float, blamed: Iterable[str], evidence: Iterable[str], last_step: Any = None) -> None:
         if self.current is None:
@@ -68,24 +59,17 @@ class Accounting:
         if last_step is not None:
             self.current["last_step"] = last_step
         self.current = None
-        self.gap_from = t
 
     def apply(self, e: Event) -> None:
         t, kind = float(e.get("t", 0.0)), e.get("type")
+        if kind in LEDGER_EVENTS or (kind == ev.DETECTION and e.get("kind") in HANG_DETECTIONS):
+            self.timed.append(e)
         if kind == ev.CAMPAIGN_STARTED:
             self.campaign = e.get("campaign")
-            self.start_t = t
         elif kind == ev.ATTEMPT_STARTED:
             self.job = e
             self.state = "running"
-            if self.queue_from is not None:
-                self.bad["queue"] += max(0.0, t - self.queue_from)
-                self.queue_from = None
-            self.gap_from = t
         elif kind == ev.STEP_LAUNCHED:
-            if self.gap_from is not None:
-                self.bad["restart"] += max(0.0, t - self.gap_from)
-                self.gap_from = None
             self.current = {
                 "job_id": (self.job or {}).get("job_id"),
                 "restart": (self.job or {}).get("restart", 0),
@@ -104,43 +88,30 @@ class Accounting:
         elif kind == ev.INTERRUPTION:
             self._close(e.get("class", "unknown"), t, e.get("blamed_nodes", []), e.get("evidence", []),
                         e.get("last_step"))  # fmt: skip
-        elif kind == ev.DETECTION and e.get("kind") in HANG_DETECTIONS:
-            self.bad["detection"] += float(e.get("duration_s") or 0.0)
         elif kind == ev.NODES_EXCLUDED:
             self.excluded.update(e.get("nodes", []))
         elif kind == ev.ATTEMPT_ENDED:
             outcome = e.get("outcome", {})
             self._close(outcome.get("class", "unknown"), t, outcome.get("blamed_nodes", []), outcome.get("evidence", []))
-            self.gap_from = None
-            self.queue_from = t
             self.state = "pending"
         elif kind == ev.CHECKPOINT_COMMITTED:
             self.latest_ckpt = {"step": e.get("step"), "path": e.get("path")}
-            self.bad["checkpoint"] += float(e.get("duration_s") or 0.0)
+        elif kind == ev.CHECKPOINT_INTERVAL:
+            self.interval = {k: v for k, v in e.items() if k not in ("type", "v")}
         elif kind == ev.CHECKPOINT_QUARANTINED:
             self.quarantined.append({"path": e.get("path"), "reason": e.get("reason")})
         elif kind == ev.CAMPAIGN_ENDED:
             self.state = e.get("state", self.state)
             self.reason = e.get("reason", "")
-            self.end_t = t
-            self.queue_from = self.gap_from = None
 
     def report(self, now: float) -> dict[str, Any]:
         """The report document (contract: ``report --json``). ``now`` closes the books of a running campaign."""
         launches = [dict(a) for a in self.launches]
-        bad = dict(self.bad)
-        _lost_work(launches, bad)
-        until = self.end_t if self.end_t is not None else now
-        wall = max(0.0, until - self.start_t) if self.start_t is not None else 0.0
-        current_run = max(0.0, until - self.current["start"]) if self.current is not None else 0.0
-        ran = sum((a["end"] - a["start"]) for a in launches if a["end"] is not None) + current_run
-        if self.queue_from is not None:
-            bad["queue"] += max(0.0, until - self.queue_from)
-        if self.gap_from is not None and self.state == "running":
-            bad["restart"] += max(0.0, until - self.gap_from)
-        productive = max(0.0, ran - bad["lost_work"] - bad["detection"] - bad["checkpoint"])
-        accounted = productive + sum(v for k, v in bad.items() if k != "other")
-        bad["other"] = max(0.0, wall - accounted)
+        book = goodput.ledger(self.timed, now)
+        for row, a in zip(book["rows"], launches, strict=False):
+            a["goodput"] = _row_goodput(row)
+        total = book["buckets_ms"]
+        wall = book["wall_ms"]
         return {
             "campaign": self.campaign,
             "state": self.state,
@@ -148,25 +119,33 @@ class Accounting:
             "attempts": launches,
             "excluded_nodes": sorted(self.excluded),
             "checkpoints": {"latest_valid": self.latest_ckpt, "quarantined": list(self.quarantined)},
+            "checkpoint_interval": self.interval,
             "goodput": {
-                "wall_s": round(wall, 3),
-                "productive_s": round(productive, 3),
-                "ettr": round(productive / wall, 4) if wall > 0 else None,
-                "badput_s": {k: round(v, 3) for k, v in bad.items()},
+                "wall_s": wall / 1000,
+                "productive_s": total["productive"] / 1000,
+                "ettr": round(total["productive"] / wall, 4) if wall > 0 else None,
+                "badput_s": goodput.to_seconds({k: total[k] for k in goodput.BADPUT}),
+                "ideal_step_s": book["ideal_step_s"],
+                "before_first_launch_s": goodput.to_seconds(book["pre_launch_ms"]),
+                "by_class": {
+                    cls: {"interruptions": entry["count"], "badput_s": goodput.to_seconds(entry["buckets_ms"]),
+                          "total_s": sum(entry["buckets_ms"].values()) / 1000}
+                    for cls, entry in sorted(book["by_class"].items())
+                },  # fmt: skip
             },
         }
 
 
-def _lost_work(launches: list[dict[str, Any]], bad: dict[str, float]) -> None:
-    """Work redone: iterations a launch reached beyond the checkpoint the next launch resumed from."""
-    for prev, nxt in zip(launches, launches[1:], strict=False):
-        last, resumed = prev.get("last_step"), nxt.get("resume_step")
-        first = prev.get("resume_step") or 0
-        if last is None or prev["end"] is None or last <= first:
-            continue
-        resumed = resumed if resumed is not None else 0
-        per_step = (prev["end"] - prev["start"]) / max(1, last - first)
-        bad["lost_work"] += max(0, last - max(resumed, first)) * per_step
+LEDGER_EVENTS = frozenset({ev.CAMPAIGN_STARTED, ev.ATTEMPT_STARTED, ev.STEP_LAUNCHED, ev.INTERRUPTION,
+                           ev.ATTEMPT_ENDED, ev.CAMPAIGN_ENDED, ev.STEP_PROGRESS, ev.CHECKPOINT_STALL,
+                           ev.CHECKPOINT_COMMITTED, goodput.PREFLIGHT})  # fmt: skip
+
+
+def _row_goodput(row: Mapping[str, Any]) -> dict[str, Any]:
+    b = row["buckets_ms"]
+    start, end = row["span_ms"]
+    return {"wall_s": (end - start) / 1000, "productive_s": b["productive"] / 1000,
+            "badput_s": goodput.to_seconds({k: b[k] for k in goodput.BADPUT}), "kept_steps": row["kept_steps"]}
 
 
 @dataclass

@@ -185,11 +185,14 @@ def _median(values: list[float]) -> float | None:
 
 
 def measured_from_journal(events: Iterable[Mapping[str, Any]], now: float) -> Measured:
-    """Fold the journal into the advice's inputs. The stall is a checkpoint event's ``stall_s`` (the ranks' time
-    in the checkpoint phase, once the loop records it) or else its ``duration_s``; the restart runs from an
-    interruption to the next ``step_launched`` (start-up until the first step is not in the journal yet)."""
+    """Fold the journal into the advice's inputs. The stall is the median of the ``checkpoint_stall`` events (the
+    slowest rank's time in the checkpoint phase, measured by the client), else of checkpoint events' ``stall_s``
+    or ``duration_s``; the restart runs from an interruption to the next launch's first step (``step_progress``),
+    else to the next ``step_launched``."""
     stalls: list[float] = []
+    measured: list[float] = []
     restarts: list[float] = []
+    pending_from: float | None = None  # an interruption whose next launch has not stepped yet
     times: list[float] = []
     observed = 0.0
     running_since: float | None = None
@@ -199,10 +202,18 @@ def measured_from_journal(events: Iterable[Mapping[str, Any]], now: float) -> Me
         if not isinstance(t, (int, float)):
             continue
         if kind == "step_launched":
+            pending_from = waiting_since
             if waiting_since is not None:
-                restarts.append(max(0.0, t - waiting_since))
+                restarts.append(max(0.0, t - waiting_since))  # replaced by the first step's time if journaled
                 waiting_since = None
             running_since = float(t)
+        elif kind == "step_progress" and pending_from is not None:
+            restarts[-1] = max(0.0, t - pending_from)
+            pending_from = None
+        elif kind == "checkpoint_stall":
+            value = e.get("stall_s")
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+                measured.append(float(value))
         elif kind == "checkpoint_committed":
             value = e.get("stall_s", e.get("duration_s"))
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
@@ -212,6 +223,7 @@ def measured_from_journal(events: Iterable[Mapping[str, Any]], now: float) -> Me
                 observed += max(0.0, t - running_since)
                 running_since = None
             cls = e.get("class") if kind == "interruption" else None
+            pending_from = None
             if kind == "interruption" and cls not in ("completed", "cancelled"):
                 times.append(float(t))
                 waiting_since = float(t)
@@ -219,7 +231,7 @@ def measured_from_journal(events: Iterable[Mapping[str, Any]], now: float) -> Me
                 waiting_since = None
     if running_since is not None:
         observed += max(0.0, now - running_since)
-    return Measured(_median(stalls), _median(restarts), tuple(times), observed)
+    return Measured(_median(measured or stalls), _median(restarts), tuple(times), observed)
 
 
 def advise_from_journal(setting: str | float, events: Iterable[Mapping[str, Any]], now: float, nodes: int,

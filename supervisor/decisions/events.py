@@ -64,6 +64,10 @@ EXCLUSION_SKIPPED = "exclusion_skipped"
 TIMEOUTS_LEARNED = "timeouts_learned"
 SUPERVISOR_ERROR = "supervisor_error"
 CHECKPOINT_MISSED = "checkpoint_missed"
+STEP_PROGRESS = "step_progress"
+CHECKPOINT_STALL = "checkpoint_stall"
+PREFLIGHT = "preflight"
+CHECKPOINT_INTERVAL = "checkpoint_interval"
 JOURNAL_RESUMED = "journal_resumed"  # written by supervisor.journal itself; readers drop it
 
 EVENT_TYPES: tuple[str, ...] = (
@@ -89,6 +93,10 @@ EVENT_TYPES: tuple[str, ...] = (
     TIMEOUTS_LEARNED,
     SUPERVISOR_ERROR,
     CHECKPOINT_MISSED,
+    STEP_PROGRESS,
+    CHECKPOINT_STALL,
+    PREFLIGHT,
+    CHECKPOINT_INTERVAL,
 )
 # Written by ``supervisor.journal`` itself (never by the supervisor) and dropped by every reader.
 STORAGE_EVENT_TYPES: tuple[str, ...] = (JOURNAL_RESUMED,)
@@ -274,6 +282,31 @@ def checkpoint_missed(t: float, reason: str, unreached_ranks: Sequence[int] = ()
     reached (they had not started, or never used the client)."""
     return {"type": CHECKPOINT_MISSED, "t": t, "reason": reason, "unreached_ranks": sorted(unreached_ranks),
             "waited_s": waited_s, "step": step}
+
+
+def step_progress(t: float, launch: int, step: int, step_t: float, ranks: int) -> Event:
+    """The launch's slowest reporting rank had finished iteration ``step`` at ``step_t`` (wall time, from its
+    beat age); ``ranks`` ranks reported. The first of a launch ends its start-up; the goodput ledger's record."""
+    return {"type": STEP_PROGRESS, "t": t, "launch": launch, "step": step, "step_t": step_t, "ranks": ranks}
+
+
+def checkpoint_stall(t: float, launch: int, step: int, stall_s: float, end_t: float, ranks: int) -> Event:
+    """Ranks of the launch left a checkpoint phase at iteration ``step`` around ``end_t``; the slowest of the
+    ``ranks`` that did spent ``stall_s`` in it (measured by the client, not estimated)."""
+    return {"type": CHECKPOINT_STALL, "t": t, "launch": launch, "step": step, "stall_s": stall_s, "end_t": end_t,
+            "ranks": ranks}
+
+
+def preflight(t: float, nodes: Iterable[str], duration_s: float, unfit: Iterable[str] = ()) -> Event:
+    """Node checks before a launch took ``duration_s`` (ending at ``t``); ``unfit``: nodes they found broken."""
+    return {"type": PREFLIGHT, "t": t, "nodes": _nodes(nodes), "duration_s": duration_s, "unfit": _nodes(unfit)}
+
+
+def checkpoint_interval(t: float, setting: str, advice: Mapping[str, Any]) -> Event:
+    """The checkpoint interval the supervisor asks the ranks for changed (``[run] checkpoint_interval``):
+    ``advice`` is ``checkpoint_interval.Advice.to_dict()`` (interval, mode, stall, restart, MTBF and its source,
+    predicted and optimal goodput)."""
+    return {"type": CHECKPOINT_INTERVAL, "t": t, "setting": setting, **dict(advice)}
 
 
 def journal_resumed(t: float, torn_offset: int) -> Event:

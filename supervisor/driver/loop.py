@@ -36,10 +36,12 @@ from supervisor.driver.actuators import Actuators, Situation, slot_flag
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoints import CheckpointTracker
 from supervisor.driver.evidence import WatchResult, query_job, query_nodes
-from supervisor.driver.guard import CHECKPOINT_SCAN, SLURM_QUERY, Guard, GuardedChannel
+from supervisor.driver.guard import CHECKPOINT_SCAN, DETECT, SLURM_QUERY, Guard, GuardedChannel
+from supervisor.driver.interval import IntervalAsker
 from supervisor.driver.launcher import Launch
 from supervisor.driver.notify import Notifier
 from supervisor.driver.ports import Channel, StepLauncher
+from supervisor.driver.progress import ProgressLog
 from supervisor.driver.recorder import Recorder
 from supervisor.driver.requeue import JobActions
 from supervisor.driver.signals import SignalInbox
@@ -154,6 +156,12 @@ class Supervisor:
             alerts_config=self.config.alerts, metrics_config=self.config.metrics, policy_config=self.policy,
             record=self.record, clock=self.clock, guard=self.guard, job_id=self.job_id, campaign=str(self.paths.root),
         )  # fmt: skip
+        self.progress = ProgressLog(self.record, self.clock)  # the goodput ledger's per-rank records
+        self.interval = IntervalAsker(
+            run.checkpoint_interval, prior_mtbf_s=run.mtbf_prior_s, nodes=self.layout.train_nodes,
+            history=lambda: self.recorder.history, record=self.record, clock=self.clock, channel=self.channel,
+            flag=slot_flag("FLAG_CHECKPOINT"),
+        )  # fmt: skip
         self.agents = AgentStep(
             channel=self.channel, slurm=self.slurm, start=self.start_step, record=self.record, clock=self.clock,
             nodes=self.layout.nodes, python=self.spec.python or "python3", campaign=self.paths.root,
@@ -164,7 +172,7 @@ class Supervisor:
             channel=self.channel, detector=self.detector, inbox=self.inbox, checkpoints=self.checkpoints,
             agents=self.agents, record=self.record, clock=self.clock, loop_interval_s=run.loop_interval_s,
             guard=self.guard, stop_requested=lambda: stop_request.path(self.paths.root).exists(),
-            on_warning=self.notifier.warning, on_pass=self._metrics_pass,
+            on_warning=self.notifier.warning, on_pass=self._metrics_pass, on_live=self._on_live,
         )  # fmt: skip
         jobs = JobActions(
             slurm=self.slurm, channel=self.channel, inbox=self.inbox, record=self.record, clock=self.clock,
@@ -205,6 +213,7 @@ class Supervisor:
             resume, resume_step = picked if picked is not None else (None, None)
             launch = self._launch(resume, resume_step, excluded)
             watched = self.watcher.watch(launch)
+            self._final_progress(launch)
             self.watcher.journal_timeouts()
             found = self._evidence(launch, watched)
             state = campaign_state.fold(self.recorder.history, self.ledger_config)
@@ -218,6 +227,7 @@ class Supervisor:
             )  # fmt: skip
             self.record({**interruption.to_event(self.clock()), "launch": launch.number, "last_step": last_step(found)})
             outcome = self.actuators.carry_out(Situation(launch, interruption, decision, found, state.history))
+            self._final_progress(launch)  # a checkpoint saved on the way out (preemption, time limit, cancel)
             if interruption.cls == ev.NUMERICAL:  # the launch is gone now: no checkpoint can appear after this
                 self.guard.call(CHECKPOINT_SCAN, self.checkpoints.quarantine_after_divergence, default=None)
             if outcome is not None:
@@ -225,6 +235,13 @@ class Supervisor:
                     stop_request.clear(self.paths.root)
                 return outcome
             excluded = self._next_exclusions(decision)
+
+    def _on_live(self, live: Any) -> None:
+        self.progress.observe(live)
+        self.interval.observe(live)
+
+    def _final_progress(self, launch: Launch) -> None:
+        self.guard.call(DETECT, lambda: self.progress.observe(self.watcher.live(launch), final=True), default=None)
 
     def _evidence(self, launch: Launch, watched: WatchResult) -> Evidence:
         """The one Evidence of this ending; the detections that led to it are journaled first."""
@@ -289,6 +306,8 @@ class Supervisor:
         nodes = tuple(n for n in self.layout.nodes if n not in excluded)[: self.layout.train_nodes]
         self.record({**ev.step_launched(self.clock(), self.launches, nodes, excluded, resume), "resume_step": resume_step})
         self.detector.new_launch()
+        self.progress.launched(self.launches)
+        self.interval.launched()
         self.checkpoints.launched(resume_step)
         self.watcher.forget_ranks()
         proc = self.start_step(argv, self._step_env(resume), log_path, self.spec.cwd)

@@ -46,6 +46,7 @@ class Watcher:
         stop_requested: Callable[[], bool] | None = None,
         on_warning: Callable[[DetectionEvent], None] | None = None,
         on_pass: Callable[[], None] | None = None,
+        on_live: Callable[[Any], None] | None = None,
     ) -> None:
         self.channel, self.detector, self.inbox = channel, detector, inbox
         self.checkpoints, self.agents, self.record, self.clock = checkpoints, agents, record, clock
@@ -53,6 +54,7 @@ class Watcher:
         self.guard = guard or Guard(record, clock)
         self.stop_requested = stop_requested  # the user asked to stop (``supervise cancel``)
         self.on_warning, self.on_pass = on_warning, on_pass  # the policy's answer to warnings; metrics
+        self.on_live = on_live  # the launch's ranks as seen each pass (goodput records: driver/progress.py)
         self.old_pids: set[int] = set()  # rank pids of earlier launches: their slots linger until overwritten
 
     def forget_ranks(self) -> None:
@@ -148,6 +150,8 @@ class Watcher:
 
     def observe(self, launch: Launch) -> list[DetectionEvent]:
         live = self.live(launch)
+        if self.on_live is not None:
+            self.on_live(live)
         finite = [r.loss_step for r in live.ranks if r.loss is not None and math.isfinite(r.loss)]
         if finite:  # the newest iteration known to have a finite loss: later checkpoints are suspect after a NaN
             self.checkpoints.saw_finite_loss(max(finite))

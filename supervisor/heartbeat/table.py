@@ -70,6 +70,8 @@ class RankView(NamedTuple):
     cpu_frac: float | None = None  # CPU seconds per wall second over the rate window (progress of a silent rank)
     rank_flags: int = 0
     control_flags: int = 0
+    ckpt_ms: int = 0  # time this process spent in checkpoint phases, measured by the client (ms, mod 2**32)
+    ckpt_step: int = -1  # the step at the end of its last checkpoint phase; -1: none yet
 
     @property
     def exit_status(self) -> int | None:
@@ -189,7 +191,7 @@ class LiveTable:
                 span = (st.sent_mono_ns - st.base_mono_ns) / 1e9
                 base = {t[0]: t for t in unpack(st.base_body)}
             for (rank, pid, step, phase, state, rflags, cflags, age, ewma, mn, mx, loss, loss_step, beats, ecode,
-                 esig, cpu) in unpack(st.body):
+                 esig, cpu, ckpt_ms, ckpt_step) in unpack(st.body):
                 rate = cpu_frac = None
                 b = base.get(rank)
                 if b is not None and span > 0 and b[1] == pid and step >= b[2]:
@@ -199,7 +201,8 @@ class LiveTable:
                     rank, node, pid, step, _PHASE[phase], None if age == no_beat else age / 1000.0 + since,
                     _STATE[state], ewma if ewma > 0 else None, mn if mn > 0 else None, mx if mx > 0 else None,
                     None if loss_step < 0 else loss, loss_step, None if ecode == unknown else ecode, esig or None,
-                    rate, 1.0 / ewma if ewma > 0 and isfinite(ewma) else None, beats, cpu, cpu_frac, rflags, cflags))
+                    rate, 1.0 / ewma if ewma > 0 and isfinite(ewma) else None, beats, cpu, cpu_frac, rflags, cflags,
+                    ckpt_ms, ckpt_step))
         return out
 
     def snapshot(self) -> Snapshot:

@@ -1,9 +1,9 @@
 """Authenticated binary frames between node agents and the supervisor (UDP datagrams).
 
-Why UDP datagrams: one self-contained ~600-byte frame per node per second scales to 16k nodes without
+Why UDP datagrams: one self-contained ~750-byte frame per node per second scales to 16k nodes without
 16k open connections on the supervisor, a lost frame is simply superseded by the next one (the state
 is resent whole every time), and sequence numbers tell loss and reordering apart.  Why binary: a rank
-entry is a fixed 64-byte struct, so the supervisor can keep a node's frame as bytes and decode it only
+entry is a fixed 84-byte struct, so the supervisor can keep a node's frame as bytes and decode it only
 when someone looks (no per-rank Python objects on the hot path).
 
 Frame = header | job id | node name | body | HMAC-SHA256(key, everything before the MAC).
@@ -29,7 +29,7 @@ from typing import NamedTuple
 from supervisor import procstate
 
 MAGIC = b"SVW1"
-VERSION = 1
+VERSION = 2  # 2: rank entries carry checkpoint ms and step
 MAC_LEN = 32
 MAX_FRAME = 65000  # below the 65,507-byte UDP payload limit
 MAX_NAME = 255
@@ -43,10 +43,11 @@ KINDS = (KIND_SUMMARY, KIND_CONTROL, KIND_EVENT)
 # magic, version, kind, item count, sender instance, seq, send wall ns, send monotonic ns, len(job), len(node)
 HEADER = struct.Struct("<4sBBHQQqQBB")
 
-# One rank, 72 bytes: rank, pid, step, phase, state, rank flags, control flags, beat age ms,
+# One rank, 84 bytes: rank, pid, step, phase, state, rank flags, control flags, beat age ms,
 # iteration EWMA / min / max seconds, last loss, step of that loss (-1: no loss ever given, then the loss
-# is NaN and means nothing), beats, exit code, exit signal, (pad), cpu seconds.
-RANK = struct.Struct("<IIqBBBBIfffdqQhBxd")
+# is NaN and means nothing), beats, exit code, exit signal, (pad), cpu seconds, checkpoint ms (time the
+# process spent in checkpoint phases, measured by the client, modulo 2**32), step of its last checkpoint (-1).
+RANK = struct.Struct("<IIqBBBBIfffdqQhBxdIq")
 MAX_RANKS = (MAX_FRAME - HEADER.size - 2 * MAX_NAME - MAC_LEN) // RANK.size
 
 # One control command, 16 bytes: command, (pad), rank (ALL_RANKS = every rank), argument.
@@ -101,6 +102,8 @@ class RankEntry(NamedTuple):
     exit_code: int
     exit_signal: int
     cpu_s: float
+    ckpt_ms: int = 0
+    ckpt_step: int = -1
 
 
 class Command(NamedTuple):
@@ -164,7 +167,8 @@ def pack_rank(entry: RankEntry) -> bytes:
         e.beat_age_ms if e.beat_age_ms == NO_BEAT else _clamp_u32(e.beat_age_ms),
         _f32(e.ewma_s), _f32(e.min_s), _f32(e.max_s), float(e.loss),
         max(-(2**63), min(e.loss_step, 2**63 - 1)), e.beats & 0xFFFFFFFFFFFFFFFF,
-        max(-32768, min(e.exit_code, 32767)), e.exit_signal & 0xFF, float(e.cpu_s),
+        max(-32768, min(e.exit_code, 32767)), e.exit_signal & 0xFF, float(e.cpu_s), e.ckpt_ms & 0xFFFFFFFF,
+        max(-(2**63), min(e.ckpt_step, 2**63 - 1)),
     )
 
 

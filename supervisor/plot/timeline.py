@@ -23,7 +23,7 @@ COLOURS = {
 }  # fmt: skip
 BADPUT_COLOURS = {"productive": "#43a047", "lost_work": "#e57373", "restart": "#ffb74d", "checkpoint": "#9575cd",
                   "queue": "#90a4ae", "detection": "#f06292", "preflight": "#4db6ac", "operator": "#a1887f",
-                  "other": "#d7d7d7"}  # fmt: skip
+                  "slow_steps": "#aed581", "teardown": "#ff8a65", "other": "#d7d7d7"}  # fmt: skip
 
 
 def colour(name: str) -> str:

@@ -212,9 +212,12 @@ class _Campaign:
                 excluded = self.ledger.excluded_nodes(self.t)
                 spares = iter([n for n in self.alloc if n not in self.running_set and n not in excluded])
                 self.set_running([next(spares, n) if n in found else n for n in self.running])
+            if self.rec is not None:
+                self.rec.preflight(self.t, self.s.preflight_s)
+        t_launch = self.t
         self.spend("restart", self.s.restart_s, cls)
         if self.rec is not None:
-            self.rec.launched(self.t, self.running, self.step)
+            self.rec.launched(t_launch, self.t, self.running, self.step)
 
     def requeue(self, exclude: Sequence[str], cls: str, blamed: Sequence[str], last_step: int) -> None:
         """The Slurm run ends, the queue wait, a new allocation starts."""
@@ -316,9 +319,9 @@ def simulate(world: World, strategy: Strategy, faults: Sequence[Fault], recorder
         c.out.buckets["checkpoint"] += seg.stall_s
         c.out.checkpoints += seg.committed
         c.committed += seg.committed
-        if recorder is not None:
-            recorder.checkpoints(up, seg.committed, interval, strategy.stall_s, strategy.write_s, c.step)
         last_step = c.step + round(seg.kept_s + seg.lost_s)
+        if recorder is not None:
+            recorder.run(up, t_end, interval, strategy.stall_s, strategy.write_s, c.step, last_step, t_end >= horizon)
         c.step += round(seg.committed * interval) if t_end < horizon else round(seg.kept_s)
         c.t = t_end
         if t_end >= horizon:
@@ -344,7 +347,7 @@ def simulate(world: World, strategy: Strategy, faults: Sequence[Fault], recorder
         c.out.badput_by_class[cls] = c.out.badput_by_class.get(cls, 0.0) + seg.lost_s
         c.out.interruptions[cls] = c.out.interruptions.get(cls, 0) + 1
     if recorder is not None:
-        recorder.finished(horizon)
+        recorder.finished(horizon, c.step)
     return c.out
 
 

@@ -3,10 +3,11 @@ the report's own fold of the same events. Pure: events go to a callable.
 
 Time is the simulation's, shifted by ``base_t`` (a unix time, so the pictures have dates); one training step is
 one second of compute, so a step number is the compute kept so far. Events are the ones the supervisor loop
-writes: ``attempt_started`` / ``attempt_ended`` per Slurm run, ``step_launched`` (at the first step after the
-restart, with ``resume_step``), ``checkpoint_committed`` (with the stall the ranks spent, ``stall_s``),
+writes: ``attempt_started`` / ``attempt_ended`` per Slurm run, ``preflight`` (with its duration),
+``step_launched`` (with ``resume_step``), ``step_progress`` (the first step after the restart, the last step
+before a fault), ``checkpoint_stall`` per checkpoint phase, ``checkpoint_committed`` once written,
 ``detection`` for hangs (its ``duration_s`` is the detection latency), ``interruption`` (class, blamed nodes,
-``last_step``), and ``campaign_ended`` (state ``stopped``) at the end of the simulated horizon.
+``last_step``), and ``campaign_ended`` (state ``completed``) at the end of the simulated horizon.
 """
 
 from __future__ import annotations
@@ -33,18 +34,34 @@ class Recorder:
         self.sink(ev.campaign_started(self._at(0.0), campaign, ["simulated"], JOB))
         self.sink(ev.attempt_started(self._at(0.0), JOB, 0, nodes, None))
 
-    def launched(self, t: float, nodes: Sequence[str], resume_step: int) -> None:
+    def launched(self, t: float, t_first: float, nodes: Sequence[str], resume_step: int) -> None:
+        """A launch at ``t`` whose first step (start-up and restore done) comes at ``t_first``."""
         self.launch += 1
         self.sink({**ev.step_launched(self._at(t), self.launch, nodes, resume_from=f"step_{resume_step}"),
                    "resume_step": resume_step})  # fmt: skip
+        self.sink(ev.step_progress(self._at(t_first), self.launch, resume_step, self._at(t_first), len(nodes)))
 
-    def checkpoints(self, up: float, count: int, interval_s: float, stall_s: float, write_s: float,
-                    resume_step: int) -> None:  # fmt: skip
+    def preflight(self, t_end: float, seconds: float) -> None:
+        self.sink(ev.preflight(self._at(t_end), [], seconds))
+
+    def run(self, up: float, end: float, interval_s: float, stall_s: float, write_s: float, resume_step: int,
+            last_step: int, final: bool) -> None:  # fmt: skip
+        """One stretch of training from ``up`` to ``end``: a stall after every ``interval_s`` of compute (cut
+        short by the end), committed ``write_s`` after it if the run lasts that long, and the last step."""
         period = interval_s + stall_s
-        for k in range(1, count + 1):
+        k = 1
+        while up + k * period - stall_s < end:
             step = resume_step + round(k * interval_s)
-            self.sink({**ev.checkpoint_committed(self._at(up + k * period + write_s), step, f"step_{step}", stall_s),
-                       "stall_s": stall_s})  # fmt: skip
+            stop = min(up + k * period, end)
+            stall = stop - (up + k * period - stall_s)
+            if stall > 0:
+                self.sink(ev.checkpoint_stall(self._at(stop), self.launch, step, round(stall, 3), self._at(stop), 1))
+            if up + k * period + write_s <= end:
+                self.sink({**ev.checkpoint_committed(self._at(up + k * period + write_s), step, f"step_{step}",
+                                                     stall_s), "stall_s": stall_s})  # fmt: skip
+            k += 1
+        if not final:
+            self.sink(ev.step_progress(self._at(end), self.launch, last_step, self._at(end), 1))
 
     def interrupted(self, t: float, detect_s: float, hang: bool, cls: str, blamed: Sequence[str],
                     evidence: Sequence[str], last_step: int, node: str) -> None:  # fmt: skip
@@ -62,5 +79,7 @@ class Recorder:
         self.launch = 0
         self.sink(ev.attempt_started(self._at(t), JOB, self.restart, nodes, None))
 
-    def finished(self, t: float) -> None:
-        self.sink(ev.campaign_ended(self._at(t), "stopped", "end of the simulated horizon"))
+    def finished(self, t: float, last_step: int) -> None:
+        """The horizon: training ends there (its state is kept, as a completed campaign's)."""
+        self.sink(ev.step_progress(self._at(t), self.launch, last_step, self._at(t), 1))
+        self.sink(ev.campaign_ended(self._at(t), "completed", "end of the simulated horizon"))

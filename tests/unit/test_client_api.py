@@ -57,6 +57,26 @@ def test_step_and_phase_reach_the_slot(slot_dir: Path) -> None:
     assert _read(slot_dir).phase_name == "data"
 
 
+def test_the_client_measures_its_checkpoint_stall(slot_dir: Path) -> None:
+    """The time spent in checkpoint phases (outermost blocks only, failed ones too) is what the goodput ledger
+    calls checkpoint stall: measured here, by the rank, not estimated by the supervisor."""
+    import time
+
+    client.step(5)
+    assert _read(slot_dir).ckpt_ms == 0
+    with client.phase("checkpoint"):
+        with client.phase("checkpoint"):  # nested: counted once
+            time.sleep(0.06)
+        with client.phase("other"):
+            time.sleep(0.02)
+    first = _read(slot_dir)
+    assert 80 <= first.ckpt_ms < 2000 and first.last_ckpt_step == 5
+    with pytest.raises(RuntimeError), client.phase("checkpoint"):
+        time.sleep(0.03)
+        raise RuntimeError("disk full")
+    assert _read(slot_dir).ckpt_ms >= first.ckpt_ms + 30
+
+
 def test_rank_identity_prefers_torchrun_over_slurm(slot_dir: Path, env: pytest.MonkeyPatch) -> None:
     env.setenv("SLURM_PROCID", "1")  # under `srun torchrun`, PROCID numbers the node
     env.setenv("SLURM_LOCALID", "0")

@@ -1,0 +1,59 @@
+"""The per-rank records the goodput ledger folds: progress and checkpoint stalls, journaled from the heartbeat table.
+
+The ranks' clients publish their step and the time they spent in checkpoint phases (measured around the
+``phase("checkpoint")`` block); the agents carry both; this turns what the table shows for one launch into
+``step_progress`` and ``checkpoint_stall`` events (docs/decisions.md), few enough for a weeks-long journal:
+
+- ``step_progress`` at the launch's first step (the end of its start-up), every ``PROGRESS_S`` while steps
+  advance, with each checkpoint stall, and when the launch ends (``final``), for the slowest reporting rank;
+- ``checkpoint_stall`` when a rank's checkpoint time grew: the largest growth among the ranks (the slowest rank
+  holds the others at the next collective), at the step the phase ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from supervisor.decisions import events as ev
+
+PROGRESS_S = 30.0  # a progress record at most this often while steps advance (about 3,000 a day)
+MS_WRAP = 2**32  # the client's checkpoint milliseconds are a u32
+
+
+class ProgressLog:
+    def __init__(self, record: Callable[[dict[str, Any]], None], clock: Callable[[], float],
+                 every_s: float = PROGRESS_S) -> None:  # fmt: skip
+        self.record, self.clock, self.every_s = record, clock, every_s
+        self.launched(0)
+
+    def launched(self, launch: int) -> None:
+        """A new launch: its ranks start from nothing (their pids are new)."""
+        self.launch = launch
+        self.last_step: int | None = None
+        self.last_written = float("-inf")
+        self.ckpt_ms: dict[int, int] = {}  # pid -> checkpoint ms last seen
+
+    def observe(self, live: Any, final: bool = False) -> None:
+        """One look at the launch's ranks (``live``: the table's snapshot, earlier launches' ranks left out)."""
+        now = self.clock()
+        ranks = [r for r in live.ranks if r.beats > 0 and r.step is not None]
+        grown: list[tuple[int, Any]] = []
+        for r in ranks:
+            before = self.ckpt_ms.get(r.pid)
+            self.ckpt_ms[r.pid] = r.ckpt_ms
+            delta = r.ckpt_ms if before is None else (r.ckpt_ms - before) % MS_WRAP
+            if delta > 0:
+                grown.append((delta, r))
+        if grown:
+            delta, r = max(grown, key=lambda x: x[0])
+            step = max(x.ckpt_step for _, x in grown)
+            end_t = now - (r.beat_age_s or 0.0)  # its last sign of life: the phase's end unless it stepped since
+            self.record(ev.checkpoint_stall(now, self.launch, step, delta / 1000.0, end_t, len(grown)))
+        if not ranks:
+            return
+        slow = min(ranks, key=lambda x: x.step)
+        due = self.last_step is None or bool(grown) or now - self.last_written >= self.every_s
+        if slow.step != self.last_step and (due or final):
+            self.record(ev.step_progress(now, self.launch, slow.step, now - (slow.beat_age_s or 0.0), len(ranks)))
+            self.last_step, self.last_written = slow.step, now
