@@ -91,6 +91,9 @@ DEFAULT_LOG_SIGNATURES: tuple[LogSignature, ...] = (
          ev.COMM_ERROR, 0.7),  # fmt: skip
     _sig("gloo", r"[Gg]loo.*(Connection|Timed out|timeout|Socket)", ev.COMM_ERROR, 0.8),
     _sig("dist-network", r"DistNetworkError|DistBackendError|c10d.*(timed out|Socket Timeout)", ev.COMM_ERROR, 0.7),
+    # A full (or over-quota) filesystem under a save: torch.save says only "unexpected pos N vs M".
+    _sig("disk-full", r"No space left on device|Disk quota exceeded|unexpected pos \d+ vs \d+|"
+         r"PytorchStreamWriter failed writing", ev.APP_ERROR, 0.9),  # fmt: skip
     _sig("segfault", r"Segmentation fault|Fatal Python error", ev.APP_ERROR, 0.8),
     _sig("traceback", r"Traceback \(most recent call last\)", ev.APP_ERROR, 0.7),
     _sig("python-exception", r"^(?:\[rank\d+\]:\s*|\d+:\s*)?(\w+\.)*\w*(Error|Exception)(: |$)", ev.APP_ERROR, 0.6),

@@ -82,3 +82,18 @@ def test_a_python_exception_on_one_rank_is_an_app_error_not_the_peers_comm_error
     result = classify(Evidence(log_lines=logs, rank_exits=exits))
     assert result.cls == ev.APP_ERROR, result.evidence
     assert any("ValueError: bad batch" in line for line in result.evidence)
+
+
+def test_a_save_on_a_full_filesystem_is_an_app_error_that_says_disk_full():
+    """torch.save on a full tmpfs (recorded on this machine): the message never says "No space left"."""
+    from supervisor.decisions.classify import Evidence, LogLine, RankExit, classify
+
+    log = ["0: Traceback (most recent call last):",
+           "0: RuntimeError: basic_ios::clear: iostream error",
+           "0: RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534",
+           "srun: error: node1: task 0: Exited with exit code 1"]  # fmt: skip
+    got = classify(Evidence(log_lines=tuple(LogLine(x) for x in log), task_nodes=("node1", "node2"),
+                            allocation_nodes=("node1", "node2"), rank_exits=(RankExit("node1", 0, 1),),
+                            job_state="RUNNING"))  # fmt: skip
+    assert got.cls == "app_error" and got.blamed_nodes == ()
+    assert any("(disk-full)" in line and "node1 rank 0" in line for line in got.evidence), got.evidence
