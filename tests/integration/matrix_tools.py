@@ -30,10 +30,10 @@ __all__ = ["PROGRAM", "Row", "ranks_pids", "submit_program", "newest_valid", "ag
 
 def submit_program(tmp_path: Path, *args: str, steps: int = 60, ckpt_every: int = 10, step_time: float = 0.3,
                    nodes: int = 2, sbatch: tuple[str, ...] = ("--time=10",), config: str = "",
-                   name: str = "campaign") -> Campaign:  # fmt: skip
+                   name: str = "campaign", ckpt: Path | None = None) -> Campaign:  # fmt: skip
     """``supervise submit`` the user-style program; the checkpoint directory is found from its --ckpt-dir flag
     (no [run] checkpoint_dir), as a user who never wrote a config gets it."""
-    root, ckpt = tmp_path / name, tmp_path / f"{name}-ckpt"
+    root, ckpt = tmp_path / name, ckpt or tmp_path / f"{name}-ckpt"
     cfg: list[str] = []
     if config:
         path = tmp_path / f"{name}.toml"
