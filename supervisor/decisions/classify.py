@@ -171,6 +171,9 @@ class Evidence:
     # Nodes where each earlier app_error of the campaign happened (Interruption.origin_nodes), oldest first:
     # an app error blames a node only when it repeats there and nowhere else (History.app_error_origins).
     app_error_history: tuple[tuple[str, ...], ...] = ()
+    # The ranks each of those app errors came from (Interruption.origin_ranks; () unknown), aligned with
+    # app_error_history: a crash that kept to one node *and* one rank may follow the rank, not the node.
+    app_error_rank_history: tuple[tuple[int, ...], ...] = ()
     # Added with the driver's one Evidence per ending (the loop fills every field below):
     job_nodes: tuple[str, ...] = ()  # every node of the job's allocation, spares included
     slurm_job: JobInfo | None = None  # typed Slurm job record (job_state/job_reason above are derived from it)
@@ -202,11 +205,14 @@ class Interruption:
     confidence: float
     evidence: tuple[str, ...]
     origin_nodes: tuple[str, ...] = ()  # where the winning evidence was observed, blamed or not
+    origin_ranks: tuple[int, ...] = ()  # the ranks it came from, when known
 
     def to_event(self, t: float) -> ev.Event:
         event = ev.interruption_event(t, self.cls, self.blamed_nodes, self.confidence, self.evidence)
         if self.origin_nodes:
             event["origin_nodes"] = sorted(self.origin_nodes)
+        if self.origin_ranks:
+            event["origin_ranks"] = sorted(self.origin_ranks)
         return event
 
 
@@ -449,6 +455,7 @@ def classify(e: Evidence, signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNA
     winners = [f for f in credible if PRIORITY[f.cls] == top]
     cls = winners[0].cls
     origin = tuple(sorted({f.where for f in winners if f.where} | {n for f in winners for n in f.nodes}))
+    origin_ranks = tuple(sorted({int(r) for f in winners if f.group for r in [f.group.split("/")[1]] if r.isdigit()}))
     blamed: tuple[str, ...] = ()
     notes: list[str] = []
     if cls not in NO_BLAME:
@@ -463,10 +470,15 @@ def classify(e: Evidence, signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNA
             notes.append(f"(not blamed: the errors name every node: {', '.join(blamed)})")
             blamed = ()
     elif cls == ev.APP_ERROR:
-        node = repeated_on_one_node(origin, e.app_error_history)
+        node = repeated_on_one_node(origin, e.app_error_history, origin_ranks=origin_ranks,
+                                    rank_history=e.app_error_rank_history)  # fmt: skip
         blamed = (node,) if node else ()
         if node:
             notes.append(f"the application error repeats on {node} and on no other node: {node} is blamed")
+        elif repeated_on_one_node(origin, e.app_error_history):
+            notes.append(f"(not blamed: it repeats on {origin[0]}, but always from rank(s) "
+                         f"{', '.join(map(str, origin_ranks))}: it may follow the rank; the next launch moves the "
+                         "ranks to other nodes to tell)")  # fmt: skip
     others = sorted((f for f in findings if f not in winners), key=lambda f: -PRIORITY[f.cls])
     evidence = [f.text for f in winners] + notes + [f"(also: {f.text})" for f in others]
     confidence = _combine(f.confidence for f in winners)
@@ -479,18 +491,30 @@ def classify(e: Evidence, signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNA
         confidence=confidence,
         evidence=tuple(evidence[:24]),
         origin_nodes=origin,
+        origin_ranks=origin_ranks,
     )
 
 
 def repeated_on_one_node(origin: Sequence[str], history: Sequence[Sequence[str]],
-                         window: int = APP_ERROR_WINDOW) -> str | None:  # fmt: skip
+                         window: int = APP_ERROR_WINDOW, *, origin_ranks: Sequence[int] = (),
+                         rank_history: Sequence[Sequence[int]] = ()) -> str | None:  # fmt: skip
     """The node to blame for an application error, if any: this one happened on one node only, an earlier one
     (among the last ``window`` whose node is known) happened there too, and none of them happened elsewhere. A
-    bug in the program crashes wherever it runs; a crash that keeps to one machine is that machine's."""
+    bug in the program crashes wherever it runs; a crash that keeps to one machine is that machine's.
+
+    With the ranks known (``origin_ranks``, ``rank_history`` aligned with ``history``), an earlier crash there
+    confirms the node only when it came from other ranks: a crash of the same rank on the same node may follow
+    the rank (a rank-0-only bug on the node rank 0 always lands on), so the node is blamed only once the ranks
+    moved (the supervisor moves them after such a crash) and the crash stayed."""
     if len(set(origin)) != 1:
         return None
     node = origin[0]
-    known = [set(o) for o in history if o][-window:]
-    if not any(o == {node} for o in known) or any(o - {node} for o in known):
+    ranks = list(rank_history)[-len(history):] if rank_history else []
+    ranks = [()] * (len(history) - len(ranks)) + ranks
+    known = [(set(o), tuple(sorted(r))) for o, r in zip(history, ranks, strict=True) if o][-window:]
+    if any(o - {node} for o, _ in known):
+        return None
+    here = tuple(sorted(origin_ranks))
+    if not any(o == {node} and not (here and r == here) for o, r in known):
         return None
     return node

@@ -184,13 +184,16 @@ class History:
     # Where each app error of the campaign happened (the interruption's origin_nodes), oldest first: the input
     # of the "repeats on one node only" blame rule (classify.Evidence.app_error_history).
     app_error_origins: tuple[tuple[str, ...], ...] = ()
+    app_error_ranks: tuple[tuple[int, ...], ...] = ()  # their ranks (origin_ranks; () unknown), aligned
 
-    def record(self, interruption_class: str, t: float, origin_nodes: Iterable[str] = ()) -> History:
+    def record(self, interruption_class: str, t: float, origin_nodes: Iterable[str] = (),
+               origin_ranks: Iterable[int] = ()) -> History:  # fmt: skip
         if interruption_class == ev.COMPLETED:
             return self
-        origins = self.app_error_origins
+        origins, ranks = self.app_error_origins, self.app_error_ranks
         if interruption_class == ev.APP_ERROR:
             origins = (*origins[-63:], tuple(sorted(set(origin_nodes))))
+            ranks = (*ranks[-63:], tuple(sorted(set(origin_ranks))))
         streaks = dict(self.streaks)
         streaks[interruption_class] = streaks.get(interruption_class, 0) + 1
         totals = dict(self.totals)
@@ -203,6 +206,7 @@ class History:
             fault_times=self.fault_times + ((t,) if fault else ()),
             faults_since_progress=self.faults_since_progress + (1 if fault else 0),
             app_error_origins=origins,
+            app_error_ranks=ranks,
         )
 
     def progress(self, step: int) -> History:
@@ -219,7 +223,9 @@ class History:
         if e.get("type") == ev.INTERRUPTION and e.get("class") in ev.OUTCOMES:
             origin = e.get("origin_nodes")
             nodes = [str(n) for n in origin] if isinstance(origin, list) else []
-            return self.record(str(e["class"]), float(e.get("t", 0.0)), nodes)
+            got = e.get("origin_ranks")
+            ranks = [int(r) for r in got if isinstance(r, int)] if isinstance(got, list) else []
+            return self.record(str(e["class"]), float(e.get("t", 0.0)), nodes, ranks)
         if e.get("type") == ev.CHECKPOINT_COMMITTED and isinstance(e.get("step"), int):
             return self.progress(int(e["step"]))
         return self

@@ -55,7 +55,8 @@ def respond(
     ``slurm_kills_on_node_failure`` is False for jobs submitted with ``--no-kill`` (spare nodes): Slurm then
     keeps the job running without the dead node, and recovery inside the allocation is ours to do."""
     if not evidence.app_error_history:  # where earlier app errors happened: a crash keeping to one node blames it
-        evidence = dataclasses.replace(evidence, app_error_history=history.app_error_origins)
+        evidence = dataclasses.replace(evidence, app_error_history=history.app_error_origins,
+                                       app_error_rank_history=history.app_error_ranks)  # fmt: skip
     interruption = cl.classify(evidence, signatures)
     slurm_requeues = (
         slurm_kills_on_node_failure

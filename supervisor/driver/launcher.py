@@ -62,10 +62,25 @@ def agent_argv(
     ]  # fmt: skip
 
 
+def step_nodes(layout: Layout, exclude: Sequence[str] = (), shift: int = 0) -> tuple[str, ...]:
+    """The training step's nodes in rank order: the first usable ones (``exclude`` left out), rotated left by
+    ``shift`` so that different ranks land on each node (task ``i`` on node ``i // tasks_per_node``)."""
+    usable = [n for n in layout.nodes if n not in set(exclude)][: layout.train_nodes]
+    k = shift % len(usable) if usable else 0
+    return tuple(usable[k:] + usable[:k])
+
+
+def hostfile_text(nodes: Sequence[str], tasks_per_node: int) -> str:
+    """SLURM_HOSTFILE for ``--distribution=arbitrary``: one line per task, in rank order."""
+    return "".join(f"{n}\n" for n in nodes for _ in range(tasks_per_node))
+
+
 def train_argv(
-    layout: Layout, command: Sequence[str], launch: int, exclude: Sequence[str] = (), extra: Sequence[str] = ()
+    layout: Layout, command: Sequence[str], launch: int, exclude: Sequence[str] = (), extra: Sequence[str] = (),
+    *, arbitrary: bool = False,
 ) -> list[str]:
-    """srun line for the training step, avoiding ``exclude`` (blamed nodes) when the spares allow it."""
+    """srun line for the training step, avoiding ``exclude`` (blamed nodes) when the spares allow it.
+    ``arbitrary``: tasks go where SLURM_HOSTFILE says, in its order (the ranks moved to other nodes)."""
     usable = [n for n in layout.nodes if n not in set(exclude)]
     nnodes = min(layout.train_nodes, len(usable))
     argv = [
@@ -78,6 +93,8 @@ def train_argv(
     ]  # fmt: skip
     if exclude:
         argv.append(f"--exclude={compress(sorted(set(exclude)))}")
+    if arbitrary:
+        argv.append("--distribution=arbitrary")
     return [*argv, *extra, *command]
 
 

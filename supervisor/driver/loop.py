@@ -107,6 +107,7 @@ class Supervisor:
         self.scheduled_end: float | None = None
         self.slot_token = secrets.token_hex(8)  # this Slurm run's slot directories get unguessable names
         self.node_addresses: dict[str, str] = {}
+        self.rank_shift = 0  # ranks moved by this many nodes (after an app error that kept to one node and rank)
 
     @property
     def record(self) -> Callable[[dict[str, Any]], None]:
@@ -235,6 +236,10 @@ class Supervisor:
                     stop_request.clear(self.paths.root)
                 return outcome
             excluded = self._next_exclusions(decision)
+            if interruption.cls == ev.APP_ERROR and len(interruption.origin_nodes) == 1 \
+                    and not interruption.blamed_nodes:  # fmt: skip
+                self.rank_shift += 1  # a second crash there from other ranks blames the node; one that follows
+                # the ranks elsewhere is the program's (classify.repeated_on_one_node)
 
     def _on_live(self, live: Any) -> None:
         self.progress.observe(live)
@@ -301,14 +306,27 @@ class Supervisor:
         """One srun of the training in this attempt (journaled as ``step_launched``, the contract's name)."""
         self.launches += 1
         name = f"train-{self.launches}"
-        argv = launcher.train_argv(self.layout, self.spec.command, self.launches, excluded, self.config.run.srun_args)
+        nodes = launcher.step_nodes(self.layout, excluded, self.rank_shift)  # in rank order
+        in_order = tuple(n for n in self.layout.nodes if n in set(nodes))
+        moved = nodes != in_order
+        argv = launcher.train_argv(self.layout, self.spec.command, self.launches, excluded, self.config.run.srun_args,
+                                   arbitrary=moved)  # fmt: skip
         log_path = self._attempt_logs() / f"{name}.log"
-        nodes = tuple(n for n in self.layout.nodes if n not in excluded)[: self.layout.train_nodes]
-        self.record({**ev.step_launched(self.clock(), self.launches, nodes, excluded, resume), "resume_step": resume_step})
+        env = self._step_env(resume)
+        if moved:  # rank 0 is no longer on the first node of the step's node list: say where it is
+            hosts = self._attempt_logs() / f"{name}.hosts"
+            hosts.write_text(launcher.hostfile_text(nodes, self.layout.tasks_per_node))
+            env["SLURM_HOSTFILE"] = str(hosts)
+            if nodes[0] in self.node_addresses:
+                env["MASTER_ADDR"] = self.node_addresses[nodes[0]]
+        launched = {**ev.step_launched(self.clock(), self.launches, nodes, excluded, resume), "resume_step": resume_step}
+        if moved:
+            launched["rank_nodes"] = list(nodes)
+        self.record(launched)
         self.detector.new_launch()
         self.progress.launched(self.launches)
         self.interval.launched()
         self.checkpoints.launched(resume_step)
         self.watcher.forget_ranks()
-        proc = self.start_step(argv, self._step_env(resume), log_path, self.spec.cwd)
+        proc = self.start_step(argv, env, log_path, self.spec.cwd)
         return Launch(self.launches, name, proc, log_path, time.monotonic(), nodes)

@@ -219,3 +219,33 @@ def test_a_labelled_comm_error_explains_its_ranks_exit_even_without_the_task_lay
     lines = tuple(LogLine(f"{r}: RuntimeError: [pair.cc:598] Connection closed by peer") for r in (0, 1))
     exits = (RankExit("node1", 0, 1), RankExit("node2", 1, 1))
     assert classify(Evidence(job_state="RUNNING", log_lines=lines, rank_exits=exits)).cls == ev.COMM_ERROR
+
+
+@pytest.mark.parametrize(
+    "history,ranks,where,rank,blamed",
+    [
+        # a rank-0-only bug: rank 0 always lands on node1, so it "repeats on node1 and nowhere else"
+        ((("node1",),), ((0,),), "node1", 0, ()),
+        ((("node1",), ("node1",)), ((0,), (0,)), "node1", 0, ()),
+        # the ranks moved (rank 1 crashed on node2, then rank 0 there): the crash follows the node
+        ((("node2",),), ((1,),), "node2", 0, ("node2",)),
+        # the ranks moved and the crash followed rank 0 to node2: the program's
+        ((("node1",),), ((0,),), "node2", 0, ()),
+        # ranks not recorded (an older journal): the node rule alone, as before
+        ((("node2",),), (), "node2", 1, ("node2",)),
+    ],
+)
+def test_a_crash_that_keeps_to_one_rank_is_not_blamed_on_its_node_until_the_ranks_moved(history, ranks, where,
+                                                                                         rank, blamed):
+    result = run(f"{rank}: Traceback (most recent call last):", f"{rank}: ValueError: bad",
+                 exits=(RankExit(where, rank, 1),), task_nodes=tuple(LAYOUT_OF(where, rank)),
+                 app_error_history=history, app_error_rank_history=ranks)  # fmt: skip
+    assert result.cls == ev.APP_ERROR and result.blamed_nodes == blamed
+    assert result.origin_ranks == (rank,) and result.to_event(1.0)["origin_ranks"] == [rank]
+    if not blamed and history[-1] == (where,):
+        assert any("may follow the rank" in line for line in result.evidence), result.evidence
+
+
+def LAYOUT_OF(node: str, rank: int) -> list[str]:  # noqa: N802 - two ranks, ``rank`` on ``node``
+    other = next(n for n in NODES if n != node)
+    return [node, other] if rank == 0 else [other, node]

@@ -257,3 +257,16 @@ def test_exclusions_keep_what_the_job_already_excludes(tmp_path: Path) -> None:
     slurm.set_job(flags=frozenset({"COMPLETING"}), excluded_nodes=("n9",))
     run(sup, slurm, launcher, channel)
     assert ("update_excluded_nodes", JOB, ["n2", "n9"]) in slurm.calls
+
+
+def test_moved_ranks_land_on_other_nodes_through_an_arbitrary_distribution():
+    from supervisor.driver import launcher
+
+    layout = launcher.Layout(nodes=("node1", "node2", "node3"), tasks_per_node=2, spare_nodes=1)
+    assert launcher.step_nodes(layout) == ("node1", "node2")
+    assert launcher.step_nodes(layout, shift=1) == ("node2", "node1")  # rank 0, 1 now on node2
+    assert launcher.step_nodes(layout, exclude=("node1",), shift=1) == ("node3", "node2")
+    assert launcher.hostfile_text(("node2", "node1"), 2) == "node2\nnode2\nnode1\nnode1\n"
+    argv = launcher.train_argv(layout, ["python", "t.py"], 2, arbitrary=True)
+    assert "--distribution=arbitrary" in argv and argv[-2:] == ["python", "t.py"]
+    assert "--distribution=arbitrary" not in launcher.train_argv(layout, ["python", "t.py"], 2)
