@@ -39,8 +39,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--client", action="store_true", help="report steps and losses to the supervisor's client")
     # faults (tests)
     p.add_argument("--crash-at-start-rank", type=int, default=-1, help="this rank raises at every start")
-    p.add_argument("--crash-on-node", default="", help="whichever rank runs on this node raises at step 3")
-    p.add_argument("--print-on-node", default="", help="NODE:STEP:TEXT: that node's rank prints TEXT, exits 1")
+    p.add_argument("--crash-on-bad-node", type=int, default=0,
+                   help="whichever rank runs on the node named in CKPT_DIR/bad-node raises at this step")
+    p.add_argument("--xid-on-bad-node", type=int, default=0,
+                   help="one-shot: the rank on the node named in CKPT_DIR/bad-node prints an Xid line, exits 1")
     p.add_argument("--hang-at-step", type=int, default=0, help="one-shot: --hang-rank sleeps forever here")
     p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--nan-at-step", type=int, default=0)
@@ -56,6 +58,13 @@ def once(ckpt_dir: Path, name: str) -> bool:
         return True
     except FileExistsError:
         return False
+
+
+def bad_node(ckpt_dir: Path) -> str:
+    try:
+        return (ckpt_dir / "bad-node").read_text().strip()
+    except OSError:
+        return ""
 
 
 def latest(ckpt_dir: Path) -> Path | None:
@@ -117,12 +126,11 @@ def main() -> int:
             client.step(step, loss=value)
         if rank == 0:
             print(f"step={step} loss={value!r}", flush=True)
-        if args.crash_on_node and node == args.crash_on_node and step == 3:
-            raise OSError(f"cannot open /local/scratch/{node}/cache: Input/output error")
-        if args.print_on_node:
-            where, at, text = args.print_on_node.split(":", 2)
-            if node == where and step == int(at) and once(ckpt_dir, "print"):
-                print(text, flush=True)
+        if step in (args.crash_on_bad_node, args.xid_on_bad_node) and node == bad_node(ckpt_dir):
+            if step == args.crash_on_bad_node:
+                raise OSError(f"cannot open /local/scratch/{node}/cache: Input/output error")
+            if once(ckpt_dir, "xid"):
+                print("NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.", flush=True)
                 return 1
         if args.hang_at_step and step == args.hang_at_step and rank == args.hang_rank and once(ckpt_dir, "hang"):
             while True:  # a live hang: the process runs (sleeps), it never steps again

@@ -1,0 +1,98 @@
+"""Fault matrix, crashes (issue 9 item 4): a deterministic crash at every start, a crash only on one node, a
+hardware line on one node's rank. An application error blames a node only when it repeats there from other ranks
+(the supervisor moves the ranks after the first one) and never elsewhere; a hardware line blames its writer's node
+at once. User-style program: programs/torchsave_train.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from campaign_tools import cancel, launches, wait_for
+from matrix_tools import Row, agent_pids, ranks_pids, record_time, submit_program
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+
+
+def job_state(job_id: str) -> tuple[str, int] | None:
+    """(JobState, Restarts), or None once Slurm forgot the job."""
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        return None
+    fields = dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
+    return fields.get("JobState", ""), int(fields.get("Restarts", "0"))
+
+
+def mark_bad_node(camp, index: int) -> str:  # noqa: ANN001
+    """Name the ``index``-th node of the first run's allocation as the bad one (read by the program)."""
+    nodes = wait_for("the first run's nodes", lambda: (camp.of_type("attempt_started") or [{}])[0].get("nodes"), 150)
+    camp.ckpt.mkdir(parents=True, exist_ok=True)
+    (camp.ckpt / "bad-node").write_text(nodes[index])
+    return nodes[index]
+
+
+def test_rank0_crash_at_every_start_stops_the_campaign_blaming_no_node_and_leaves_nothing_in_slurm(tmp_path):
+    camp = submit_program(tmp_path, "--crash-at-start-rank", "0", steps=20)
+    try:
+        rows = [Row(camp, i) for i in range(3)]
+        for row in rows[:2]:
+            row.check("app_error", [], "restart_in_allocation")
+        last = rows[2].check("app_error", [], "stop")
+        ended = wait_for("the campaign to stop", camp.ended, 60)
+        assert ended["state"] == "failed" and "app_error" in ended["reason"]
+        first = camp.of_type("interruption")[0]
+        record_time("crash at every start", stopped_s=ended["t"] - first["t"])
+        # Rank 0 crashed on node A, then (ranks moved) on node B: it follows the rank, no node is the cause.
+        assert [launch["resume_step"] for launch in launches(camp)] == [None, None, None]
+        assert len({tuple(e["origin_nodes"]) for e in camp.of_type("interruption")}) == 2
+        assert all(e["origin_ranks"] == [0] for e in camp.of_type("interruption")), camp.of_type("interruption")
+        assert "requeue" not in [e["kind"] for e in camp.of_type("action")] and last["blamed_nodes"] == []
+        state = wait_for("the job to end", lambda: (s := job_state(camp.job_id) or ("GONE", 0))[0]
+                         not in ("RUNNING", "COMPLETING", "PENDING", "REQUEUED") and s, 60)  # fmt: skip
+        assert state[1] == 0, state  # never requeued
+        wait_for("no rank or agent left", lambda: not ranks_pids(camp) and not agent_pids(camp), 30)
+        assert camp.report()["excluded_nodes"] == []
+    finally:
+        cancel(camp.job_id)
+
+
+def test_a_crash_only_on_one_node_blames_it_once_it_repeats_there_from_other_ranks(tmp_path):
+    camp = submit_program(tmp_path, "--crash-on-bad-node", "3", steps=12, ckpt_every=2)
+    try:
+        bad = mark_bad_node(camp, 1)  # rank 1 there at the first launch; rank 0 after the ranks move
+        first = Row(camp, 0)
+        first.check("app_error", [], "restart_in_allocation")
+        first.resumed_from((str(camp.ckpt / "checkpoint-2.pt"), 2))
+        second = Row(camp, 1)
+        got = second.check("app_error", [bad], "requeue")
+        assert launches(camp)[1]["rank_nodes"][0] == bad  # rank 0 was moved onto it, and crashed there too
+        assert any(f"repeats on {bad}" in line for line in got["evidence"]), got["evidence"]
+        requeued = wait_for("the requeued run", lambda: camp.of_type("attempt_started")[1:] or None, 120)[0]
+        assert bad not in requeued["nodes"]
+        record_time("crash only on one node", requeued_s=requeued["t"] - first.interruption()["t"])
+        ended = wait_for("the campaign to complete", camp.ended, 150)
+        assert ended["state"] == "completed"
+        assert launches(camp)[-1]["resume_step"] == 2 and bad not in launches(camp)[-1]["nodes"]
+        assert bad in camp.report()["excluded_nodes"]
+    finally:
+        cancel(camp.job_id)
+
+
+def test_a_hardware_line_blames_its_node_and_the_next_launch_runs_on_the_spare(tmp_path):
+    camp = submit_program(tmp_path, "--xid-on-bad-node", "5", steps=16, ckpt_every=2, nodes=3,
+                          config="[run]\nspare_nodes = 1\n")  # fmt: skip
+    try:
+        bad = mark_bad_node(camp, 1)  # the step runs on the first two nodes, rank 1 on the second
+        row = Row(camp, 0)
+        got = row.check("hardware", [bad], "restart_in_allocation")
+        assert any("Xid" in line for line in got["evidence"]), got["evidence"]
+        resumed = row.resumed_from((str(camp.ckpt / "checkpoint-4.pt"), 4))
+        relaunch = row.relaunch()
+        assert bad not in relaunch["nodes"] and bad in relaunch["excluded"]
+        record_time("hardware line on one node", resumed_s=resumed - got["t"])
+        ended = wait_for("the campaign to complete", camp.ended, 120)
+        assert ended["state"] == "completed" and len(camp.of_type("attempt_started")) == 1
+    finally:
+        cancel(camp.job_id)
