@@ -52,6 +52,9 @@ class RunConfig:
     checkpoint_interval: str | float = "off"
     # The MTBF "auto" assumes until this campaign saw 3 interruptions; 0: the site prior (Meta RSC's rate).
     mtbf_prior_s: float = 0.0
+    # Seconds between the node agents' health checks (GPUs, filesystems, /dev/shm, memory, clock; the first at
+    # start): a fatal finding blames the node (docs/health.md). 0: no checks.
+    health_interval_s: float = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +85,7 @@ class Config:
     ledger: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     log_signatures: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # regex -> interruption class
     metrics: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # supervisor.metrics.MetricsConfig
+    health: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # health thresholds: health.checks.Limits
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self), default=list))
@@ -114,6 +118,12 @@ def _metrics_loader() -> Any:
     return MetricsConfig.from_mapping
 
 
+def _health_loader() -> Any:
+    from supervisor.health.checks import Limits
+
+    return Limits.from_mapping
+
+
 def _signatures_loader() -> Any:
     from supervisor.decisions.classify import signatures_from_table
 
@@ -122,7 +132,7 @@ def _signatures_loader() -> Any:
 
 # Sections validated by the modules that own them (pure dataclasses with their own range checks).
 _DELEGATED = {"detect": _detect_loader, "policy": _policy_loader, "ledger": _ledger_loader,
-              "log_signatures": _signatures_loader, "metrics": _metrics_loader}
+              "log_signatures": _signatures_loader, "metrics": _metrics_loader, "health": _health_loader}
 
 
 def _same_type(value: Any, default: Any) -> bool:
@@ -144,6 +154,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "run.summary_interval_s": (0.05, 600.0),
     "run.loop_interval_s": (0.05, 60.0),
     "run.spare_nodes": (0, 4096),
+    "run.health_interval_s": (0.0, DAY_S),  # 0: off; else at least 1 s (checked in from_mapping)
 }
 # Delegated sections ([detect], [policy], [ledger]): their modules check meaning; here every number is finite
 # and within an absurdity bound, and every time (a key ending in _s) is positive (0 allowed for backoff).
@@ -265,13 +276,17 @@ def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:
                               "see docs/configuration.md for the keys and their ranges") from None
         delegated[name] = dict(table)
     config = Config(detect=delegated["detect"], policy=delegated["policy"], ledger=delegated["ledger"],
-                    log_signatures=delegated["log_signatures"], metrics=delegated["metrics"], **parts)
+                    log_signatures=delegated["log_signatures"], metrics=delegated["metrics"],
+                    health=delegated["health"], **parts)
     from supervisor.alerts import validate_config
 
     try:
         validate_config(config.alerts)
     except ValueError as err:
         raise ConfigError(f"{source}: {err}", "see docs/configuration.md, [alerts]") from None
+    if 0 < config.run.health_interval_s < 1:
+        raise ConfigError(f"{source}: run.health_interval_s = {config.run.health_interval_s!r} is out of range "
+                          "(allowed: 0 (off) or 1 <= value <= 86400)", "a check every 30 s is the default")
     if config.submit.signal_lead_s < 1:
         raise ConfigError(f"{source}: submit.signal_lead_s must be >= 1", "give the run time to checkpoint, e.g. 120")
     return config

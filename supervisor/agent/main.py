@@ -22,10 +22,12 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from supervisor.agent.discover import find_ranks
+from supervisor.agent.health import HealthThread, health_from_args
 from supervisor.agent.sampler import RankSlots
 from supervisor.agent.slotdir import make_slot_dir
 from supervisor.agent.stacks import StackDumps
@@ -34,6 +36,9 @@ from supervisor.errors import ConfigError, SupervisorError, UsageError
 from supervisor.heartbeat import wire
 from supervisor.heartbeat.secret import load_secret
 from supervisor.paths import SLOT_DIR_ENV, CampaignPaths, default_slot_dir, expand_slot_dir
+
+if TYPE_CHECKING:
+    from supervisor.health.agent import AgentHealth
 
 DISCOVER_S = 2.0  # how often /proc is scanned for ranks that have no slot (they never call the client)
 
@@ -46,7 +51,8 @@ def _change_key(entries: list[wire.RankEntry]) -> tuple[tuple[int, int, int, int
 class Agent:
     def __init__(self, *, job: str, node: str, key: bytes, supervisor: tuple[str, int], slot_dir: Path,
                  campaign: Path, sample_s: float = 0.25, report_s: float = 1.0, supervisor_timeout_s: float = 30.0,
-                 refused_grace_s: float = 5.0, parent_pid: int = 0, keep_slot_dir: bool = False) -> None:
+                 refused_grace_s: float = 5.0, parent_pid: int = 0, keep_slot_dir: bool = False,
+                 health: AgentHealth | None = None) -> None:
         self.job, self.node, self.key = job, node, key
         self.sample_s, self.report_s = sample_s, report_s
         self.supervisor_timeout_s, self.refused_grace_s = supervisor_timeout_s, refused_grace_s
@@ -66,6 +72,8 @@ class Agent:
         self._next_discover = 0.0
         self._last_key: tuple[tuple[int, int, int, int], ...] | None = None
         self._refused_since = 0.0
+        self.clock_offset_s: float | None = None  # our wall clock minus the batch host's (from its frames)
+        self.health = HealthThread(health, lambda: self.clock_offset_s) if health is not None else None
 
     def _header(self) -> dict[str, object]:
         self.seq += 1
@@ -107,6 +115,7 @@ class Agent:
             self.counters["rejected_" + why] += 1
             return
         self.counters["control_ok"] += 1
+        self.clock_offset_s = (time.time_ns() - frame.sent_wall_ns) / 1e9  # + transit, well under a second
         self.last_contact = time.monotonic()
         self._refused_since = 0.0
         events: list[wire.Event] = []
@@ -157,6 +166,8 @@ class Agent:
         self.last_contact = time.monotonic()
         next_sample = next_report = time.monotonic()
         first = True
+        if self.health is not None:
+            self.health.start()  # checks at start, then every interval, off the sampling loop
         while True:
             now = time.monotonic()
             if now >= next_sample:
@@ -175,6 +186,8 @@ class Agent:
                     next_report = now + self.report_s * jitter
                     first = False
             done = self.stacks.poll()
+            if self.health is not None:
+                done += self.health.events()
             if done:
                 self.send_events(done)
             why = self._should_exit(now)
@@ -188,6 +201,8 @@ class Agent:
                 self._receive()
 
     def close(self) -> None:
+        if self.health is not None:
+            self.health.close()
         self.slots.close()
         self.sock.close()
         if not self.keep_slot_dir:
@@ -217,6 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit after this many seconds without a keepalive from the supervisor")
     p.add_argument("--parent-pid", type=int, default=0, help="also exit when this pid is gone (same host only)")
     p.add_argument("--keep-slot-dir", action="store_true", help="do not remove the slot directory on exit")
+    p.add_argument("--health-interval", type=float, default=30.0,
+                   help="seconds between node health checks (the first at start; 0: no checks)")
+    p.add_argument("--health-fs", action="append", default=[], metavar="ROLE=PATH",
+                   help="a filesystem whose free space and inodes are checked (repeatable)")
+    p.add_argument("--health-limit", action="append", default=[], metavar="KEY=VALUE",
+                   help="a health threshold (docs/health.md), e.g. fs_min_free_gib=50 (repeatable)")
+    p.add_argument("--expect-gpus", type=int, default=None, help="GPUs this node should have (default: unchecked)")
     return p
 
 
@@ -270,7 +292,7 @@ def agent_from_args(args: argparse.Namespace) -> Agent:
     return Agent(job=args.job_id, node=args.node, key=key, supervisor=supervisor, slot_dir=slot_dir,
                  campaign=campaign, sample_s=args.sample_interval, report_s=args.report_interval,
                  supervisor_timeout_s=args.supervisor_timeout, parent_pid=args.parent_pid,
-                 keep_slot_dir=args.keep_slot_dir)
+                 keep_slot_dir=args.keep_slot_dir, health=health_from_args(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from supervisor.decisions import events as ev
 from supervisor.decisions.detect.model import (
@@ -180,6 +180,9 @@ class Evidence:
     slurm_nodes: Mapping[str, NodeInfo] = field(default_factory=dict)  # typed Slurm state per allocation node
     unknown: tuple[str, ...] = ()  # sources whose query failed ("slurm_job", "slurm_nodes"): unknown, not empty
     last_steps: Mapping[int, int] = field(default_factory=dict)  # rank -> last iteration it reported
+    # The node agents' fatal health findings behind ``gpu_faults``, detection-shaped (kind, metric, value,
+    # threshold, nodes): the interruption's alert carries their figures (driver/health.py).
+    health_findings: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -400,7 +403,7 @@ def _infrastructure_findings(e: Evidence) -> list[Finding]:
             found.append(Finding(ev.NODE_FAILURE, 0.9, f"Slurm node {node} is {state}", (node,)))
     for node, problems in sorted(e.gpu_faults.items()):
         for problem in problems:
-            found.append(Finding(ev.HARDWARE, 0.9, f"GPU health on {node}: {problem}", (node,)))
+            found.append(Finding(ev.HARDWARE, 0.9, f"health check on {node}: {problem}", (node,)))
     return found
 
 

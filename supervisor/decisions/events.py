@@ -68,6 +68,7 @@ STEP_PROGRESS = "step_progress"
 CHECKPOINT_STALL = "checkpoint_stall"
 PREFLIGHT = "preflight"
 CHECKPOINT_INTERVAL = "checkpoint_interval"
+HEALTH = "health"
 JOURNAL_RESUMED = "journal_resumed"  # written by supervisor.journal itself; readers drop it
 
 EVENT_TYPES: tuple[str, ...] = (
@@ -97,6 +98,7 @@ EVENT_TYPES: tuple[str, ...] = (
     CHECKPOINT_STALL,
     PREFLIGHT,
     CHECKPOINT_INTERVAL,
+    HEALTH,
 )
 # Written by ``supervisor.journal`` itself (never by the supervisor) and dropped by every reader.
 STORAGE_EVENT_TYPES: tuple[str, ...] = (JOURNAL_RESUMED,)
@@ -307,6 +309,12 @@ def checkpoint_interval(t: float, setting: str, advice: Mapping[str, Any]) -> Ev
     ``advice`` is ``checkpoint_interval.Advice.to_dict()`` (interval, mode, stall, restart, MTBF and its source,
     predicted and optimal goodput)."""
     return {"type": CHECKPOINT_INTERVAL, "t": t, "setting": setting, **dict(advice)}
+def health(t: float, node: str, nvml: str, findings: Sequence[Mapping[str, Any]], unfit: bool) -> Event:
+    """A node agent's health check changed what it finds on ``node`` (a problem appeared or went away): each
+    finding is ``{severity, check, value, threshold, what, fix}``; ``unfit``: a fatal finding makes the node
+    unfit for training (it is blamed when it is in the launch); ``nvml``: "ok" or why there is no GPU reading."""
+    return {"type": HEALTH, "t": t, "node": node, "nvml": nvml, "unfit": unfit,
+            "findings": [dict(f) for f in findings]}
 
 
 def journal_resumed(t: float, torn_offset: int) -> Event:

@@ -136,6 +136,7 @@ class Actuators:
         if action.tier in (None, "L1"):
             return None
         detections: list[Mapping[str, Any]] = [d.to_dict() for _, d in s.evidence.detections]
+        detections += s.evidence.health_findings  # a failed health check: its figures
         if self.submit_alert is None:  # (no dispatcher injected: deliver here, bounded by the sinks' timeouts)
             alerts.send(self.alerts_config, alerts.document(self.job_id, self.campaign,
                                                             action.to_event(self.clock()), detections))

@@ -31,7 +31,8 @@ log = structlog.get_logger("supervisor")
 
 @dataclass(frozen=True)
 class WatchResult:
-    """Why the loop stopped watching a launch: ``reason`` is "exited", "detection", "signal" or "stop_request" (``supervise cancel``)."""
+    """Why the loop stopped watching a launch: ``reason`` is "exited", "detection", "signal", "stop_request"
+    (``supervise cancel``) or "health" (a node of the launch failed a fatal health check)."""
 
     reason: str
     exit_code: int | None = None  # srun's, when it exited
@@ -105,6 +106,8 @@ def build(
     scheduled_end: float | None,
     tasks_per_node: int = 1,
     node_addresses: Mapping[str, str] | None = None,
+    gpu_faults: Mapping[str, tuple[str, ...]] | None = None,
+    health_findings: Sequence[Mapping[str, Any]] = (),
 ) -> cl.Evidence:
     """The one Evidence of an ending. ``ranks``: the launch's rank views (earlier launches' left out)."""
     exits = merge_task_exits(rank_exits(ranks), tasklog.srun_task_exits(log_lines))
@@ -132,4 +135,6 @@ def build(
         slurm_nodes=dict(nodes or {}),
         unknown=unknown,
         last_steps={r.rank: r.step for r in ranks},
+        gpu_faults=dict(gpu_faults or {}),  # the node agents' fatal health findings (driver/health.py)
+        health_findings=tuple(health_findings),
     )

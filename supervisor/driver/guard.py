@@ -33,6 +33,7 @@ SLURM_QUERY = "slurm_query"
 AGENTS = "agents"
 METRICS = "metrics"
 WARNING = "warning"  # the response to a warning detection (alerts, strikes)
+HEALTH = "health"  # the node agents' health reports (journaling them, judging the launch's nodes)
 ACTION = "action"  # followed by ":<kind>", e.g. "action:alert"
 
 

@@ -31,12 +31,13 @@ from supervisor.decisions.classify import Evidence, signatures_from_table
 from supervisor.decisions.detect import DetectConfig, Detector
 from supervisor.decisions.ledger import LedgerConfig
 from supervisor.decisions.respond import last_step, respond
-from supervisor.driver import evidence, launcher
+from supervisor.driver import evidence, health, launcher
 from supervisor.driver.actuators import Actuators, Situation, slot_flag
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoints import CheckpointTracker
 from supervisor.driver.evidence import WatchResult, query_job, query_nodes
-from supervisor.driver.guard import CHECKPOINT_SCAN, DETECT, SLURM_QUERY, Guard, GuardedChannel
+from supervisor.driver.guard import CHECKPOINT_SCAN, DETECT, HEALTH, SLURM_QUERY, Guard, GuardedChannel
+from supervisor.driver.health import HealthWatch
 from supervisor.driver.interval import IntervalAsker
 from supervisor.driver.launcher import Launch
 from supervisor.driver.notify import Notifier
@@ -46,6 +47,7 @@ from supervisor.driver.recorder import Recorder
 from supervisor.driver.requeue import JobActions
 from supervisor.driver.signals import SignalInbox
 from supervisor.driver.watch import Watcher
+from supervisor.health.checks import Limits
 from supervisor.heartbeat.server import BIND_ENV, bind_address, resolve_sources
 from supervisor.journal import Journal, read
 from supervisor.paths import SLOT_DIR_ENV, CampaignPaths, slot_dir_template
@@ -166,14 +168,17 @@ class Supervisor:
         self.agents = AgentStep(
             channel=self.channel, slurm=self.slurm, start=self.start_step, record=self.record, clock=self.clock,
             nodes=self.layout.nodes, python=self.spec.python or "python3", campaign=self.paths.root,
-            extra_args=["--sample-interval", str(run.agent_interval_s), "--report-interval", str(run.summary_interval_s)],
+            extra_args=["--sample-interval", str(run.agent_interval_s), "--report-interval", str(run.summary_interval_s),
+                        *self._health_args()],
             env=lambda: self._step_env(""), log_path=self._attempt_logs() / "agents.log", cwd=self.spec.cwd,
         )  # fmt: skip
+        self.health = HealthWatch(self.record, self.clock, self.layout.nodes)
         self.watcher = Watcher(
             channel=self.channel, detector=self.detector, inbox=self.inbox, checkpoints=self.checkpoints,
             agents=self.agents, record=self.record, clock=self.clock, loop_interval_s=run.loop_interval_s,
             guard=self.guard, stop_requested=lambda: stop_request.path(self.paths.root).exists(),
             on_warning=self.notifier.warning, on_pass=self._metrics_pass, on_live=self._on_live,
+            health=self.health,
         )  # fmt: skip
         jobs = JobActions(
             slurm=self.slurm, channel=self.channel, inbox=self.inbox, record=self.record, clock=self.clock,
@@ -186,6 +191,19 @@ class Supervisor:
             guard=self.guard, checkpoints=self.checkpoints, submit_alert=self.notifier.submit,
             budgets=self.policy.budgets,
         )  # fmt: skip
+
+    def _health_args(self) -> list[str]:
+        """The node agents' health checks: interval, the filesystems to watch, thresholds, GPUs per node."""
+        run = self.config.run
+        args = ["--health-interval", f"{run.health_interval_s:g}", "--health-fs", f"campaign={self.paths.root}"]
+        if run.checkpoint_dir:
+            args += ["--health-fs", f"checkpoint={os.path.abspath(run.checkpoint_dir)}"]
+        for pair in Limits.from_mapping(self.config.health).to_pairs():
+            args += ["--health-limit", pair]
+        gpus = os.environ.get("SLURM_GPUS_ON_NODE", "")
+        if gpus.isdigit():  # the batch host's count, as Slurm sets it: allocations are per-node uniform
+            args += ["--expect-gpus", gpus]
+        return args
 
     def _metrics_pass(self) -> None:
         if self.notifier.metrics is not None:
@@ -254,13 +272,19 @@ class Supervisor:
         for d in watched.detections:
             self.record(ev.detection_event(d, now))
         job, job_known = self._query_job()
+        unfit = self.guard.call(HEALTH, self._unfit, launch.nodes, default={})
         return evidence.build(
             watched, now=self.clock(), ranks=self.watcher.live(launch).ranks, sigterm_flag=slot_flag("RANK_FLAG_SIGTERM"),
             job=job, job_known=job_known, nodes=self._query_nodes(),
             log_lines=evidence.tail(launch.log_path), step_nodes=launch.nodes, job_nodes=self.layout.nodes,
             signal_lead_s=float(self.config.submit.signal_lead_s), scheduled_end=self.scheduled_end,
             tasks_per_node=self.layout.tasks_per_node, node_addresses=self.node_addresses,
+            gpu_faults=health.gpu_faults(unfit), health_findings=health.detections(unfit),
         )  # fmt: skip
+
+    def _unfit(self, nodes: tuple[str, ...]) -> dict[str, Any]:
+        self.health.update(self.channel.table)
+        return self.health.faults(nodes)
 
     def _query_job(self) -> tuple[Any, bool]:
         """Slurm's job record; a query that fails in any way (not only SlurmError) is unknown, journaled."""

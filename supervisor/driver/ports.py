@@ -28,7 +28,7 @@ class Process(Protocol):
 class Channel(Protocol):
     """The supervisor's end of the heartbeat path: receives node summaries into ``table``, sends commands."""
 
-    table: Any  # heartbeat LiveTable: snapshot(), node_views(), nodes, events
+    table: Any  # heartbeat LiveTable: snapshot(), node_views(), nodes, events, health
 
     @property
     def address(self) -> tuple[str, int]: ...

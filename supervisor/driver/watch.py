@@ -18,7 +18,8 @@ from supervisor.decisions.detect import NODE_SILENT, RANK_EXITED, DetectionEvent
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoints import CheckpointTracker
 from supervisor.driver.evidence import WatchResult
-from supervisor.driver.guard import AGENTS, CHECKPOINT_SCAN, DETECT, Guard
+from supervisor.driver.guard import AGENTS, CHECKPOINT_SCAN, DETECT, HEALTH, Guard
+from supervisor.driver.health import HealthWatch
 from supervisor.driver.launcher import Launch
 from supervisor.driver.ports import Channel
 from supervisor.driver.signals import SignalInbox
@@ -47,6 +48,7 @@ class Watcher:
         on_warning: Callable[[DetectionEvent], None] | None = None,
         on_pass: Callable[[], None] | None = None,
         on_live: Callable[[Any], None] | None = None,
+        health: HealthWatch | None = None,
     ) -> None:
         self.channel, self.detector, self.inbox = channel, detector, inbox
         self.checkpoints, self.agents, self.record, self.clock = checkpoints, agents, record, clock
@@ -56,6 +58,7 @@ class Watcher:
         self.on_warning, self.on_pass = on_warning, on_pass  # the policy's answer to warnings; metrics
         self.on_live = on_live  # the launch's ranks as seen each pass (goodput records: driver/progress.py)
         self.old_pids: set[int] = set()  # rank pids of earlier launches: their slots linger until overwritten
+        self.health = health  # the agents' health reports: a node of the launch found unfit ends the watch
 
     def forget_ranks(self) -> None:
         """Called before a new launch: the ranks now in the table belong to earlier launches."""
@@ -93,6 +96,8 @@ class Watcher:
             next_eval = now + self.loop_interval_s
             if self.on_pass is not None:
                 self.on_pass()
+            if self.guard.call(HEALTH, self.unfit_nodes, launch, default=()):
+                return WatchResult("health", detections=tuple(pending))
             for d in self.guard.call(DETECT, self.observe, launch, default=[]):
                 if not d.is_fault:
                     self.record(ev.detection_event(d, self.clock()))
@@ -109,6 +114,13 @@ class Watcher:
                 return WatchResult("detection", detections=tuple(pending + self.verdict_on_silent_nodes(launch)))
             if self.agents.died():
                 self.guard.call(AGENTS, self.agents.restart, default=None)
+
+    def unfit_nodes(self, launch: Launch) -> tuple[str, ...]:
+        """Nodes of the launch with a fatal health finding (the reports that arrived are journaled first)."""
+        if self.health is None:
+            return ()
+        self.health.update(self.channel.table)
+        return tuple(self.health.faults(launch.nodes))
 
     def verdict_on_silent_nodes(self, launch: Launch) -> list[DetectionEvent]:
         """A crash seen from the survivors (gloo errors, exits) often means a node died: while some node's

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor.health.checks import FATAL, Limits, NodeReading, Problem, evaluate
@@ -35,10 +35,6 @@ class NodeFinding:
     @property
     def fatal(self) -> bool:
         return self.severity == FATAL
-
-    def to_event(self, t: float) -> dict[str, Any]:
-        """Journal / wire form: ``{"type": "health", ...}``."""
-        return {"type": "health", "t": t, **asdict(self)}
 
     def as_detection(self) -> dict[str, Any]:
         """Detection-shaped dict for ``alerts.build(..., detections=[...])``: the alert then carries this check's
@@ -83,8 +79,10 @@ class AgentHealth:
         self.node, self.filesystems, self.expected_gpus = node, dict(filesystems or {}), expected_gpus
         self.limits, self.interval_s = limits, interval_s
         self.next_at: float | None = None
-        self.nvml, self.nvml_status = open_nvml()
+        self.nvml, self.nvml_status = open_nvml(node)
         self.xids = XidWatcher(self.nvml) if self.nvml is not None else None
+        if self.xids is not None and self.xids.problem:
+            self.nvml_status = f"ok ({self.xids.problem})"
         self.last: list[NodeFinding] = []
 
     def poll(self, now: float | None = None, clock_offset_s: float | None = None) -> list[NodeFinding] | None:
@@ -98,7 +96,7 @@ class AgentHealth:
         try:
             events = self.xids.drain() if self.xids is not None else ()
             reading = read_node(self.expected_gpus, self.filesystems, node=self.node, kernel_log=first,
-                                nvml_xids=events, nvml=self.nvml)  # fmt: skip
+                                nvml_xids=events, nvml=self.nvml, nearest_existing=True)  # fmt: skip
             if self.nvml is None:
                 reading = _with_status(reading, self.nvml_status)
             if clock_offset_s is not None:

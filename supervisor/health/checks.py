@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from supervisor.health import xid as xidmod
 
@@ -108,6 +109,25 @@ class Limits:
     xid_window_s: float = 3600.0  # kernel-log Xids older than this are history, not the node's state
     max_clock_offset_s: float = 1.0  # warn: timelines and step times across nodes stop lining up
     max_clock_offset_fatal_s: float = 30.0  # fatal: half the heartbeat channel's 60 s freshness window
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Limits:
+        """From a config file's ``[health]`` table; unknown keys and bad numbers are ValueErrors."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, float | int] = {}
+        for key, value in data.items():
+            if key not in known:
+                raise ValueError(f"health.{key}: unknown threshold; known: {', '.join(sorted(known))}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"health.{key} must be a finite number >= 0, got {value!r}")
+            values[key] = int(value) if isinstance(known[key].default, int) else float(value)
+        return cls(**values)  # type: ignore[arg-type]
+
+    def to_pairs(self) -> list[str]:
+        """The thresholds that differ from the defaults, as ``KEY=VALUE`` (the agent's ``--health-limit``)."""
+        default = Limits()
+        return [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)]  # fmt: skip
 
     @classmethod
     def from_pairs(cls, pairs: Iterable[str]) -> Limits:

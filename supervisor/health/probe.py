@@ -56,9 +56,24 @@ def _shm() -> tuple[bool, int]:
         return False, 0
 
 
-def read_fs(path: str, role: str, timeout_s: float = 5.0) -> FsReading:
+def _statvfs_nearest(path: str) -> os.statvfs_result:
+    """statvfs of ``path`` or, when it does not exist yet (a checkpoint directory before the first save), of its
+    nearest existing parent: the filesystem it will be created on."""
+    current = os.path.abspath(path)
+    while True:
+        try:
+            return os.statvfs(current)
+        except FileNotFoundError:
+            parent = os.path.dirname(current)
+            if parent == current:
+                raise
+            current = parent
+
+
+def read_fs(path: str, role: str, timeout_s: float = 5.0, nearest_existing: bool = False) -> FsReading:
+    stat = _statvfs_nearest if nearest_existing else os.statvfs
     try:
-        st = with_deadline(lambda: os.statvfs(path), timeout_s, f"statvfs {path}")
+        st = with_deadline(lambda: stat(path), timeout_s, f"statvfs {path}")
     except (OSError, TimeoutError) as err:
         return FsReading(path, role, error=str(err))
     return FsReading(path, role, st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize, st.f_favail, st.f_files)
@@ -163,11 +178,22 @@ def _gpu(nvml: Any, index: int, xids: tuple[xidmod.XidEvent, ...] = ()) -> GpuRe
     )
 
 
-def open_nvml() -> tuple[Any | None, str]:
-    """(the pynvml module, initialised) or (None, why not): never raises."""
-    try:
-        import pynvml as nvml  # from nvidia-ml-py
+def open_nvml(node: str | None = None) -> tuple[Any | None, str]:
+    """(the pynvml module, initialised) or (None, why not): never raises for a missing driver. With
+    ``SUPERVISOR_HEALTH_RECORDED`` naming a reading for ``node``, the recorded stand-in (``health.recorded``)."""
+    from supervisor.health.recorded import RecordedNvml, document_for
 
+    try:
+        recorded = document_for(node or node_name())
+    except (OSError, ValueError) as err:  # the seam names a file that is not there: said, never the real NVML
+        return None, f"no GPU reading (recorded readings unreadable: {err})"
+    try:
+        if recorded is not None:
+            nvml: Any = RecordedNvml(recorded)
+        else:
+            import pynvml  # from nvidia-ml-py
+
+            nvml = pynvml
         nvml.nvmlInit()
     except Exception as err:  # noqa: BLE001 - no driver on CPU nodes: a clear reading, not a failure
         return None, f"no NVIDIA GPU (NVML unavailable: {err.__class__.__name__}: {err})"
@@ -196,19 +222,21 @@ def read_node(
     timeout_s: float = 20.0,
     nvml_xids: tuple[xidmod.XidEvent, ...] = (),
     nvml: Any = None,
+    nearest_existing: bool = False,
 ) -> NodeReading:
     """One full reading. ``filesystems``: role -> path (e.g. {"checkpoint": "/scratch/ckpt"}). ``nvml``: an
     already initialised pynvml (the agent keeps one open); else NVML is opened and shut down here."""
     name = node or node_name()
     writable, free = _shm()
-    fs = tuple(read_fs(path, role, min(5.0, timeout_s)) for role, path in (filesystems or {}).items())
+    fs = tuple(read_fs(path, role, min(5.0, timeout_s), nearest_existing)
+               for role, path in (filesystems or {}).items())
     memory = read_memory()
     kernel = read_kernel_xids() if kernel_log else ()
     base = dict(node=name, shm_writable=writable, shm_free_bytes=free, expected_gpus=expected_gpus,
                 filesystems=fs, memory=memory, visible_devices=visible_devices(), kernel_xids=kernel)  # fmt: skip
     own = nvml is None
     if own:
-        nvml, status = open_nvml()
+        nvml, status = open_nvml(name)
         if nvml is None:
             return NodeReading(nvml=status, **base)  # type: ignore[arg-type]
     try:

@@ -124,6 +124,10 @@ class LiveTable:
         self.nodes: dict[str, _Node] = {}
         self.counters: Counter[str] = Counter()
         self.events: deque[dict[str, Any]] = deque(maxlen=1000)
+        # Each node's newest health report (EVENT_HEALTH) with our wall time of receipt; kept apart from
+        # ``events`` so a report per node every 30 s never pushes stack results out of that bounded queue.
+        self.health: dict[str, tuple[float, wire.HealthReport]] = {}
+        self.health_refused = 0  # authenticated health events whose text is not a report
         self._mono, self._wall_ns = mono, wall_ns
 
     def feed(self, data: bytes, addr: Any = None) -> bool:
@@ -144,6 +148,12 @@ class LiveTable:
         self.counters["ok"] += 1
         if frame.kind == wire.KIND_EVENT:
             for ev in wire.events(frame):
+                if ev.kind == wire.EVENT_HEALTH:
+                    try:
+                        self.health[frame.node] = (now_wall / 1e9, wire.parse_health(ev.text))
+                    except wire.FrameError:  # the frame itself was fine (counted ok): only this report is dropped
+                        self.health_refused += 1
+                    continue
                 name = wire.EVENT_NAMES[ev.kind] if ev.kind < len(wire.EVENT_NAMES) else f"event{ev.kind}"
                 self.events.append({"node": frame.node, "rank": ev.rank, "event": name, "text": ev.text,
                                     "wall": now_wall / 1e9})

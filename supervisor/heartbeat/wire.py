@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import math
 import struct
 from collections import deque
@@ -64,7 +65,8 @@ COMMAND_NAMES = ("keepalive", "set_flags", "dump_stacks", "exit")
 EVENT = struct.Struct("<BIH")
 EVENT_STACKS_SAVED = 1  # text = path of the saved dump
 EVENT_STACKS_FAILED = 2  # text = why
-EVENT_NAMES = ("", "stacks_saved", "stacks_failed")
+EVENT_HEALTH = 3  # text = a node health report (JSON, ``encode_health``); rank = the agent's check number
+EVENT_NAMES = ("", "stacks_saved", "stacks_failed", "health")
 
 # Process states travel as one byte: the code of a name in ``supervisor.procstate`` (the one vocabulary).
 STATES = procstate.NAMES
@@ -278,6 +280,73 @@ def _parse_events(body: bytes, count: int) -> list[Event]:
     if pos != len(body):
         raise FrameError("length")
     return out
+
+
+# ------------------------------------------------------------------------------------------ health reports
+# One node agent's health check travels as one EVENT_HEALTH event (authenticated with the frame): its text is a
+# small JSON document, ``{"nvml": status, "findings": [[severity, check, value, threshold, what, fix], ...],
+# "more": n}``, fatal findings first, cut to fit ``MAX_TEXT`` (``more`` counts what was left out). Every check is
+# sent, clean ones too, so the supervisor sees a node recover and a lost datagram is superseded by the next.
+HEALTH_SEVERITIES = ("fatal", "warn")
+HEALTH_FIELD_MAX = 400  # characters per text field of a finding
+MAX_FINDINGS = 64
+
+
+class HealthItem(NamedTuple):
+    severity: str  # "fatal" or "warn"
+    check: str
+    value: str
+    threshold: str
+    what: str
+    fix: str
+
+
+class HealthReport(NamedTuple):
+    nvml: str  # "ok", or why there is no GPU reading ("no NVIDIA GPU (...)")
+    findings: tuple[HealthItem, ...]
+    more: int = 0  # findings left out to fit the event
+
+    @property
+    def fatal(self) -> tuple[HealthItem, ...]:
+        return tuple(f for f in self.findings if f.severity == "fatal")
+
+
+def encode_health(nvml: str, findings: Sequence[HealthItem]) -> str:
+    """The event text for one check: fatal findings first, as many as fit in ``MAX_TEXT`` bytes."""
+    ordered = sorted(findings, key=lambda f: f.severity != "fatal")
+    rows = [[str(x)[:HEALTH_FIELD_MAX] for x in f] for f in ordered[:MAX_FINDINGS]]
+    status = nvml[:HEALTH_FIELD_MAX]
+    while True:
+        text = json.dumps({"nvml": status, "findings": rows, "more": len(ordered) - len(rows)},
+                          separators=(",", ":"), ensure_ascii=False)
+        if len(text.encode("utf-8")) <= MAX_TEXT or not rows:
+            return text
+        rows.pop()
+
+
+def parse_health(text: str) -> HealthReport:
+    """Parse an EVENT_HEALTH text; ``FrameError("health")`` for anything not exactly the shape above."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        raise FrameError("health") from None
+    if not isinstance(doc, dict) or set(doc) != {"nvml", "findings", "more"}:
+        raise FrameError("health")
+    nvml, rows, more = doc["nvml"], doc["findings"], doc["more"]
+    if not isinstance(nvml, str) or not isinstance(rows, list) or len(rows) > MAX_FINDINGS:
+        raise FrameError("health")
+    if type(more) is not int or not 0 <= more <= 1 << 20:
+        raise FrameError("health")
+    items = []
+    for row in rows:
+        if not isinstance(row, list) or len(row) != len(HealthItem._fields) or not all(
+                isinstance(x, str) and len(x) <= HEALTH_FIELD_MAX for x in row):  # fmt: skip
+            raise FrameError("health")
+        item = HealthItem(*row)
+        if item.severity not in HEALTH_SEVERITIES or not item.check:
+            raise FrameError("health")
+        items.append(item)
+    return HealthReport(nvml[:HEALTH_FIELD_MAX], tuple(items), more)
 
 
 @dataclass

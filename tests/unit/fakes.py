@@ -76,6 +76,7 @@ class FakeTable:
         self.ranks: list[RankView] = []
         self.nodes: list[str] = []
         self.events: deque[dict[str, Any]] = deque()
+        self.health: dict[str, Any] = {}  # node -> (wall time, wire.HealthReport), as LiveTable.health
 
     def node_views(self, nodes: Any = None) -> dict[str, NodeView]:
         return {n: NodeView(n, 0.0, 1, 1, 1, 0.0, "127.0.0.1:1") for n in self.nodes}

@@ -136,3 +136,11 @@ def test_no_tracked_text_file_holds_a_merge_conflict_marker() -> None:
     ]
     found += [name for name in ("README.md", "Makefile", "pyproject.toml") if marker.search((ROOT / name).read_text())]
     assert not found, f"merge conflict markers in {found}"
+
+
+def test_every_health_threshold_is_documented_with_its_default() -> None:
+    from supervisor.health.checks import Limits
+
+    doc = _documented_config()["health"]
+    defaults = {f.name: f.default for f in dataclasses.fields(Limits)}
+    assert doc == defaults, "[health] in docs/configuration.md differs from health.checks.Limits"

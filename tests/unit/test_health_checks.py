@@ -166,7 +166,7 @@ def test_agent_entry_on_this_machine_names_the_node(tmp_path) -> None:
     assert agent_checks("n7", {"campaign": str(tmp_path)}) == []  # healthy, no GPU here: no findings
     found = agent_checks("n7", {"campaign": str(tmp_path)}, limits=Limits(fs_min_free_gib=1e9))
     assert [(f.node, f.fatal, f.check) for f in found] == [("n7", True, f"fs_free:{tmp_path}")]
-    assert found[0].to_event(5.0)["type"] == "health" and "threshold" in found[0].evidence()
+    assert "threshold" in found[0].evidence()
     health = AgentHealth("n7", {"campaign": str(tmp_path)}, interval_s=30.0)
     assert health.poll(100.0) == [] and health.poll(110.0) is None and health.poll(130.0) == []
     health.close()
