@@ -86,6 +86,7 @@ class Config:
     log_signatures: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # regex -> interruption class
     metrics: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # supervisor.metrics.MetricsConfig
     health: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # health thresholds: health.checks.Limits
+    preflight: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # health.preflight.PreflightConfig
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self), default=list))
@@ -124,6 +125,12 @@ def _health_loader() -> Any:
     return Limits.from_mapping
 
 
+def _preflight_loader() -> Any:
+    from supervisor.health.preflight import PreflightConfig
+
+    return PreflightConfig.from_mapping
+
+
 def _signatures_loader() -> Any:
     from supervisor.decisions.classify import signatures_from_table
 
@@ -132,7 +139,8 @@ def _signatures_loader() -> Any:
 
 # Sections validated by the modules that own them (pure dataclasses with their own range checks).
 _DELEGATED = {"detect": _detect_loader, "policy": _policy_loader, "ledger": _ledger_loader,
-              "log_signatures": _signatures_loader, "metrics": _metrics_loader, "health": _health_loader}
+              "log_signatures": _signatures_loader, "metrics": _metrics_loader, "health": _health_loader,
+              "preflight": _preflight_loader}
 
 
 def _same_type(value: Any, default: Any) -> bool:
@@ -277,7 +285,7 @@ def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:
         delegated[name] = dict(table)
     config = Config(detect=delegated["detect"], policy=delegated["policy"], ledger=delegated["ledger"],
                     log_signatures=delegated["log_signatures"], metrics=delegated["metrics"],
-                    health=delegated["health"], **parts)
+                    health=delegated["health"], preflight=delegated["preflight"], **parts)
     from supervisor.alerts import validate_config
 
     try:

@@ -132,6 +132,10 @@ class Ledger:
             reason = str(params.get("strike", "")) if isinstance(params, Mapping) else ""
             for node in event.get("target", ()):
                 self.strike(str(node), self.config.weights.get(reason, 0.0), t, reason)
+        elif kind == ev.PREFLIGHT:
+            # A node found unfit or markedly slow before a launch: struck as a hardware fault.
+            for node in event.get("blamed_nodes", ()):
+                self.strike(str(node), self.config.weights.get(ev.HARDWARE, 0.0), t, "preflight")
         elif kind == ev.NODE_FORGIVEN and event.get("node"):
             self.forgive(str(event["node"]), t)
 

@@ -34,6 +34,7 @@ AGENTS = "agents"
 METRICS = "metrics"
 WARNING = "warning"  # the response to a warning detection (alerts, strikes)
 HEALTH = "health"  # the node agents' health reports (journaling them, judging the launch's nodes)
+PREFLIGHT = "preflight"  # the check before a launch (health reports, the collective test)
 ACTION = "action"  # followed by ":<kind>", e.g. "action:alert"
 
 

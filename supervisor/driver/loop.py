@@ -31,12 +31,20 @@ from supervisor.decisions.classify import Evidence, signatures_from_table
 from supervisor.decisions.detect import DetectConfig, Detector
 from supervisor.decisions.ledger import LedgerConfig
 from supervisor.decisions.respond import last_step, respond
-from supervisor.driver import evidence, health, launcher
+from supervisor.driver import evidence, health, launcher, prelaunch
 from supervisor.driver.actuators import Actuators, Situation, slot_flag
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoints import CheckpointTracker
 from supervisor.driver.evidence import WatchResult, query_job, query_nodes
-from supervisor.driver.guard import CHECKPOINT_SCAN, DETECT, HEALTH, SLURM_QUERY, Guard, GuardedChannel
+from supervisor.driver.guard import (
+    CHECKPOINT_SCAN,
+    DETECT,
+    HEALTH,
+    PREFLIGHT,
+    SLURM_QUERY,
+    Guard,
+    GuardedChannel,
+)
 from supervisor.driver.health import HealthWatch
 from supervisor.driver.interval import IntervalAsker
 from supervisor.driver.launcher import Launch
@@ -48,6 +56,7 @@ from supervisor.driver.requeue import JobActions
 from supervisor.driver.signals import SignalInbox
 from supervisor.driver.watch import Watcher
 from supervisor.health.checks import Limits
+from supervisor.health.preflight import PreflightConfig
 from supervisor.heartbeat.server import BIND_ENV, bind_address, resolve_sources
 from supervisor.journal import Journal, read
 from supervisor.paths import SLOT_DIR_ENV, CampaignPaths, slot_dir_template
@@ -173,6 +182,12 @@ class Supervisor:
             env=lambda: self._step_env(""), log_path=self._attempt_logs() / "agents.log", cwd=self.spec.cwd,
         )  # fmt: skip
         self.health = HealthWatch(self.record, self.clock, self.layout.nodes)
+        self.prelaunch = prelaunch.Prelaunch(
+            config=PreflightConfig.from_mapping(self.config.preflight), health=self.health, channel=self.channel,
+            record=self.record, clock=self.clock, work_dir=self.paths.root / "preflight",
+            python=self.spec.python or "python3", env=lambda: self._step_env(""), health_enabled=run.health_interval_s > 0,
+            start=self.start_step, log_dir=self._attempt_logs,
+        )  # fmt: skip
         self.watcher = Watcher(
             channel=self.channel, detector=self.detector, inbox=self.inbox, checkpoints=self.checkpoints,
             agents=self.agents, record=self.record, clock=self.clock, loop_interval_s=run.loop_interval_s,
@@ -230,18 +245,24 @@ class Supervisor:
             picked = self.guard.call(CHECKPOINT_SCAN, self.checkpoints.pick_resume, default=None)
             self.resume_unknown = picked is None
             resume, resume_step = picked if picked is not None else (None, None)
-            launch = self._launch(resume, resume_step, excluded)
-            watched = self.watcher.watch(launch)
-            self._final_progress(launch)
-            self.watcher.journal_timeouts()
-            found = self._evidence(launch, watched)
+            checked = self._prelaunch(excluded)
+            if checked.enough:
+                excluded = checked.excluded
+                launch = self._launch(resume, resume_step, excluded)
+                watched = self.watcher.watch(launch)
+                self._final_progress(launch)
+                self.watcher.journal_timeouts()
+                found = self._evidence(launch, watched)
+            else:  # too few nodes passed the preflight: the training does not start; the policy answers
+                launch = prelaunch.not_started(self.launches, self._attempt_logs() / "preflight.log")
+                watched, found = WatchResult("preflight"), checked.evidence or Evidence()
             state = campaign_state.fold(self.recorder.history, self.ledger_config)
             now = self.clock()
             request = stop_request.read(self.paths.root) if watched.reason == "stop_request" else None
             interruption, decision = stop_request.respond(request) if request is not None else respond(
                 found, state.history, state.ledger, nodes=self.layout.nodes, needed=self.layout.train_nodes,
                 config=self.policy, now=now, step_running=launch.proc.poll() is None,
-                restarts_here=self.launches - 1, signatures=self.signatures,
+                restarts_here=max(0, self.launches - 1), signatures=self.signatures,
                 slurm_kills_on_node_failure=not self._no_kill(),
             )  # fmt: skip
             self.record({**interruption.to_event(self.clock()), "launch": launch.number, "last_step": last_step(found)})
@@ -265,6 +286,11 @@ class Supervisor:
 
     def _final_progress(self, launch: Launch) -> None:
         self.guard.call(DETECT, lambda: self.progress.observe(self.watcher.live(launch), final=True), default=None)
+
+    def _prelaunch(self, excluded: tuple[str, ...]) -> prelaunch.Checked:
+        """Health-unfit and markedly slow nodes left out of the next launch (docs/health.md, "Preflight")."""
+        return self.guard.call(PREFLIGHT, self.prelaunch.check, self.layout.nodes, excluded, self.layout.train_nodes,
+                               self.launches + 1, default=prelaunch.Checked(excluded))  # fmt: skip
 
     def _evidence(self, launch: Launch, watched: WatchResult) -> Evidence:
         """The one Evidence of this ending; the detections that led to it are journaled first."""

@@ -20,17 +20,50 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slurm.hostlist import compress
 
+Starter = Callable[[Sequence[str], Mapping[str, str], Path, "str | None"], Any]  # driver.launcher.start's shape
 DEFAULT_BUDGET_S = 30.0
 DEFAULT_FACTOR = 2.0
 LATENCY_FLOOR_S = 100e-6  # below this, latency differences are noise on any fabric
 SRUN_SLACK_S = 20.0  # srun's own start-up and tear-down, beyond the workers' budget
+
+
+@dataclass(frozen=True)
+class PreflightConfig:
+    """``[preflight]`` (docs/configuration.md): when the collective test runs before a launch, its time budget,
+    and how much slower than its peers a node must be to be left out."""
+
+    enabled: str | bool = "auto"  # "auto": when the launch has nodes not measured yet in this Slurm run
+    budget_s: float = DEFAULT_BUDGET_S
+    factor: float = DEFAULT_FACTOR
+    srun_args: tuple[str, ...] = ()  # extra srun arguments for the measurement step (e.g. ["--gpus-per-task=1"])
+
+    def __post_init__(self) -> None:
+        if self.enabled not in ("auto", True, False):
+            raise ValueError(f'preflight.enabled must be "auto", true or false, got {self.enabled!r}')
+        for name, low, high in (("budget_s", 1.0, 600.0), ("factor", 1.0, 1000.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not low <= value <= high or (name == "factor" and value == low):  # fmt: skip
+                raise ValueError(f"preflight.{name} must be a number in {'(' if name == 'factor' else '['}{low:g}, "
+                                 f"{high:g}], got {value!r}")  # fmt: skip
+        if isinstance(self.srun_args, str) or not all(isinstance(a, str) for a in self.srun_args):
+            raise ValueError(f"preflight.srun_args must be a list of strings, got {self.srun_args!r}")
+        object.__setattr__(self, "srun_args", tuple(self.srun_args))
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> PreflightConfig:
+        known = ("enabled", "budget_s", "factor", "srun_args")
+        for key in data:
+            if key not in known:
+                raise ValueError(f"preflight.{key}: unknown setting; known settings: {', '.join(known)}")
+        return cls(**dict(data))
 
 
 @dataclass(frozen=True)
@@ -125,9 +158,12 @@ def worker_argv(nodes: Sequence[str], out_dir: Path, budget_s: float = DEFAULT_B
 
 def run(nodes: Sequence[str], work_dir: Path, budget_s: float = DEFAULT_BUDGET_S, factor: float = DEFAULT_FACTOR,
         env: Mapping[str, str] | None = None, python: str = sys.executable,
-        srun_args: Sequence[str] = ()) -> Verdict:  # fmt: skip
+        srun_args: Sequence[str] = (), start: Starter | None = None,
+        log_path: Path | None = None) -> Verdict:  # fmt: skip
     """Measure ``nodes`` (in the current allocation, or a new one outside) and judge; never raises for a failed
-    measurement (that is an "unknown" verdict). ``work_dir`` must be on a filesystem every node sees."""
+    measurement (that is an "unknown" verdict). ``work_dir`` must be on a filesystem every node sees.
+    ``start``: how to start the srun (the supervisor's step launcher, output to ``log_path``); default: a
+    subprocess with its output discarded."""
     if not 1 <= budget_s <= 600:
         raise ValueError(f"preflight budget must be 1-600 s, got {budget_s!r}")
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -135,19 +171,18 @@ def run(nodes: Sequence[str], work_dir: Path, budget_s: float = DEFAULT_BUDGET_S
     argv = worker_argv(nodes, out, budget_s, python, srun_args)
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, env=dict(env) if env is not None else None, stdout=subprocess.DEVNULL,  # noqa: S603
-                                stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+        if start is not None:
+            proc: Any = start(argv, dict(env) if env is not None else dict(os.environ), log_path or out / "srun.log",
+                              None)  # fmt: skip
+        else:
+            proc = subprocess.Popen(argv, env=dict(env) if env is not None else None, stdout=subprocess.DEVNULL,  # noqa: S603
+                                    stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     except OSError as err:
         return Verdict(False, True, errors={n: f"cannot run srun: {err}" for n in nodes})
-    try:
-        _, err_text = proc.communicate(timeout=budget_s + SRUN_SLACK_S)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+    deadline = started + budget_s + SRUN_SLACK_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _end(proc)
     elapsed = time.monotonic() - started
     results = []
     for path in sorted(out.glob("rank-*.json")):
@@ -156,6 +191,18 @@ def run(nodes: Sequence[str], work_dir: Path, budget_s: float = DEFAULT_BUDGET_S
         except (OSError, ValueError):
             continue
     return judge(results, nodes, factor, round(elapsed, 3))
+
+
+def _end(proc: Any) -> None:
+    """srun past its deadline: TERM (srun ends the step), then KILL."""
+    for stop in (proc.terminate, proc.kill):
+        if proc.poll() is not None:
+            return
+        stop()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def describe(verdict: Verdict) -> str:

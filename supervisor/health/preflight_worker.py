@@ -45,13 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    _write(out, f"pid-{rank}", {"pid": os.getpid(), "node": node})  # for diagnosis (and the throttling test)
     result: dict[str, Any] = {"rank": rank, "node": node, "world": world, "ok": False}
     try:
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(1)
+        # For diagnosis, and the tests that throttle one node (once torch is loaded: the measurement is slowed,
+        # not the import).
+        _write(out, f"pid-{rank}", {"pid": os.getpid(), "node": node})
         backend = args.backend
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() else "gloo"

@@ -12,7 +12,8 @@ taken on a GPU machine can be replayed. The file maps a node name (or ``"*"``: e
                "retired_pages_pending": 0, "retired_pages_dbe": [page addresses],
                "temperature_c": 41, "throttle_reasons": 0, "power_mw": 71000, "power_limit_mw": 700000,
                "lost": false}],                  # lost: the handle query fails (fell off the bus)
-     "xids": [{"gpu": 0, "code": 79}]}          # delivered once through the NVML event API
+     "xids": [{"gpu": 0, "code": 79, "after_s": 8}]}  # delivered once through the NVML event API (after_s:
+                                                  # not before that many seconds after NVML was opened)
 
 A key left out answers as pynvml does for an unsupported query (an ``NVMLError``), which the probe reads as
 unknown. Values are the raw NVML units (milliwatts, the throttle-reason bit mask).
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +70,7 @@ class RecordedNvml:
         xids = doc.get("xids", [])
         self.pending_xids = [x for x in xids if isinstance(x, Mapping)] if isinstance(xids, list) else []
         self.registered: set[int] = set()
+        self.created = time.monotonic()
         self.handles = [_Handle(i) for i in range(len(self.gpus))]  # one object per GPU, as NVML's are stable
 
     # --- library
@@ -141,8 +144,12 @@ class RecordedNvml:
         self.registered.add(handle.index)
 
     def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> _EventData:  # noqa: N802
-        while self.pending_xids:
-            x = self.pending_xids.pop(0)
+        elapsed = time.monotonic() - self.created
+        for x in list(self.pending_xids):
+            after = x.get("after_s", 0)
+            if isinstance(after, (int, float)) and after > elapsed:
+                continue  # not happened yet
+            self.pending_xids.remove(x)
             gpu = x.get("gpu", 0)
             if isinstance(gpu, int) and gpu in self.registered and isinstance(x.get("code"), int):
                 return _EventData(self.handles[gpu], int(x["code"]))

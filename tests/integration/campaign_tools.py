@@ -95,11 +95,13 @@ def supervise(*args: str, check: bool = True) -> subprocess.CompletedProcess[str
 
 def submit(tmp_path: Path, *, steps: int, step_time: float = 0.3, ckpt_every: int = 10, nodes: int = 2,
            tasks_per_node: int = 1, sbatch: tuple[str, ...] = ("--time=10",), config: str = "",
-           train: tuple[str, ...] = ()) -> Campaign:  # fmt: skip
-    """Submit the example training under the supervisor; returns once Slurm accepted the job."""
+           train: tuple[str, ...] = (), preflight: str = "enabled = false") -> Campaign:  # fmt: skip
+    """Submit the example training under the supervisor; returns once Slurm accepted the job. ``preflight``: the
+    ``[preflight]`` table (off by default here: the collective test costs each campaign seconds of torch start-up
+    on the 2 shared cores; tests/integration/test_preflight_campaign.py runs it)."""
     root, ckpt = tmp_path / "campaign", tmp_path / "ckpt"
     cfg = tmp_path / "supervise.toml"
-    cfg.write_text(f'[run]\ncheckpoint_dir = "{ckpt}"\ncheckpoint_grace_s = 20\n{config}')
+    cfg.write_text(f'[preflight]\n{preflight}\n[run]\ncheckpoint_dir = "{ckpt}"\ncheckpoint_grace_s = 20\n{config}')
     out = supervise(
         "submit", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}", *sbatch, "--campaign", str(root),
         "--config", str(cfg), "--", sys.executable, str(EXAMPLE), "--steps", str(steps), "--ckpt-dir", str(ckpt),

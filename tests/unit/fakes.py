@@ -5,6 +5,7 @@ the Slurm state, runs the real ``Supervisor``, and reads the journal it wrote.""
 
 from __future__ import annotations
 
+import json
 import signal as signal_module
 import time
 from collections import deque
@@ -14,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from slurm.errors import SlurmUnreachable
+from slurm.hostlist import expand
 from slurm.model import JobInfo, NodeInfo
 from supervisor.driver.signals import Received
 from supervisor.heartbeat import wire
 from supervisor.heartbeat.table import NodeView, RankView, Snapshot
+from supervisor.heartbeat.wire import HealthReport
 
 
 def rank_view(node: str, rank: int, pid: int, **overrides: Any) -> RankView:
@@ -128,6 +131,8 @@ class FakeLauncher:
         self.argvs: list[list[str]] = []
         self.envs: list[dict[str, str]] = []
         self.next_pid = 1000
+        self.preflight_runs: list[list[str]] = []  # the nodes of each preflight measurement
+        self.preflight_compute: dict[str, float] = {}  # node -> its measured compute time (default 0.01 s)
 
     def __call__(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: str | None = None
                  ) -> FakeProcess:  # fmt: skip
@@ -136,7 +141,11 @@ class FakeLauncher:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if "supervisor.agent" in argv:
             self.channel.table.nodes = list(self.nodes)
+            for node in self.nodes:  # each agent's first health check: clean unless the test put one there
+                self.channel.table.health.setdefault(node, (time.time(), HealthReport("ok", ())))
             return FakeProcess()
+        if "supervisor.health.preflight_worker" in argv:
+            return self._preflight(argv)
         script = self.launches.pop(0)
         log_path.write_text(script.log)
         ranks = []
@@ -149,6 +158,17 @@ class FakeLauncher:
         self.channel.current = proc
         self.channel.current_name = next(a.split("=", 1)[1] for a in argv if a.startswith("--job-name="))
         return proc
+
+
+    def _preflight(self, argv: Sequence[str]) -> FakeProcess:
+        """The preflight's measurement step: each node's result file, compute times from ``preflight_compute``."""
+        out = Path(argv[argv.index("--out") + 1])
+        nodes = expand(next(a.split("=", 1)[1] for a in argv if a.startswith("--nodelist=")))
+        self.preflight_runs.append(list(nodes))
+        for rank, node in enumerate(nodes):
+            doc = {"rank": rank, "node": node, "ok": True, "compute_s": self.preflight_compute.get(node, 0.01)}
+            (out / f"rank-{rank}.json").write_text(json.dumps(doc))
+        return FakeProcess(Launch(0))
 
 
 class FakeSlurm:

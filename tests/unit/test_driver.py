@@ -92,7 +92,8 @@ def test_a_clean_exit_completes_the_campaign(tmp_path: Path) -> None:
     assert r.code == 0
     assert r.classes() == [ev.COMPLETED]
     assert r.of(ev.CAMPAIGN_ENDED)[-1]["state"] == "completed"
-    assert [e["type"] for e in r.events[:3]] == [ev.CAMPAIGN_STARTED, ev.ATTEMPT_STARTED, ev.STEP_LAUNCHED]
+    assert [e["type"] for e in r.events[:4]] == [ev.CAMPAIGN_STARTED, ev.ATTEMPT_STARTED, ev.PREFLIGHT,
+                                                 ev.STEP_LAUNCHED]  # fmt: skip
 
 
 def test_an_app_error_is_relaunched_in_the_allocation_and_blames_nobody(tmp_path: Path) -> None:

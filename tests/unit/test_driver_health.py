@@ -76,38 +76,130 @@ def test_a_filesystem_full_on_every_node_is_the_shared_filesystems_not_theirs() 
 
 NODES = ("n1", "n2", "n3")
 JOB = "7"
+DONE = Launch(0, ranks={"state": "exited", "exit_code": 0})
 
 
-def test_an_unfit_node_ends_the_launch_is_blamed_and_the_next_launch_excludes_it(tmp_path: Path) -> None:
+class LateFault(FakeLauncher):
+    """n2's agent reports the fault once the training runs (so the preflight before it found nothing)."""
+
+    def __call__(self, argv: Any, env: Any, log_path: Path, cwd: str | None = None) -> Any:
+        proc = super().__call__(argv, env, log_path, cwd)
+        if any(a.startswith("--job-name=train-1") for a in argv):
+            self.channel.table.health["n2"] = (time.time(), HealthReport("ok", (ECC,)))
+        return proc
+
+
+def _supervise(tmp_path: Path, launches: list[Launch], *, nodes: tuple[str, ...] = NODES, spares: int = 1,
+               unfit: tuple[str, ...] = (), launcher_cls: type[FakeLauncher] = FakeLauncher,
+               slow: dict[str, float] | None = None, **config: Any) -> tuple[int, list[dict[str, Any]], FakeLauncher]:
     root = tmp_path / "campaign"
     root.mkdir()
     spec = CampaignSpec(command=("python", "train.py"), python="python3")
-    env = SlurmEnv(job_id=JOB, nodelist=NODES, tasks_per_node=(1,), restart_count=0, node_name="n1")
+    env = SlurmEnv(job_id=JOB, nodelist=nodes, tasks_per_node=(1,), restart_count=0, node_name="n1")
     channel = FakeChannel(JOB)
-    job = JobInfo(job_id=JOB, state="RUNNING", base_state="RUNNING", nodes=NODES, batch_host="n1",
+    job = JobInfo(job_id=JOB, state="RUNNING", base_state="RUNNING", nodes=nodes, batch_host="n1",
                   end_time=int(time.time()) + 3600)  # fmt: skip
-    slurm = FakeSlurm(job, NODES, channel)
-    launcher = FakeLauncher(channel, NODES, 1, [Launch(None), Launch(0, ranks={"state": "exited", "exit_code": 0})])
-    config = Config(run=RunConfig(spare_nodes=1, checkpoint_dir=str(tmp_path / "ckpt"), health_interval_s=10.0),
-                    health={"fs_min_free_gib": 50})  # fmt: skip
-    channel.table.health["n2"] = (1.0, HealthReport("ok", (ECC,)))  # n2's agent found the fault at start
-    sup = Supervisor(CampaignPaths(root), spec, config, env, slurm, channel_factory=lambda *a: channel,
+    slurm = FakeSlurm(job, nodes, channel)
+    launcher = launcher_cls(channel, nodes, 1, launches)
+    launcher.preflight_compute.update(slow or {})
+    for node in unfit:  # the agent's first check found the fault
+        channel.table.health[node] = (1.0, HealthReport("ok", (ECC,)))
+    cfg = Config(run=RunConfig(spare_nodes=spares, checkpoint_dir=str(tmp_path / "ckpt"), health_interval_s=10.0),
+                 **config)  # fmt: skip
+    sup = Supervisor(CampaignPaths(root), spec, cfg, env, slurm, channel_factory=lambda *a: channel,
                      start_step=launcher, inbox=FakeInbox())  # type: ignore[arg-type]  # fmt: skip
-    assert sup.run() == 0
-    events = read(sup.paths.journal)
+    code = sup.run()
+    return code, read(sup.paths.journal), launcher
+
+
+def _of(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == kind]
+
+
+def test_a_node_found_unfit_during_a_launch_ends_it_is_blamed_and_the_next_launch_excludes_it(tmp_path: Path) -> None:
+    code, events, launcher = _supervise(tmp_path, [Launch(None), DONE], launcher_cls=LateFault,
+                                        health={"fs_min_free_gib": 50})  # fmt: skip
+    assert code == 0
     agent_argv = launcher.argvs[0]
     assert "supervisor.agent" in agent_argv
-    for flag in ("--health-interval=10", f"--health-fs=campaign={root}", f"--health-fs=checkpoint={tmp_path / 'ckpt'}",
-                 "--health-limit=fs_min_free_gib=50.0"):  # fmt: skip
+    for flag in ("--health-interval=10", f"--health-fs=campaign={tmp_path / 'campaign'}",
+                 f"--health-fs=checkpoint={tmp_path / 'ckpt'}", "--health-limit=fs_min_free_gib=50.0"):  # fmt: skip
         name, value = flag.split("=", 1)
         assert value in [agent_argv[i + 1] for i, a in enumerate(agent_argv) if a == name], flag
-    health = [e for e in events if e["type"] == ev.HEALTH]
-    assert [(e["node"], e["unfit"]) for e in health] == [("n2", True)]
-    first = next(e for e in events if e["type"] == ev.INTERRUPTION)
+    assert [(e["node"], e["unfit"]) for e in _of(events, ev.HEALTH)] == [("n2", True)]
+    first = _of(events, ev.INTERRUPTION)[0]
     assert first["class"] == ev.HARDWARE and first["blamed_nodes"] == ["n2"]
     assert any("gpu0_ecc_uncorrectable 2, threshold 0" in line for line in first["evidence"])
-    launches = [e for e in events if e["type"] == ev.STEP_LAUNCHED]
+    launches = _of(events, ev.STEP_LAUNCHED)
     assert [e["nodes"] for e in launches] == [["n1", "n2"], ["n1", "n3"]] and launches[1]["excluded"] == ["n2"]
-    kinds = [e["kind"] for e in events if e["type"] == ev.ACTION]
-    assert policy.RESTART_IN_ALLOCATION in kinds
+    assert policy.RESTART_IN_ALLOCATION in [e["kind"] for e in _of(events, ev.ACTION)]
     assert events[-1]["type"] == ev.CAMPAIGN_ENDED and events[-1]["state"] == "completed"
+    # the preflight measured every node once (the relaunch's nodes were measured already: auto skips it)
+    assert launcher.preflight_runs == [["n1", "n2", "n3"]]
+    assert [p["skipped"] for p in _of(events, ev.PREFLIGHT)] == [None, "these nodes were measured earlier in this "
+                                                                        "Slurm run"]  # fmt: skip
+
+
+def test_a_node_unfit_before_the_launch_never_receives_the_training(tmp_path: Path) -> None:
+    code, events, launcher = _supervise(tmp_path, [DONE], unfit=("n2",))
+    assert code == 0
+    (check,) = _of(events, ev.PREFLIGHT)
+    assert check["blamed_nodes"] == ["n2"] and check["unfit"] == ["n2"] and check["enough"]
+    assert check["unfit_checks"] == {"n2": [ECC.check]} and check["duration_s"] >= 0
+    assert launcher.preflight_runs == [["n1", "n3"]]  # the unfit node is not even measured
+    (launch,) = _of(events, ev.STEP_LAUNCHED)
+    assert launch["nodes"] == ["n1", "n3"] and launch["excluded"] == ["n2"]
+    assert [e["class"] for e in _of(events, ev.INTERRUPTION)] == [ev.COMPLETED]
+
+
+def test_a_markedly_slow_node_is_swapped_for_the_spare(tmp_path: Path) -> None:
+    code, events, _ = _supervise(tmp_path, [DONE], slow={"n1": 0.05})
+    assert code == 0
+    (check,) = _of(events, ev.PREFLIGHT)
+    assert check["blamed_nodes"] == ["n1"] and "compute 50.0 ms vs 10.0 ms" in check["slow"]["n1"]
+    assert _of(events, ev.STEP_LAUNCHED)[0]["nodes"] == ["n2", "n3"]
+
+
+def test_without_a_spare_an_unfit_node_means_a_requeue_without_it_and_no_launch(tmp_path: Path) -> None:
+    code, events, launcher = _supervise(tmp_path, [], nodes=("n1", "n2"), spares=0, unfit=("n2",))
+    assert code == 0  # requeued
+    assert not _of(events, ev.STEP_LAUNCHED) and not [a for a in launcher.argvs if "train.py" in a]
+    (interruption,) = _of(events, ev.INTERRUPTION)
+    assert interruption["class"] == ev.HARDWARE and interruption["blamed_nodes"] == ["n2"]
+    requeue = next(e for e in _of(events, ev.ACTION) if e["kind"] == policy.REQUEUE)
+    assert requeue["params"]["exclude"] == ["n2"]
+    assert _of(events, ev.ATTEMPT_ENDED)[-1]["outcome"]["class"] == ev.HARDWARE
+
+
+def test_preflight_off_skips_the_test_but_still_leaves_known_unfit_nodes_out(tmp_path: Path) -> None:
+    code, events, launcher = _supervise(tmp_path, [DONE], unfit=("n3",), preflight={"enabled": False})
+    assert code == 0 and launcher.preflight_runs == []
+    (check,) = _of(events, ev.PREFLIGHT)
+    assert check["skipped"] == "preflight.enabled = false" and check["blamed_nodes"] == ["n3"]
+    assert _of(events, ev.STEP_LAUNCHED)[0]["nodes"] == ["n1", "n2"]
+
+
+def test_an_inconclusive_measurement_blames_nobody_and_a_missing_torch_is_found_once(tmp_path: Path) -> None:
+    from supervisor.driver.prelaunch import Prelaunch
+    from supervisor.health.preflight import PreflightConfig, Verdict
+
+    calls: list[list[str]] = []
+
+    def runner(nodes: list[str], work_dir: Path, **kw: Any) -> Verdict:
+        calls.append(nodes)
+        (work_dir / "preflight-x").mkdir()  # its files are removed afterwards
+        return Verdict(False, True, errors={n: "ModuleNotFoundError: No module named 'torch'" for n in nodes})
+
+    journal: list[dict[str, Any]] = []
+    channel = FakeChannel(JOB)
+    pre = Prelaunch(config=PreflightConfig(enabled=True), health=HealthWatch(journal.append, time.time, NODES),
+                    channel=channel, record=journal.append, clock=time.time, work_dir=tmp_path / "pf",
+                    python="python3", env=dict, start=FakeLauncher(channel, NODES, 1, []),
+                    log_dir=lambda: tmp_path, runner=runner)  # type: ignore[arg-type]  # fmt: skip
+    first = pre.check(NODES, (), 2, 1)
+    assert first.enough and first.excluded == () and first.blamed == {}
+    assert not list((tmp_path / "pf").iterdir())
+    second = pre.check(NODES, ("n3",), 2, 2)
+    assert second.excluded == ("n3",) and calls == [list(NODES)]
+    assert "torch is not importable" in (journal[-1]["skipped"] or "")
+    assert journal[0]["errors"]["n1"].endswith("No module named 'torch'") and journal[0]["blamed_nodes"] == []
