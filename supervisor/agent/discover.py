@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 PROC = Path("/proc")
+HELPER_ENV = "SUPERVISOR_HELPER_STEP"  # set in the environment of the supervisor's own job steps (preflight)
 
 
 def _environ(pid: str) -> dict[bytes, bytes]:
@@ -51,6 +52,8 @@ def find_ranks(job: str, node: str, own_step: str | None = None) -> dict[int, in
             continue
         env = _environ(pid)
         if env.get(b"SLURM_JOB_ID") != want_job or env.get(b"SLURMD_NODENAME", want_node) != want_node:
+            continue
+        if HELPER_ENV.encode() in env:  # the supervisor's own short steps (the preflight), not training ranks
             continue
         step, procid = env.get(b"SLURM_STEP_ID"), env.get(b"SLURM_PROCID")
         if step is None or procid is None or not procid.isdigit() or step.decode() == (own_step or ""):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from supervisor.agent.discover import HELPER_ENV
 from supervisor.decisions import classify as cl
 from supervisor.decisions import events as ev
 from supervisor.driver.health import HealthWatch, detections, gpu_faults
@@ -147,7 +148,7 @@ class Prelaunch:
         self.runs += 1
         try:
             verdict = self.runner(list(nodes), self.work_dir, budget_s=budget_s, factor=self.config.factor,
-                                  env=dict(self.env()), python=self.python,
+                                  env={**self.env(), HELPER_ENV: "preflight"}, python=self.python,
                                   srun_args=["--mem=0", *self.config.srun_args], start=self.start,
                                   log_path=self.log_dir() / f"preflight-{self.runs}.log")  # fmt: skip
         finally:

@@ -13,9 +13,9 @@ from supervisor.agent.sampler import RankSlots
 from supervisor.heartbeat import wire
 
 
-def _task(job: str, node: str, procid: int, step: str = "1") -> subprocess.Popen[bytes]:
+def _task(job: str, node: str, procid: int, step: str = "1", **extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "SLURM_JOB_ID": job, "SLURMD_NODENAME": node, "SLURM_PROCID": str(procid),
-           "SLURM_STEP_ID": step}  # fmt: skip
+           "SLURM_STEP_ID": step, **extra}  # fmt: skip
     # a rank with a child (like a data-loader worker): only the rank itself is taken
     code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(15)']); time.sleep(60)"
     return subprocess.Popen([sys.executable, "-c", code], env=env)
@@ -23,7 +23,8 @@ def _task(job: str, node: str, procid: int, step: str = "1") -> subprocess.Popen
 
 def test_slotless_ranks_are_found_and_their_stop_is_seen(tmp_path):
     job = f"9{os.getpid()}"
-    procs = [_task(job, "nodeA", 0), _task(job, "nodeA", 1), _task(job, "nodeB", 2), _task(job, "nodeA", 5, step="0")]
+    procs = [_task(job, "nodeA", 0), _task(job, "nodeA", 1), _task(job, "nodeB", 2), _task(job, "nodeA", 5, step="0"),
+             _task(job, "nodeA", 3, step="2", SUPERVISOR_HELPER_STEP="preflight")]  # the supervisor's own step
     try:
         deadline = time.monotonic() + 20
         found: dict[int, int] = {}
@@ -32,7 +33,8 @@ def test_slotless_ranks_are_found_and_their_stop_is_seen(tmp_path):
             if len(found) == 2:
                 break
             time.sleep(0.2)
-        assert found == {0: procs[0].pid, 1: procs[1].pid}  # not nodeB's, not the agents' own step, no children
+        # not nodeB's, not the agents' own step nor the preflight's, no children
+        assert found == {0: procs[0].pid, 1: procs[1].pid}
         slots = RankSlots(tmp_path)
         slots.adopt(found)
         os.kill(procs[1].pid, signal.SIGSTOP)
