@@ -4,10 +4,13 @@ node of the launch ends the launch as a hardware interruption blaming it, and th
 
 from __future__ import annotations
 
+import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fakes import FakeChannel, FakeInbox, FakeLauncher, FakeSlurm, Launch
 
 from slurm.env import SlurmEnv
@@ -20,6 +23,16 @@ from supervisor.driver.health import HealthWatch, detections, gpu_faults
 from supervisor.driver.loop import Supervisor
 from supervisor.heartbeat.wire import HealthItem, HealthReport
 from supervisor.journal import read
+
+
+@pytest.fixture(autouse=True)
+def keep_sigterm() -> Iterator[None]:
+    """The requeue actuators ignore SIGTERM (Slurm's KillWait is their time); give pytest its handler back, or
+    every process started later inherits the ignored SIGTERM."""
+    previous = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
 
 ECC = HealthItem("fatal", "gpu0_ecc_uncorrectable", "2", "0", "GPU 0 has 2 uncorrectable ECC errors", "reset it")
 HOT = HealthItem("warn", "gpu0_temperature", "93C", "90C", "GPU 0 runs at 93 C", "check the cooling")
