@@ -245,6 +245,8 @@ def build_targets(tmp: Path) -> list[Target]:
         msg = data[:-wire.MAC_LEN] if len(data) > wire.MAC_LEN else data
         return _use_frame(wire, wire.decode(wkey, msg + hmac.digest(wkey, msg, hashlib.sha256), None))
 
+    health_seed = wire.encode_health("ok", [wire.HealthItem("fatal", "xid", "79", "hardware Xid", "GPU 0 fell off", "reset")])
+    targets.append(Target("wire-health", [health_seed.encode()], text_of(wire.parse_health), (wire.FrameError,), True))
     targets.append(Target("wire-frame", frames, frame_any, (wire.FrameError,)))
     targets.append(Target("wire-frame-signed", frames, frame_signed, (wire.FrameError,)))
 

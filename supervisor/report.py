@@ -34,6 +34,12 @@ def render_text(report: dict[str, Any]) -> str:
             f"{i:>3} {a['job_id'] or '-':>8} {a['restart']:>7} {a['launch'] or '-':>6} "
             f"{'-' if dur is None else f'{dur:.1f}':>8} {'-' if a['last_step'] is None else a['last_step']:>9}  {text}"
         )
+    for i, a in enumerate(report["attempts"], 1):
+        stacks = a.get("stacks") or {}
+        if stacks:
+            lines.append(f"launch {i}: {len(stacks['saved'])} stack dump(s) saved before the kill")
+        for miss in stacks.get("without_stack", []):
+            lines.append(f"launch {i}: no stack for rank {miss['rank']} on {miss['node']}: {miss['why']}")
     g = report["goodput"]
     lines.append(f"excluded nodes: {', '.join(report['excluded_nodes']) or 'none'}")
     ck = report["checkpoints"]["latest_valid"]

@@ -120,15 +120,17 @@ class Agent:
         self._refused_since = 0.0
         events: list[wire.Event] = []
         for cmd in wire.commands(frame):
-            ranks = sorted(self.slots.readers) if cmd.rank == wire.ALL_RANKS else [cmd.rank]
+            ranks = sorted(set(self.slots.readers) | set(self.slots.slotless)) if cmd.rank == wire.ALL_RANKS \
+                else [cmd.rank]  # fmt: skip
             if cmd.command == wire.CMD_SET_FLAGS:
                 flags, at_step = wire.split_flags_arg(cmd.arg)
                 for r in ranks:
                     self.slots.set_flags(r, flags, at_step)
                 self._last_key = None  # report the new control flags promptly
             elif cmd.command == wire.CMD_DUMP_STACKS:
-                for r in ranks:
-                    ev = self.stacks.request(r, self.slots.records.get(r))
+                for r in ranks:  # a rank without the client: its process as discovery found it
+                    ev = self.stacks.request(r, self.slots.records.get(r), pid=self.slots.slotless.get(r),
+                                             started_by=self.slots.slotless_since.get(r))  # fmt: skip
                     if ev is not None:
                         events.append(ev)
             elif cmd.command == wire.CMD_EXIT:

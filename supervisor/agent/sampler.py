@@ -23,6 +23,7 @@ class RankSlots:
         self.records: dict[int, SlotRecord] = {}
         self.procs = ProcWatch()
         self.slotless: dict[int, int] = {}  # rank -> pid of ranks that never call the client
+        self.slotless_since: dict[int, float] = {}  # rank -> wall time its process was first found alive
 
     def scan(self) -> None:
         """Open new slot files, reopen replaced ones, drop vanished ones."""
@@ -51,7 +52,12 @@ class RankSlots:
 
     def adopt(self, ranks: dict[int, int]) -> None:
         """Ranks found without a slot (rank -> pid): watched through their process only."""
+        now = time.time()
+        seen = {r: self.slotless_since.get(r, now) for r, pid in ranks.items()
+                if r not in self.readers and self.slotless.get(r) == pid}  # fmt: skip
         self.slotless = {r: pid for r, pid in ranks.items() if r not in self.readers}
+        # when each was first found alive: a process that started later on that pid is another one
+        self.slotless_since = {r: seen.get(r, now) for r in self.slotless}
 
     def sample(self, now_ns: int | None = None) -> list[wire.RankEntry]:
         """One entry per rank whose slot holds a valid record, plus the slot-less ranks, sorted by rank."""

@@ -39,6 +39,11 @@ MAX_DUMP_BYTES = 4 << 20
 SETTLE_S = 0.2  # faulthandler writes thread after thread; wait until the file stops growing
 START_SLACK_S = 1.0  # clock granularity between /proc start times and the slot's wall clock
 AUTO = "auto"
+FAULTHANDLER_TIMEOUT_S = 3.0  # a live rank's own dump
+PYSPY_TIMEOUT_S = 10.0  # one py-spy run
+# The longest one rank's dump can take: py-spy --native, then --nonblocking after it failed (the supervisor waits
+# this long, plus transit, before the kill).
+MAX_DUMP_S = max(FAULTHANDLER_TIMEOUT_S, 2 * PYSPY_TIMEOUT_S)
 
 
 @dataclass
@@ -144,8 +149,8 @@ def send_checked(pid: int, sig: int, started_by: float | None) -> str | None:
 
 
 class StackDumps:
-    def __init__(self, slot_dir: Path, out_dir: Path, node: str, timeout_s: float = 3.0,
-                 pyspy: str | None = AUTO, pyspy_timeout_s: float = 10.0) -> None:  # fmt: skip
+    def __init__(self, slot_dir: Path, out_dir: Path, node: str, timeout_s: float = FAULTHANDLER_TIMEOUT_S,
+                 pyspy: str | None = AUTO, pyspy_timeout_s: float = PYSPY_TIMEOUT_S) -> None:  # fmt: skip
         """``pyspy``: the py-spy executable, ``"auto"`` to look for it, None to never use it."""
         self.slot_dir, self.out_dir, self.node, self.timeout_s = slot_dir, out_dir, node, timeout_s
         self.pyspy = find_pyspy() if pyspy == AUTO else pyspy

@@ -88,6 +88,16 @@ class Accounting:
         elif kind == ev.INTERRUPTION:
             self._close(e.get("class", "unknown"), t, e.get("blamed_nodes", []), e.get("evidence", []),
                         e.get("last_step"))  # fmt: skip
+        elif kind == ev.STACKS and self.launches:
+            # The dumps taken before the launch was killed (they follow its interruption in the journal).
+            stacks = self.launches[-1].setdefault("stacks", {"saved": [], "without_stack": []})
+            key = {"node": e.get("node"), "rank": e.get("rank")}
+            stacks["without_stack"] = [r for r in stacks["without_stack"]
+                                       if {"node": r["node"], "rank": r["rank"]} != key]  # fmt: skip
+            if e.get("result") == "stacks_saved":
+                stacks["saved"].append({**key, "path": e.get("detail")})
+            else:
+                stacks["without_stack"].append({**key, "why": e.get("detail")})
         elif kind == ev.NODES_EXCLUDED:
             self.excluded.update(e.get("nodes", []))
         elif kind == ev.ATTEMPT_ENDED:

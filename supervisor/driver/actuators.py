@@ -19,6 +19,7 @@ import structlog
 from slurm.client import SlurmClient
 from slurm.errors import SlurmError
 from supervisor import alerts, procstate
+from supervisor.agent.stacks import MAX_DUMP_S
 from supervisor.config import AlertConfig
 from supervisor.decisions import classify as cl
 from supervisor.decisions import events as ev
@@ -41,7 +42,7 @@ EXIT_STOPPED = 1
 EXIT_REQUEUED = 0  # the job is requeued; this run ends cleanly
 
 SLURM_TERM_WAIT_S = 30.0  # when Slurm is ending the job, how long its own SIGTERM/SIGKILL may take
-STACKS_WAIT_S = 5.0
+STACKS_WAIT_S = MAX_DUMP_S + 2.0  # the agents' longest dump (py-spy --native, then --nonblocking) + transit
 TIME_LIMIT_MARGIN_S = 10.0  # at a time limit, the save is waited for until this long before Slurm's EndTime
 
 RELAUNCH = -1  # an actuator's answer: end the action list, relaunch in this allocation
@@ -191,31 +192,30 @@ class Actuators:
 
     def dump_stacks(self, action: policy.Action, s: Situation) -> int | None:
         """Save the stacks of every rank of the launch before it is killed: the hung ranks show where they are
-        stuck, their peers show which collective they wait in. A stopped rank cannot run its dump handler, so
-        it is recorded as such instead of being waited for."""
-        wanted = 0
+        stuck, their peers show which collective they wait in. Each node's agent picks the way (the client's
+        faulthandler for a live rank; py-spy --nonblocking for a stopped one, which stays stopped; py-spy
+        --native for a rank without the client); the wait is bounded by the agents' own limits
+        (``STACKS_WAIT_S``), and a rank whose agent did not answer in time is journaled without a stack."""
+        asked: set[tuple[str, int]] = set()
         ranks = list(self.ranks_of(s.launch))
         for node in s.launch.nodes:
-            here = [r for r in ranks if r.node == node]
-            for r in here:
-                if r.state == procstate.STOPPED:
-                    self.record(ev.stacks(self.clock(), node, r.rank, "stacks_failed",
-                                          "the process is stopped (SIGSTOP/debugger)"))  # fmt: skip
-            live = [r.rank for r in here if r.state != procstate.STOPPED and r.state not in procstate.ENDED]
-            if live:
-                self.channel.send(node, [wire.Command(wire.CMD_DUMP_STACKS, r) for r in live])
-                wanted += len(live)
+            here = [r.rank for r in ranks if r.node == node and r.state not in procstate.ENDED]
+            if here:
+                self.channel.send(node, [wire.Command(wire.CMD_DUMP_STACKS, r) for r in here])
+                asked.update((node, r) for r in here)
         deadline = time.monotonic() + STACKS_WAIT_S
-        got = 0
         events = self.channel.table.events
-        while got < wanted and time.monotonic() < deadline:
+        while asked and time.monotonic() < deadline:
             self.channel.poll(0.1)
             while events:
                 item = events.popleft()
                 if item.get("event") in ("stacks_saved", "stacks_failed"):
-                    got += 1
+                    asked.discard((item.get("node"), item.get("rank")))
                     self.record(ev.stacks(self.clock(), item.get("node"), item.get("rank"), item["event"],
                                           item.get("text")))  # fmt: skip
+        for node, rank in sorted(asked):
+            self.record(ev.stacks(self.clock(), node, rank, "stacks_failed",
+                                  f"no answer from the node's agent within {STACKS_WAIT_S:g} s"))  # fmt: skip
         return None
 
     def kill_step(self, action: policy.Action, s: Situation) -> int | None:

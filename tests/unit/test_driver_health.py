@@ -216,3 +216,37 @@ def test_an_inconclusive_measurement_blames_nobody_and_a_missing_torch_is_found_
     assert second.excluded == ("n3",) and calls == [list(NODES)]
     assert "torch is not importable" in (journal[-1]["skipped"] or "")
     assert journal[0]["errors"]["n1"].endswith("No module named 'torch'") and journal[0]["blamed_nodes"] == []
+
+
+def test_stopped_ranks_are_asked_for_stacks_too_and_a_silent_agent_is_said(tmp_path: Path, monkeypatch) -> None:
+    """Before the kill every live or stopped rank is asked (the agent uses py-spy --nonblocking for a stopped
+    one); a rank whose agent never answers is journaled without a stack, after a bounded wait."""
+    from supervisor.driver import actuators
+
+    monkeypatch.setattr(actuators, "STACKS_WAIT_S", 0.5)
+
+    class Quiet(FakeChannel):
+        def send(self, node: str, cmds: Any) -> bool:
+            if node == "n2":  # this agent never answers
+                self.sent.append((node, list(cmds)))
+                return True
+            return super().send(node, cmds)
+
+    hung = Launch(None, ranks={"state": "stopped", "phase": "step", "beat_age_s": 5000.0})
+    root = tmp_path / "campaign"
+    root.mkdir()
+    nodes = ("n1", "n2")
+    channel = Quiet(JOB)
+    job = JobInfo(job_id=JOB, state="RUNNING", base_state="RUNNING", nodes=nodes, batch_host="n1",
+                  end_time=int(time.time()) + 3600)  # fmt: skip
+    slurm = FakeSlurm(job, nodes, channel)
+    launcher = FakeLauncher(channel, nodes, 1, [hung, DONE])
+    sup = Supervisor(CampaignPaths(root), CampaignSpec(command=("python", "t.py"), python="python3"),
+                     Config(preflight={"enabled": False}), SlurmEnv(job_id=JOB, nodelist=nodes, tasks_per_node=(1,),
+                     restart_count=0, node_name="n1"), slurm, channel_factory=lambda *a: channel, start_step=launcher,
+                     inbox=FakeInbox())  # type: ignore[arg-type]  # fmt: skip
+    assert sup.run() == 0
+    stacks = [(e["node"], e["rank"], e["result"]) for e in _of(read(sup.paths.journal), ev.STACKS)]
+    assert stacks == [("n1", 0, "stacks_saved"), ("n2", 1, "stacks_failed")]
+    (why,) = [e["detail"] for e in _of(read(sup.paths.journal), ev.STACKS) if e["result"] == "stacks_failed"]
+    assert why == "no answer from the node's agent within 0.5 s"

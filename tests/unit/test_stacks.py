@@ -124,3 +124,48 @@ def test_ranks_without_a_stack_from_the_journal() -> None:
         {"type": "action", "kind": "kill_step"},
     ]
     assert without_stack(events) == [{"node": "n2", "rank": 5, "why": "no stack: pid 9 is gone"}]
+
+
+@needs_pyspy
+def test_the_agent_dumps_a_rank_without_the_client_from_its_discovered_pid(tmp_path: Path, rank_process) -> None:
+    """A rank found only through /proc (it never calls the client) gets py-spy through the agent's command."""
+    from supervisor.agent.main import Agent
+
+    key = wire.derive_key(b"s" * 32)
+    slots = tmp_path / "slots"
+    slots.mkdir(mode=0o700)
+    agent = Agent(job="9", node="n1", key=key, supervisor=("127.0.0.1", 9), slot_dir=slots, campaign=tmp_path,
+                  keep_slot_dir=True)  # fmt: skip
+    try:
+        agent.slots.adopt({3: rank_process.pid})
+        frame = wire.encode_control(key, instance=1, seq=1, wall_ns=time.time_ns(), mono_ns=1, job="9", node="n1",
+                                    commands=[wire.Command(wire.CMD_DUMP_STACKS)])  # fmt: skip
+        sent: list[wire.Event] = []
+        agent.send_events = sent.extend  # type: ignore[method-assign]
+        agent.handle(frame)
+        sent += _finish(agent.stacks)
+        (event,) = sent
+        assert event.kind == wire.EVENT_STACKS_SAVED and event.rank == 3, event.text
+        assert "stuck_in_collective" in Path(event.text).read_text()
+    finally:
+        agent.close()
+
+
+def test_the_report_says_which_ranks_of_a_launch_have_no_stack_and_why() -> None:
+    from supervisor import report
+    from supervisor.decisions import events as ev
+
+    journal = [
+        ev.campaign_started(0.0, "/c", ["python"]), ev.attempt_started(1.0, "9", 0, ["n1", "n2"], None),
+        ev.step_launched(2.0, 1, ["n1", "n2"]), ev.interruption_event(50.0, ev.HANG, ["n2"], 0.9, ["rank 1 hung"]),
+        ev.stacks(51.0, "n1", 0, "stacks_saved", "/c/stacks/n1-rank0.txt"),
+        ev.stacks(52.0, "n2", 1, "stacks_failed", "no answer from the node's agent within 22 s"),
+    ]  # fmt: skip
+    doc = report.fold(journal, now=60.0)
+    stacks = doc["attempts"][0]["stacks"]
+    assert stacks == {"saved": [{"node": "n1", "rank": 0, "path": "/c/stacks/n1-rank0.txt"}],
+                      "without_stack": [{"node": "n2", "rank": 1,
+                                         "why": "no answer from the node's agent within 22 s"}]}  # fmt: skip
+    text = report.render_text(doc)
+    assert "launch 1: no stack for rank 1 on n2: no answer from the node's agent within 22 s" in text
+    assert "launch 1: 1 stack dump(s) saved before the kill" in text
