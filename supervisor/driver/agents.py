@@ -63,6 +63,22 @@ class AgentStep:
         self.record(ev.agents_missing(self.clock(), missing,
                                       "node agents did not report in time; ranks there run without heartbeats"))
 
+    def wait_until_fresh(self, stale_s: float, timeout_s: float) -> list[str]:
+        """Before a relaunch after the agents went silent: wait (up to ``timeout_s``) until every node's agent
+        reported within ``stale_s``, so the new launch is not judged on the old silence. Returns the nodes still
+        silent (journaled: their ranks run unwatched until their agents speak again)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            views = self.channel.table.node_views()
+            stale = [n for n in self.nodes if n not in views or views[n].staleness_s > stale_s]
+            if not stale or time.monotonic() >= deadline or self.died():
+                break
+            self.channel.poll(0.1)
+        if stale:
+            self.record(ev.agents_missing(self.clock(), stale, "node agents still silent before the relaunch; "
+                                          "ranks there run without heartbeats until they report"))  # fmt: skip
+        return stale
+
     def died(self) -> bool:
         return self.proc is not None and self.proc.poll() is not None
 

@@ -28,7 +28,7 @@ from supervisor.config import Config
 from supervisor.decisions import campaign_state, policy
 from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Evidence, signatures_from_table
-from supervisor.decisions.detect import DetectConfig, Detector
+from supervisor.decisions.detect import NODE_SILENT, DetectConfig, Detector
 from supervisor.decisions.ledger import LedgerConfig
 from supervisor.decisions.respond import last_step, respond
 from supervisor.driver import evidence, health, launcher, prelaunch
@@ -275,6 +275,9 @@ class Supervisor:
                     stop_request.clear(self.paths.root)
                 return outcome
             excluded = self._next_exclusions(decision)
+            if any(d.kind == NODE_SILENT for d in watched.detections):  # the agents' silence is not the new launch's
+                hang = self.detector.config.hang
+                self.agents.wait_until_fresh(hang.node_stale_s, hang.node_silence_s)
             if interruption.cls == ev.APP_ERROR and len(interruption.origin_nodes) == 1 \
                     and not interruption.blamed_nodes:  # fmt: skip
                 self.rank_shift += 1  # a second crash there from other ranks blames the node; one that follows

@@ -98,6 +98,7 @@ class Watcher:
                 self.on_pass()
             if self.guard.call(HEALTH, self.unfit_nodes, launch, default=()):
                 return WatchResult("health", detections=tuple(pending))
+            faults: list[DetectionEvent] = []  # every fault of this pass: all agents silent is one finding
             for d in self.guard.call(DETECT, self.observe, launch, default=[]):
                 if not d.is_fault:
                     self.record(ev.detection_event(d, self.clock()))
@@ -109,7 +110,9 @@ class Watcher:
                     pending.append(d)
                     exited_since = exited_since or now
                 else:
-                    return WatchResult("detection", detections=tuple(pending + [d]))
+                    faults.append(d)
+            if faults:
+                return WatchResult("detection", detections=tuple(pending + faults))
             if exited_since is not None and now - exited_since > EXIT_GRACE_S:
                 return WatchResult("detection", detections=tuple(pending + self.verdict_on_silent_nodes(launch)))
             if self.agents.died():

@@ -43,6 +43,7 @@ class Launch:
     log: str = ""
     ranks: Mapping[str, Any] = field(default_factory=dict)  # overrides applied to every rank's view
     stops_on_flags: bool = True  # exits (code 0) once asked to checkpoint and stop
+    node_staleness: Mapping[str, float] = field(default_factory=dict)  # seconds since each node's last summary
 
 
 class FakeProcess:
@@ -80,9 +81,10 @@ class FakeTable:
         self.nodes: list[str] = []
         self.events: deque[dict[str, Any]] = deque()
         self.health: dict[str, Any] = {}  # node -> (wall time, wire.HealthReport), as LiveTable.health
+        self.staleness: dict[str, float] = {}
 
     def node_views(self, nodes: Any = None) -> dict[str, NodeView]:
-        return {n: NodeView(n, 0.0, 1, 1, 1, 0.0, "127.0.0.1:1") for n in self.nodes}
+        return {n: NodeView(n, self.staleness.get(n, 0.0), 1, 1, 1, 0.0, "127.0.0.1:1") for n in self.nodes}
 
     def snapshot(self) -> Snapshot:
         return Snapshot(time.time(), self.job, self.node_views(), list(self.ranks), {})
@@ -107,6 +109,8 @@ class FakeChannel:
 
     def poll(self, timeout: float) -> int:
         time.sleep(min(timeout, 0.002))
+        if self.current is not None and self.current.returncode is not None:
+            self.table.staleness = {}  # the scripted silence ends with its launch: the agents report again
         return 0
 
     def send(self, node: str, cmds: Sequence[Any]) -> bool:
@@ -154,6 +158,7 @@ class FakeLauncher:
                 self.next_pid += 1
                 ranks.append(rank_view(node, i * self.tasks_per_node + j, self.next_pid, **dict(script.ranks)))
         self.channel.table.ranks = ranks
+        self.channel.table.staleness = dict(script.node_staleness)
         proc = FakeProcess(script)
         self.channel.current = proc
         self.channel.current_name = next(a.split("=", 1)[1] for a in argv if a.startswith("--job-name="))

@@ -295,3 +295,33 @@ def test_a_rank_never_borrows_the_allowance_of_a_busy_peer_ahead_of_it(ranks):
                 if busy and not ahead:
                     expected = max(expected, peer_limit)
         assert allowance.limit(view, own) == expected
+
+
+def test_every_agent_quiet_together_is_reported_at_once_not_the_first_node_alone():
+    """Summaries are staggered: node1's last one is older by a fraction of the interval. When every agent went
+    quiet together, both nodes are silent in the same detection pass, so the classifier sees "everyone silent"."""
+    det, cl = Detector(replace(fast_config(), hang=HangConfig(node_stale_s=3.0, node_silence_s=10.0))), Cluster()
+    run(det, cl, 0, 30)
+    found = []
+    t = 30.0
+    while t < 45 and not found:
+        cl.advance(t)
+        cl.node_age["node1"] = t - 30.0 + 0.8
+        cl.node_age["node2"] = t - 30.0
+        found += det.observe(cl.snapshot(t), t)
+        t += 0.25
+    assert sorted(n for e in found if e.kind == NODE_SILENT for n in e.nodes) == ["node1", "node2"]
+
+
+def test_one_quiet_node_while_the_others_report_is_that_node_alone():
+    det, cl = Detector(replace(fast_config(), hang=HangConfig(node_stale_s=3.0, node_silence_s=10.0))), Cluster()
+    run(det, cl, 0, 30)
+    found = []
+    t = 30.0
+    while t < 45 and not found:
+        cl.advance(t)
+        cl.node_age["node1"] = t - 30.0
+        cl.node_age["node2"] = 0.5
+        found += det.observe(cl.snapshot(t), t)
+        t += 0.25
+    assert [e.nodes for e in found if e.kind == NODE_SILENT] == [("node1",)]

@@ -271,3 +271,16 @@ def test_moved_ranks_land_on_other_nodes_through_an_arbitrary_distribution():
     argv = launcher.train_argv(layout, ["python", "t.py"], 2, arbitrary=True)
     assert "--distribution=arbitrary" in argv and argv[-2:] == ["python", "t.py"]
     assert "--distribution=arbitrary" not in launcher.train_argv(layout, ["python", "t.py"], 2)
+
+
+def test_every_agent_silent_at_once_blames_no_node_even_when_one_crossed_the_threshold_first(tmp_path: Path) -> None:
+    """Agents' summaries are staggered: n1's went quiet a moment before n2's. Both are reported in the same
+    pass and the watch hands every fault of it to the classifier: class unknown, nobody blamed, relaunched."""
+    quiet = Launch(None, ranks={"beat_age_s": None}, node_staleness={"n1": 10.5, "n2": 9.7})
+    r = supervise(tmp_path, quiet, Launch(0, ranks={"state": "exited", "exit_code": 0}))
+    assert r.classes() == [ev.UNKNOWN, ev.COMPLETED]
+    first = r.of(ev.INTERRUPTION)[0]
+    assert first["blamed_nodes"] == [] and "node agents are silent" in first["evidence"][0]
+    assert sorted(n for d in r.of(ev.DETECTION) if d["kind"] == "node_silent" for n in d["nodes"]) == ["n1", "n2"]
+    assert policy.RESTART_IN_ALLOCATION in r.actions()
+    assert not [c for c in r.slurm.calls if c[0] in ("requeue", "update_excluded_nodes")]

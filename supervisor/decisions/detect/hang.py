@@ -141,6 +141,12 @@ class HangDetector:
         events: list[DetectionEvent] = []
         current: set[tuple[str, str]] = set()
         silent_nodes = [n for n in snapshot.nodes if n.staleness_s > self.config.node_silence_s]
+        if silent_nodes and len(snapshot.nodes) > 1 and all(n.staleness_s > self.config.node_stale_s
+                                                            for n in snapshot.nodes):  # fmt: skip
+            # Every agent went quiet together (their summaries are staggered by up to one interval, so one crosses
+            # the silence threshold first): report them as one, so "everyone silent" (our side: the supervisor's
+            # network, the agents' step) is seen, instead of the first node alone being taken for a dead node.
+            silent_nodes = list(snapshot.nodes)
         for node in silent_nodes:
             key = (NODE_SILENT, node.node)
             current.add(key)
