@@ -15,6 +15,7 @@ import pytest
 from campaign_tools import cancel, launches, wait_for
 from matrix_tools import (
     Row,
+    agent_pids,
     newest_valid,
     rank_pid_on,
     record_time,
@@ -126,4 +127,36 @@ def test_client_program_live_hang_relaunches_loss_spike_warns_nan_stops(tmp_path
         assert after is not None and after[1] < 50
         assert camp.report()["excluded_nodes"] == []
     finally:
+        cancel(camp.job_id)
+
+
+def test_every_agent_silenced_at_once_blames_no_node_and_relaunches(tmp_path):
+    """All node agents stop answering together (SIGSTOP: the supervisor's network, or the agents' step, failed):
+    far likelier our side than every node at once. Class unknown, nobody blamed or excluded, relaunched."""
+    camp = submit_program(tmp_path, steps=80)
+    agents: list[int] = []
+    try:
+        wait_printed(camp, 1, 13)
+        before = newest_valid(camp.ckpt)
+        assert before is not None and before[1] == 10
+        agents = agent_pids(camp)
+        assert len(agents) == 2, agents
+        t0 = time.time()
+        for pid in agents:
+            os.kill(pid, signal.SIGSTOP)
+        row = Row(camp, 0)
+        got = row.check("unknown", [], "restart_in_allocation")
+        for pid in agents:
+            os.kill(pid, signal.SIGCONT)
+        assert any("all 2 node agents are silent" in line for line in got["evidence"]), got["evidence"]
+        resumed = row.resumed_from(newest_valid(camp.ckpt) or before)
+        record_time("every agent silenced", detected_s=got["t"] - t0, resumed_s=resumed - t0)
+        ended = wait_for("the campaign to complete", camp.ended, 120)
+        assert ended["state"] == "completed" and camp.report()["excluded_nodes"] == []
+    finally:
+        for pid in agents:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
         cancel(camp.job_id)
