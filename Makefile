@@ -32,7 +32,7 @@ test-unit: setup
 # directory (.cluster-24) and ports (SLURM24_PORT..+6), so it runs beside the default cluster. As root.
 SLURM24_PORT  ?= $(or $(SUPERVISOR_CLUSTER_BASE_PORT),16917)
 SLURM24_TESTS ?= tests/integration/test_slurm_adapter.py tests/integration/test_localcluster.py \
-                 tests/integration/test_agent_slurm.py tests/integration/test_supervisor_faults.py
+                 tests/integration/test_agent_slurm.py tests/integration/test_fault_matrix_ranks.py
 test-slurm24: setup
 	$(BIN)/python -m slurm.localcluster up --slurm 24 --base-port $(SLURM24_PORT) --timeout 120
 	SUPERVISOR_CLUSTER_SLURM=24 SUPERVISOR_CLUSTER_BASE_PORT=$(SLURM24_PORT) \

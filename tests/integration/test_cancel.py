@@ -8,9 +8,19 @@ import subprocess
 
 import pytest
 from campaign_tools import cancel, launches, rank_pid, submit, supervise, wait_for
-from test_supervisor_faults import START_TIMEOUT, _is_training
 
 pytest.importorskip("torch")
+START_TIMEOUT = 150  # job scheduled, agents up, 2 ranks import torch and build the process group (2 shared cores)
+
+
+def _is_training(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"train_ddp" in f.read()
+    except OSError:
+        return False
+
+
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 

@@ -51,7 +51,11 @@ def test_rank_sigkill_then_rank_sigstop_restart_in_allocation_from_the_newest_ch
         os.kill(rank_pid_on(camp, 0), signal.SIGSTOP)
         stop = Row(camp, 1)
         got = stop.check("hang", [kill.relaunch()["nodes"][0]], "restart_in_allocation")
+        assert got["t"] - t0 < 3 * 5 + 5  # within 3x the learned step timeout (5 s floor) and a few seconds
         assert "kill_step" in stop.actions()
+        stacks = camp.of_type("stacks")
+        assert any(s["result"] == "stacks_saved" and s["rank"] == 1 for s in stacks)  # the peer, in a collective
+        assert any(s["result"] == "stacks_failed" and s["rank"] == 0 for s in stacks)  # a stopped rank can't dump
         resumed = stop.resumed_from(before)
         record_time("rank SIGSTOP", detected_s=got["t"] - t0, resumed_s=resumed - t0)
 
@@ -125,6 +129,7 @@ def test_client_program_live_hang_relaunches_loss_spike_warns_nan_stops(tmp_path
         assert len(launches(camp)) == 2 and camp.of_type("checkpoint_requested") == []
         after = newest_valid(camp.ckpt)
         assert after is not None and after[1] < 50
+        assert all("diverged" in e["reason"] for e in camp.of_type("checkpoint_quarantined"))
         assert camp.report()["excluded_nodes"] == []
     finally:
         cancel(camp.job_id)

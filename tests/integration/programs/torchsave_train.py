@@ -136,12 +136,20 @@ def main() -> int:
             while True:  # a live hang: the process runs (sleeps), it never steps again
                 time.sleep(3600)
         time.sleep(args.step_time)
-        if args.ckpt_every and step % args.ckpt_every == 0:
+        asked = stop = False
+        if client is not None:  # every rank must take the same decision, or the barrier below deadlocks
+            flags = torch.tensor([int(client.should_checkpoint()), int(client.should_stop())])
+            if world > 1:
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            asked, stop = bool(flags[0]), bool(flags[1])
+        if (args.ckpt_every and step % args.ckpt_every == 0) or asked or stop:
             if rank == 0:
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
                            ckpt_dir / f"checkpoint-{step}.pt")
             if world > 1:
                 dist.barrier()
+        if stop:
+            break
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
