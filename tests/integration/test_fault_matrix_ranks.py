@@ -53,9 +53,12 @@ def test_rank_sigkill_then_rank_sigstop_restart_in_allocation_from_the_newest_ch
         got = stop.check("hang", [kill.relaunch()["nodes"][0]], "restart_in_allocation")
         assert got["t"] - t0 < 3 * 5 + 5  # within 3x the learned step timeout (5 s floor) and a few seconds
         assert "kill_step" in stop.actions()
+        # Both ranks lack the client: py-spy saved each one's stack before the kill, the stopped one read with
+        # --nonblocking (left stopped), the peer waiting in its collective.
         stacks = camp.of_type("stacks")
-        assert any(s["result"] == "stacks_saved" and s["rank"] == 1 for s in stacks)  # the peer, in a collective
-        assert any(s["result"] == "stacks_failed" and s["rank"] == 0 for s in stacks)  # a stopped rank can't dump
+        assert {s["rank"] for s in stacks if s["result"] == "stacks_saved"} == {0, 1}, stacks
+        assert any(s["rank"] == 0 and s["detail"].endswith(".pyspy.txt") for s in stacks), stacks
+        assert camp.report()["attempts"][1]["stacks"]["without_stack"] == []  # the SIGSTOP launch
         resumed = stop.resumed_from(before)
         record_time("rank SIGSTOP", detected_s=got["t"] - t0, resumed_s=resumed - t0)
 
@@ -164,4 +167,23 @@ def test_every_agent_silenced_at_once_blames_no_node_and_relaunches(tmp_path):
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+        cancel(camp.job_id)
+
+
+@pytest.mark.xfail(strict=True, reason="missing: a per-rank compute time in the client's slot. In synchronous "
+                   "data parallelism every rank steps at the slowest one's pace (the others wait in the all-reduce), "
+                   "so the step-period EWMA the straggler detector compares is the same on every rank")
+def test_a_persistent_straggler_is_flagged_and_its_node_struck(tmp_path):
+    config = "[run]\nsummary_interval_s = 0.25\n[detect]\nstraggler_consecutive = 2\nstraggler_interval_s = 2\n"
+    camp = submit_program(tmp_path, "--client", "--slow-rank", "2", "--slow-s", "0.4", steps=200, nodes=3,
+                          config=config)  # fmt: skip
+    try:
+        wait_printed(camp, 1, 5)
+        found = wait_for("a straggler detection", lambda: [e for e in camp.of_type("detection")
+                                                           if e["kind"] == "straggler"], 15)[0]  # fmt: skip
+        assert found["ranks"] == [2]
+        strike = wait_for("the strike", lambda: [e for e in camp.of_type("action")
+                                                 if e["kind"] == "mark_suspect"], 20)[0]  # fmt: skip
+        assert strike["target"] == found["nodes"] and not camp.of_type("interruption")
+    finally:
         cancel(camp.job_id)

@@ -46,6 +46,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hang-at-step", type=int, default=0, help="one-shot: --hang-rank sleeps forever here")
     p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--nan-at-step", type=int, default=0)
+    p.add_argument("--slow-rank", type=int, default=-1, help="this rank takes --slow-s longer per step")
+    p.add_argument("--slow-s", type=float, default=0.0)
     p.add_argument("--spike-at-step", type=int, default=0, help="from here, 3 steps' losses are 1e6x (not NaN)")
     return p.parse_args()
 
@@ -135,7 +137,7 @@ def main() -> int:
         if args.hang_at_step and step == args.hang_at_step and rank == args.hang_rank and once(ckpt_dir, "hang"):
             while True:  # a live hang: the process runs (sleeps), it never steps again
                 time.sleep(3600)
-        time.sleep(args.step_time)
+        time.sleep(args.step_time + (args.slow_s if rank == args.slow_rank else 0.0))
         asked = stop = False
         if client is not None:  # every rank must take the same decision, or the barrier below deadlocks
             flags = torch.tensor([int(client.should_checkpoint()), int(client.should_stop())])
