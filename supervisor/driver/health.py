@@ -41,8 +41,10 @@ class HealthWatch:
     """Reads the table's health reports (``update``), journals changes, answers which nodes are unfit."""
 
     def __init__(self, record: Callable[[dict[str, Any]], None], clock: Callable[[], float],
-                 allocation: Iterable[str] = ()) -> None:  # fmt: skip
-        self.record, self.clock = record, clock
+                 allocation: Iterable[str] = (),
+                 on_news: Callable[[str, tuple[HealthItem, ...]], None] | None = None) -> None:  # fmt: skip
+        """``on_news(node, items)``: problems a node did not have in its previous report (the alerts)."""
+        self.record, self.clock, self.on_news = record, clock, on_news
         self.allocation = tuple(allocation)  # the job's nodes: whose reports tell a shared filesystem apart
         self.received: dict[str, float] = {}  # node -> receipt time of the report last looked at
         self.reports: dict[str, HealthReport] = {}  # node -> its newest report
@@ -59,10 +61,14 @@ class HealthWatch:
             for item in report.fatal:
                 self.unfit.setdefault(node, {})[item.check] = item
             problems = tuple(sorted((f.severity, f.check) for f in report.findings))
-            if problems != self.shown.get(node, ()):
+            before = self.shown.get(node, ())
+            if problems != before:
                 self.shown[node] = problems
                 self.record(ev.health(self.clock(), node, report.nvml, [_finding(f) for f in report.findings],
                                       bool(report.fatal)))  # fmt: skip
+                news = tuple(f for f in report.findings if (f.severity, f.check) not in before)
+                if news and self.on_news is not None:
+                    self.on_news(node, news)
 
     def _shared(self, check: str, reporting: Iterable[str]) -> bool:
         nodes = [n for n in reporting if n in self.reports]

@@ -181,7 +181,7 @@ class Supervisor:
                         *self._health_args()],
             env=lambda: self._step_env(""), log_path=self._attempt_logs() / "agents.log", cwd=self.spec.cwd,
         )  # fmt: skip
-        self.health = HealthWatch(self.record, self.clock, self.layout.nodes)
+        self.health = HealthWatch(self.record, self.clock, self.layout.nodes, on_news=self.notifier.health)
         self.prelaunch = prelaunch.Prelaunch(
             config=PreflightConfig.from_mapping(self.config.preflight), health=self.health, channel=self.channel,
             record=self.record, clock=self.clock, work_dir=self.paths.root / "preflight",

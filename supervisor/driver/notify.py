@@ -60,6 +60,26 @@ class Notifier:
                 self.submit(alerts.build(self.job_id, self.campaign, event, [detection.to_dict()],
                                          t=event["t"], actions_taken=kinds))  # fmt: skip
 
+    def health(self, node: str, items: Sequence[Any]) -> None:
+        """A node agent found new problems (``wire.HealthItem``s): one alert, journaled as its action. Fatal:
+        L3 (the node is left out of the next launch; one in the running launch also ends it, with its own L4
+        alert); warnings (throttling, heat, memory pressure, clock): L2. Its metric, value and threshold are the
+        first finding's, the suggested action its fix."""
+        self.guard.call(WARNING, self._health, node, items, default=None)
+
+    def _health(self, node: str, items: Sequence[Any]) -> None:
+        from supervisor.driver.health import as_detection
+
+        first = sorted(items, key=lambda i: i.severity != "fatal")[0]
+        fatal = first.severity == "fatal"
+        more = f" (+{len(items) - 1} more)" if len(items) > 1 else ""
+        action = policy.Action(policy.ALERT, "L3" if fatal else "L2", (node,), f"health on {node}: {first.what}{more}",
+                               {"class": "hardware" if fatal else "health", "suggested_action": first.fix})  # fmt: skip
+        event = action.to_event(self.clock())
+        self.record(event)
+        self.submit(alerts.build(self.job_id, self.campaign, event, [as_detection(node, first)], t=event["t"],
+                                 actions_taken=["node left out of the next launch" if fatal else "journaled"]))  # fmt: skip
+
     def update_metrics(self, live: Any, history: Sequence[Mapping[str, Any]]) -> None:
         if self.metrics is not None:
             self.guard.call(METRICS, self.metrics.update, live, history, default=None)

@@ -250,3 +250,32 @@ def test_stopped_ranks_are_asked_for_stacks_too_and_a_silent_agent_is_said(tmp_p
     assert stacks == [("n1", 0, "stacks_saved"), ("n2", 1, "stacks_failed")]
     (why,) = [e["detail"] for e in _of(read(sup.paths.journal), ev.STACKS) if e["result"] == "stacks_failed"]
     assert why == "no answer from the node's agent within 0.5 s"
+
+
+def test_new_problems_are_alerted_with_their_figures_once() -> None:
+    from supervisor import alerts
+    from supervisor.config import AlertConfig
+    from supervisor.driver.guard import Guard
+    from supervisor.driver.notify import Notifier
+
+    journal: list[dict[str, Any]] = []
+    sent: list[alerts.Alert] = []
+    notifier = Notifier(alerts_config=AlertConfig(), metrics_config={}, policy_config=policy.PolicyConfig(),
+                        record=journal.append, clock=lambda: 5.0, guard=Guard(journal.append, lambda: 5.0),
+                        job_id="7", campaign="/c")  # fmt: skip
+    notifier.submit = sent.append  # type: ignore[method-assign, assignment]
+    watch, _, table = _watch()
+    watch.on_news = notifier.health
+    table.report("n2", HOT)
+    watch.update(table)
+    table.report("n2", HOT, ECC)  # only the ECC errors are news
+    watch.update(table)
+    table.report("n2", HOT, ECC)
+    watch.update(table)
+    assert [(a.tier, a.cls, a.nodes, a.metric, a.value, a.threshold) for a in sent] == [
+        ("L2", "health", ("n2",), HOT.check, "93C", "90C"),
+        ("L3", "hardware", ("n2",), ECC.check, "2", "0"),
+    ]
+    assert all(a.empty_fields() == [] for a in sent) and sent[1].suggested_action == ECC.fix
+    assert [e["tier"] for e in journal if e["type"] == ev.ACTION] == ["L2", "L3"]
+    notifier.close()
