@@ -192,7 +192,7 @@ class CampaignState:
             self.silent_nodes = set()
         elif kind in (ev.ATTEMPT_ENDED, ev.CAMPAIGN_ENDED):
             self.open_attempt = None
-        elif kind == ev.DETECTION and e.get("kind") == "node_silent" and self.open_attempt is not None:
+        elif kind == ev.DETECTION and e.get("kind") in ("node_silent", "node_lost") and self.open_attempt is not None:
             self.silent_nodes.update(e.get("nodes", []))
 
     def report(self, now: float) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from supervisor.decisions import events as ev
 from supervisor.decisions.detect.model import (
     GLOBAL_STALL,
+    NODE_LOST,
     NODE_SILENT,
     NONFINITE_LOSS,
     RANK_EXITED,
@@ -350,6 +351,8 @@ def _detection_findings(e: Evidence) -> list[Finding]:
             note = f" (not blamed: {'the step nodes' if not e.allocation_nodes else 'Slurm state'} unknown for " \
                    f"{', '.join(unknown)})" if unknown else ""  # fmt: skip
             found.append(Finding(ev.NODE_FAILURE, 0.5, f"node agent silent: {text}{note}", known, t=t))
+        elif d.kind == NODE_LOST:  # silent past the learned timeout and confirmed by a probe or Slurm
+            found.append(Finding(ev.NODE_FAILURE, 0.9, text, d.nodes, t=t))
         elif d.kind == NONFINITE_LOSS:
             found.append(Finding(ev.NUMERICAL, 0.9, text, (), t=t))
         elif d.kind in (RANK_HANG, RANK_STOPPED):

@@ -69,6 +69,8 @@ CHECKPOINT_STALL = "checkpoint_stall"
 PREFLIGHT = "preflight"
 CHECKPOINT_INTERVAL = "checkpoint_interval"
 HEALTH = "health"
+NODE_LOSS_VERDICT = "node_loss_verdict"
+FAILSAFE = "failsafe"
 JOURNAL_RESUMED = "journal_resumed"  # written by supervisor.journal itself; readers drop it
 
 EVENT_TYPES: tuple[str, ...] = (
@@ -99,6 +101,8 @@ EVENT_TYPES: tuple[str, ...] = (
     PREFLIGHT,
     CHECKPOINT_INTERVAL,
     HEALTH,
+    NODE_LOSS_VERDICT,
+    FAILSAFE,
 )
 # Written by ``supervisor.journal`` itself (never by the supervisor) and dropped by every reader.
 STORAGE_EVENT_TYPES: tuple[str, ...] = (JOURNAL_RESUMED,)
@@ -332,3 +336,21 @@ def health(t: float, node: str, nvml: str, findings: Sequence[Mapping[str, Any]]
 def journal_resumed(t: float, torn_offset: int) -> Event:
     """A writer reopened a journal whose last line was torn: the fragment at ``torn_offset`` is sealed off."""
     return {"type": JOURNAL_RESUMED, "t": t, "torn_offset": torn_offset}
+
+
+def node_loss_verdict(t: float, verdict: str, nodes: Iterable[str], silent_s: float, timeout_s: float,
+                      confirmed_by: str | None = None, detail: str = "") -> Event:
+    """The supervisor's own judgement of a silent node (``decisions/nodeloss.py``): ``lost`` (silent past the
+    learned ``timeout_s`` and confirmed ``by`` the probe or Slurm's NOT_RESPONDING), ``alive`` (the probe got
+    through) or ``ours`` (every node silent at once: the supervisor's side, nobody blamed)."""
+    return {"type": NODE_LOSS_VERDICT, "t": t, "verdict": verdict, "nodes": sorted(set(nodes)),
+            "silent_s": round(silent_s, 3), "timeout_s": round(timeout_s, 3), "confirmed_by": confirmed_by,
+            "detail": detail[:300]}
+
+
+def failsafe(t: float, node: str, action: str, batch_host: str | None, job_id: str, reason: str,
+             exclude: Sequence[str] = ()) -> Event:
+    """A node agent found the supervisor gone (no control frames past its timeout, the batch host not
+    answering) and acted for it: ``action`` is ``requeue`` (with ``exclude``) or ``cancel`` (requeue refused)."""
+    return {"type": FAILSAFE, "t": t, "node": node, "action": action, "batch_host": batch_host, "job_id": job_id,
+            "reason": reason[:300], "exclude": sorted(set(exclude))}

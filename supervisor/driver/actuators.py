@@ -41,6 +41,8 @@ EXIT_COMPLETED = 0
 EXIT_STOPPED = 1
 EXIT_REQUEUED = 0  # the job is requeued; this run ends cleanly
 
+KILL_WAIT_S = 15.0  # after scancel of a step, how long srun gets to exit before it is killed
+NODE_LOST_KILL_WAIT_S = 3.0  # srun waits forever for the tasks of a dead node: kill it after this long
 SLURM_TERM_WAIT_S = 30.0  # when Slurm is ending the job, how long its own SIGTERM/SIGKILL may take
 STACKS_WAIT_S = MAX_DUMP_S + 2.0  # the agents' longest dump (py-spy --native, then --nonblocking) + transit
 TIME_LIMIT_MARGIN_S = 10.0  # at a time limit, the save is waited for until this long before Slurm's EndTime
@@ -219,7 +221,7 @@ class Actuators:
         return None
 
     def kill_step(self, action: policy.Action, s: Situation) -> int | None:
-        launcher.kill_step(self.slurm, self.job_id, s.launch.name, s.launch.proc)
+        launcher.kill_step(self.slurm, self.job_id, s.launch.name, s.launch.proc, wait_s=self._kill_wait(s))
         return None
 
     def mark_suspect(self, action: policy.Action, s: Situation) -> int | None:
@@ -239,11 +241,11 @@ class Actuators:
 
     # ------------------------------------------------------------------------------------ what comes next
     def restart_in_allocation(self, action: policy.Action, s: Situation) -> int | None:
-        self.end_launch(s.launch)
+        self.end_launch(s.launch, wait_s=self._kill_wait(s))
         return RELAUNCH
 
     def requeue(self, action: policy.Action, s: Situation) -> int | None:
-        self.end_launch(s.launch)
+        self.end_launch(s.launch, wait_s=self._kill_wait(s))
         self.record_attempt_end(s)
         self.jobs.requeue(tuple(action.params.get("exclude", ())), hold=action.kind == policy.HOLD)
         return EXIT_REQUEUED
@@ -268,7 +270,15 @@ class Actuators:
         self.record(ev.attempt_ended(self.clock(), self.job_id, i.cls, i.blamed_nodes, i.evidence,
                                      last_step(s.evidence)))  # fmt: skip
 
-    def end_launch(self, launch: Launch, slurm_is_ending: bool = False) -> None:
+    @staticmethod
+    def _kill_wait(s: Situation) -> float:
+        """After a node loss srun waits for the dead node's tasks forever: the step is scancelled, and srun
+        itself is killed after a short wait instead of the usual one."""
+        if s.interruption.cls == ev.NODE_FAILURE and s.interruption.blamed_nodes:
+            return NODE_LOST_KILL_WAIT_S
+        return KILL_WAIT_S
+
+    def end_launch(self, launch: Launch, slurm_is_ending: bool = False, wait_s: float = KILL_WAIT_S) -> None:
         """Make sure the launch's job step is gone. When Slurm itself is ending the job (the batch step got
         SIGTERM: scancel, a requeue from outside), it signals the ranks too: let them finish (KillWait), never
         signal twice."""
@@ -277,4 +287,4 @@ class Actuators:
             while launch.proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
         if launch.proc.poll() is None:
-            launcher.kill_step(self.slurm, self.job_id, launch.name, launch.proc)
+            launcher.kill_step(self.slurm, self.job_id, launch.name, launch.proc, wait_s=wait_s)

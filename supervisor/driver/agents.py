@@ -44,6 +44,7 @@ class AgentStep:
         self.env, self.log_path, self.cwd = env, log_path, cwd
         self.proc: Process | None = None
         self.started = 0.0
+        self.avoid: set[str] = set()  # nodes found lost: never given an agent again in this attempt
 
     def spawn(self, nodes: tuple[str, ...]) -> None:
         argv = launcher.agent_argv(nodes, self.python, self.campaign, self.channel.address, self.extra_args)
@@ -90,7 +91,7 @@ class AgentStep:
             down = {n.name for n in self.slurm.nodes(self.nodes or None) if n.is_down or n.is_drain}
         except SlurmError:
             down = set()  # unknown: try every node; an agent on a dead node just fails again
-        nodes = tuple(n for n in self.nodes if n not in down)
+        nodes = tuple(n for n in self.nodes if n not in down and n not in self.avoid)
         self.record(ev.agents_restarted(self.clock(), nodes))
         self.spawn(nodes)
 

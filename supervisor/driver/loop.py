@@ -19,13 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slurm import probe
 from slurm.client import SlurmClient
 from slurm.env import SlurmEnv
 from slurm.errors import SlurmError
+from slurm.probe import ProbeStarter
 from supervisor import stop_request
 from supervisor.campaign import CampaignSpec
 from supervisor.config import Config
-from supervisor.decisions import campaign_state, policy
+from supervisor.decisions import campaign_state, nodeloss, policy
 from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Evidence, signatures_from_table
 from supervisor.decisions.detect import NODE_SILENT, DetectConfig, Detector
@@ -48,6 +50,7 @@ from supervisor.driver.guard import (
 from supervisor.driver.health import HealthWatch
 from supervisor.driver.interval import IntervalAsker
 from supervisor.driver.launcher import Launch
+from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.notify import Notifier
 from supervisor.driver.ports import Channel, StepLauncher
 from supervisor.driver.progress import ProgressLog
@@ -98,11 +101,13 @@ class Supervisor:
         *,
         channel_factory: ChannelFactory = aggregator_channel,
         start_step: StepLauncher = launcher.start,
+        start_probe: ProbeStarter | None = None,
         inbox: SignalInbox | None = None,
     ) -> None:
         self.paths, self.spec, self.config, self.env, self.slurm = paths, spec, config, env, slurm
         self.clock, self.channel_factory, self.start_step = clock, channel_factory, start_step
         self.job_id = env.job_id or ""
+        self.start_probe = start_probe or probe.starter(self.job_id)
         self.inbox = inbox or SignalInbox()
         self.detector = Detector(DetectConfig.from_mapping(config.detect))
         self.policy = policy.PolicyConfig.from_mapping(config.policy)
@@ -188,12 +193,21 @@ class Supervisor:
             python=self.spec.python or "python3", env=lambda: self._step_env(""), health_enabled=run.health_interval_s > 0,
             start=self.start_step, log_dir=self._attempt_logs,
         )  # fmt: skip
+        self.nodeloss = NodeLossWatch(
+            judge=nodeloss.NodeLossJudge(nodeloss.NodeLossConfig(
+                floor_s=min(2.0, run.node_loss_max_s), cap_s=run.node_loss_max_s,
+                probe_timeout_s=run.node_probe_timeout_s), beat_interval_s=run.summary_interval_s),
+            channel=self.channel, slurm=self.slurm, start_probe=self.start_probe, record=self.record,
+            clock=self.clock, nodes=self.layout.nodes, batch_host=self.env.batch_host, guard=self.guard,
+        )  # fmt: skip
+        self.agents.avoid = self.nodeloss.lost  # an agent is never restarted on a node found lost
         self.watcher = Watcher(
             channel=self.channel, detector=self.detector, inbox=self.inbox, checkpoints=self.checkpoints,
             agents=self.agents, record=self.record, clock=self.clock, loop_interval_s=run.loop_interval_s,
             guard=self.guard, stop_requested=lambda: stop_request.path(self.paths.root).exists(),
             on_warning=self.notifier.warning, on_pass=self._metrics_pass, on_live=self._on_live,
             health=self.health,
+            nodeloss=self.nodeloss,
         )  # fmt: skip
         jobs = JobActions(
             slurm=self.slurm, channel=self.channel, inbox=self.inbox, record=self.record, clock=self.clock,
@@ -226,6 +240,9 @@ class Supervisor:
             self.notifier.update_metrics(live, self.recorder.history)
 
     def _shutdown(self) -> None:
+        watch: NodeLossWatch | None = getattr(self, "nodeloss", None)
+        if watch is not None:
+            watch.close()
         agents: AgentStep | None = getattr(self, "agents", None)
         if agents is not None:
             agents.stop()
@@ -260,7 +277,7 @@ class Supervisor:
             now = self.clock()
             request = stop_request.read(self.paths.root) if watched.reason == "stop_request" else None
             interruption, decision = stop_request.respond(request) if request is not None else respond(
-                found, state.history, state.ledger, nodes=self.layout.nodes, needed=self.layout.train_nodes,
+                found, state.history, state.ledger, nodes=self._usable_nodes(), needed=self.layout.train_nodes,
                 config=self.policy, now=now, step_running=launch.proc.poll() is None,
                 restarts_here=max(0, self.launches - 1), signatures=self.signatures,
                 slurm_kills_on_node_failure=not self._no_kill(),
@@ -322,6 +339,10 @@ class Supervisor:
     def _query_nodes(self) -> Any:
         return self.guard.call(SLURM_QUERY, query_nodes, self.slurm, self.layout.nodes, default=None)
 
+    def _usable_nodes(self) -> tuple[str, ...]:
+        """The allocation's nodes, without those our own verdict found lost in this attempt."""
+        return tuple(n for n in self.layout.nodes if n not in self.nodeloss.lost)
+
     def _ledger_exclusions(self) -> tuple[str, ...]:
         """Suspect nodes of the ledger that this allocation holds, left out when enough nodes remain."""
         ledger = campaign_state.fold(self.recorder.history, self.ledger_config).ledger
@@ -359,6 +380,7 @@ class Supervisor:
         """One srun of the training in this attempt (journaled as ``step_launched``, the contract's name)."""
         self.launches += 1
         name = f"train-{self.launches}"
+        excluded = tuple(sorted(set(excluded) | self.nodeloss.lost))
         nodes = launcher.step_nodes(self.layout, excluded, self.rank_shift)  # in rank order
         in_order = tuple(n for n in self.layout.nodes if n in set(nodes))
         moved = nodes != in_order

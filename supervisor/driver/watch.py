@@ -14,13 +14,22 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor.decisions import events as ev
-from supervisor.decisions.detect import NODE_SILENT, RANK_EXITED, DetectionEvent, Detector, snapshot_from_live
+from supervisor.decisions.detect import (
+    HANG_KINDS,
+    NODE_LOST,
+    NODE_SILENT,
+    RANK_EXITED,
+    DetectionEvent,
+    Detector,
+    snapshot_from_live,
+)
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoints import CheckpointTracker
 from supervisor.driver.evidence import WatchResult
 from supervisor.driver.guard import AGENTS, CHECKPOINT_SCAN, DETECT, HEALTH, Guard
 from supervisor.driver.health import HealthWatch
 from supervisor.driver.launcher import Launch
+from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.ports import Channel
 from supervisor.driver.signals import SignalInbox
 
@@ -49,6 +58,7 @@ class Watcher:
         on_pass: Callable[[], None] | None = None,
         on_live: Callable[[Any], None] | None = None,
         health: HealthWatch | None = None,
+        nodeloss: NodeLossWatch | None = None,
     ) -> None:
         self.channel, self.detector, self.inbox = channel, detector, inbox
         self.checkpoints, self.agents, self.record, self.clock = checkpoints, agents, record, clock
@@ -57,6 +67,7 @@ class Watcher:
         self.stop_requested = stop_requested  # the user asked to stop (``supervise cancel``)
         self.on_warning, self.on_pass = on_warning, on_pass  # the policy's answer to warnings; metrics
         self.on_live = on_live  # the launch's ranks as seen each pass (goodput records: driver/progress.py)
+        self.nodeloss = nodeloss  # our own verdict on silent nodes; it takes precedence over hangs
         self.old_pids: set[int] = set()  # rank pids of earlier launches: their slots linger until overwritten
         self.health = health  # the agents' health reports: a node of the launch found unfit ends the watch
 
@@ -68,6 +79,7 @@ class Watcher:
         next_eval = next_scan = next_timeouts = next_stop_check = 0.0
         exited_since: float | None = None  # a rank exited while srun still runs: normal at the very end
         pending: list[DetectionEvent] = []
+        held: list[DetectionEvent] = []  # hangs waiting for the verdict on a quiet node
         while True:
             self.channel.poll(0.1)
             received = self.inbox.drain()
@@ -98,6 +110,9 @@ class Watcher:
                 self.on_pass()
             if self.guard.call(HEALTH, self.unfit_nodes, launch, default=()):
                 return WatchResult("health", detections=tuple(pending))
+            lost = self.observe_nodes(launch)
+            if lost:
+                return WatchResult("detection", detections=tuple(pending + held + lost))
             faults: list[DetectionEvent] = []  # every fault of this pass: all agents silent is one finding
             for d in self.guard.call(DETECT, self.observe, launch, default=[]):
                 if not d.is_fault:
@@ -109,10 +124,16 @@ class Watcher:
                     # Only a rank gone while srun keeps running past the grace time is a fault by itself.
                     pending.append(d)
                     exited_since = exited_since or now
+                elif d.kind in HANG_KINDS and self.nodeloss is not None and self.nodeloss.undecided:
+                    # A hang needs a live agent saying the process is there; while some node is quiet and not
+                    # yet judged, its loss (peers stuck in a collective) would be misread as a hang.
+                    held.append(d)
                 else:
                     faults.append(d)
             if faults:
-                return WatchResult("detection", detections=tuple(pending + faults))
+                return WatchResult("detection", detections=tuple(pending + held + faults))
+            if held and not (self.nodeloss is not None and self.nodeloss.undecided):
+                return WatchResult("detection", detections=tuple(pending + held))
             if exited_since is not None and now - exited_since > EXIT_GRACE_S:
                 return WatchResult("detection", detections=tuple(pending + self.verdict_on_silent_nodes(launch)))
             if self.agents.died():
@@ -125,10 +146,21 @@ class Watcher:
         self.health.update(self.channel.table)
         return tuple(self.health.faults(launch.nodes))
 
+    def observe_nodes(self, launch: Launch) -> list[DetectionEvent]:
+        """Our own node-loss verdicts; a lost node of this launch ends the watch (a lost spare is journaled and
+        left out of later launches, but interrupts nothing)."""
+        if self.nodeloss is None:
+            return []
+        live = self.channel.table.snapshot()
+        found = self.guard.call(DETECT, self.nodeloss.observe, live.ranks, default=[])
+        return [d for d in found if set(d.nodes) & set(launch.nodes)]
+
     def verdict_on_silent_nodes(self, launch: Launch) -> list[DetectionEvent]:
-        """A crash seen from the survivors (gloo errors, exits) often means a node died: while some node's
-        agent has gone quiet, wait until the detectors call it silent (or it speaks again), so the dead node,
-        not the network, takes the blame."""
+        """A crash seen from the survivors (gloo errors, exits) often means a node died: until every node of
+        the launch has spoken since the end (an agent reports at once when its ranks exit), or our verdict on
+        the quiet ones is in, wait, so the dead node, not the network, takes the blame."""
+        if self.nodeloss is not None:
+            return self._await_node_verdicts(launch)
         hang = self.detector.config.hang
         deadline = time.monotonic() + hang.node_silence_s + 1.0
         found: list[DetectionEvent] = []
@@ -139,6 +171,26 @@ class Watcher:
             if not stale or any(d.kind == NODE_SILENT for d in found):
                 break
             self.settle(0.5)
+        return found
+
+    def _await_node_verdicts(self, launch: Launch) -> list[DetectionEvent]:
+        assert self.nodeloss is not None
+        judge = self.nodeloss.judge
+        since = time.monotonic() - EXIT_SETTLE_S
+        deadline = time.monotonic() + judge.timeout_s + judge.config.probe_timeout_s + 1.0
+        found: list[DetectionEvent] = []
+        while time.monotonic() < deadline:
+            found += [d for d in self.guard.call(DETECT, self.observe, launch, default=[]) if d.is_fault]
+            found += self.observe_nodes(launch)
+            if any(d.kind == NODE_LOST for d in found):
+                break
+            views = self.channel.table.node_views()
+            quiet_since = time.monotonic() - since
+            waiting = [n for n in launch.nodes if n in views and n not in self.nodeloss.lost
+                       and views[n].staleness_s >= quiet_since]  # fmt: skip
+            if not waiting and not self.nodeloss.undecided:
+                break
+            self.settle(0.2)
         return found
 
     def scan_checkpoints(self) -> None:

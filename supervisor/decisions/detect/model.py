@@ -23,12 +23,13 @@ RANK_HANG = "rank_hang"  # some ranks silent longer than their phase's timeout
 RANK_STOPPED = "rank_stopped"  # a rank process is in stopped state (SIGSTOP, debugger): it cannot progress
 GLOBAL_STALL = "global_stall"  # every rank silent and no laggard stands out
 NODE_SILENT = "node_silent"  # no summaries from a node agent: the node (or its agent) is gone
+NODE_LOST = "node_lost"  # the supervisor's own verdict (decisions/nodeloss.py): silent and confirmed dead
 RANK_EXITED = "rank_exited"  # a rank process exited or is a zombie while the step should be running
 NONFINITE_LOSS = "nonfinite_loss"  # NaN/Inf loss
 STRAGGLER = "straggler"  # persistent slowdown vs peers (warning)
 LOSS_SPIKE = "loss_spike"  # sliding-window z-score spike (warning)
 
-FAULT_KINDS = frozenset({RANK_HANG, RANK_STOPPED, GLOBAL_STALL, NODE_SILENT, RANK_EXITED, NONFINITE_LOSS})
+FAULT_KINDS = frozenset({RANK_HANG, RANK_STOPPED, GLOBAL_STALL, NODE_SILENT, NODE_LOST, RANK_EXITED, NONFINITE_LOSS})
 WARNING_KINDS = frozenset({STRAGGLER, LOSS_SPIKE})
 HANG_KINDS = frozenset({RANK_HANG, RANK_STOPPED, GLOBAL_STALL})
 
