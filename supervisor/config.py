@@ -48,11 +48,18 @@ class RunConfig:
     loop_interval_s: float = 0.5
     # Allocation nodes kept out of the training step, to replace a blamed node without requeueing.
     spare_nodes: int = 0
+    # When the spares are used up, the training goes on with as few as this many nodes (it must cope with a
+    # smaller world); 0: never fewer than it started with (the job is requeued instead).
+    min_nodes: int = 0
     # Our own node-loss verdict (docs/node-loss.md): a node whose agent and ranks are silent this long at most
     # (the timeout is learned from the beat interval, within [min(2, this), this]) is probed; a probe (srun
     # --overlap -w NODE true) without an answer within node_probe_timeout_s confirms the loss.
     node_loss_max_s: float = 5.0
     node_probe_timeout_s: float = 3.0
+    # The agents' failsafe (docs/node-loss.md): this long without a control frame from the supervisor, the agent
+    # on the lowest-named surviving node probes the batch host and, if it is gone too, requeues the job without
+    # it (or cancels it when the requeue is refused). 0: off.
+    failsafe_timeout_s: float = 10.0
     # "auto" (Young/Daly from the measured stall and MTBF), "off", or seconds: see docs/goodput.md.
     checkpoint_interval: str | float = "off"
     # The MTBF "auto" assumes until this campaign saw 3 interruptions; 0: the site prior (Meta RSC's rate).
@@ -168,8 +175,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "run.loop_interval_s": (0.05, 60.0),
     "run.spare_nodes": (0, 4096),
     "run.health_interval_s": (0.0, DAY_S),  # 0: off; else at least 1 s (checked in from_mapping)
+    "run.min_nodes": (0, 1_000_000),
     "run.node_loss_max_s": (0.5, 600.0),
     "run.node_probe_timeout_s": (0.5, 60.0),
+    "run.failsafe_timeout_s": (0.0, 3600.0),
 }
 # Delegated sections ([detect], [policy], [ledger]): their modules check meaning; here every number is finite
 # and within an absurdity bound, and every time (a key ending in _s) is positive (0 allowed for backoff).

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from supervisor.agent.discover import find_ranks
+from supervisor.agent.failsafe import Failsafe
 from supervisor.agent.health import HealthThread, health_from_args
 from supervisor.agent.sampler import RankSlots
 from supervisor.agent.slotdir import make_slot_dir
@@ -52,11 +53,14 @@ class Agent:
     def __init__(self, *, job: str, node: str, key: bytes, supervisor: tuple[str, int], slot_dir: Path,
                  campaign: Path, sample_s: float = 0.25, report_s: float = 1.0, supervisor_timeout_s: float = 30.0,
                  refused_grace_s: float = 5.0, parent_pid: int = 0, keep_slot_dir: bool = False,
-                 health: AgentHealth | None = None) -> None:
+                 health: AgentHealth | None = None,
+                 failsafe: Failsafe | None = None) -> None:
         self.job, self.node, self.key = job, node, key
         self.sample_s, self.report_s = sample_s, report_s
         self.supervisor_timeout_s, self.refused_grace_s = supervisor_timeout_s, refused_grace_s
         self.parent_pid, self.keep_slot_dir = parent_pid, keep_slot_dir
+        self.failsafe = failsafe  # requeue the job when the supervisor and its batch host are gone
+        self._gone_since = 0.0
         self.slot_dir = slot_dir
         self.slots = RankSlots(slot_dir)
         self.stacks = StackDumps(slot_dir, CampaignPaths(campaign).stacks, node)
@@ -154,6 +158,11 @@ class Agent:
     def _should_exit(self, now: float) -> str:
         if self.stop_reason:
             return self.stop_reason
+        fs = self.failsafe
+        if fs is not None:
+            why = self._failsafe(fs, now)
+            if why or fs.waiting and self._gone_since:
+                return why  # acted (or found it done); or still waiting for this agent's turn: do not exit yet
         silent = now - self.last_contact
         if silent > self.supervisor_timeout_s:
             return f"no word from the supervisor for {silent:.1f} s"
@@ -162,6 +171,21 @@ class Agent:
         if self.parent_pid and not psutil.pid_exists(self.parent_pid):
             return f"watched pid {self.parent_pid} is gone"
         return ""
+
+    def _failsafe(self, fs: Failsafe, now: float) -> str:
+        """The supervisor counts as gone after ``fs.timeout_s`` without a control frame, or once the kernel has
+        said its port is closed for ``refused_grace_s``; then the failsafe gets its turn."""
+        silent = now - self.last_contact
+        refused = bool(self._refused_since) and now - self._refused_since > self.refused_grace_s \
+            and silent > self.refused_grace_s  # fmt: skip
+        if silent <= fs.timeout_s and not refused:
+            self._gone_since = 0.0
+            return ""
+        self._gone_since = self._gone_since or now
+        if fs.due(now - self._gone_since, now):
+            why = f"no word from the supervisor for {silent:.1f} s" + (" (its port is closed)" if refused else "")
+            fs.act(why, time.monotonic())
+        return f"the supervisor is gone; failsafe: {fs.done}" if fs.done else ""
 
     def run(self) -> str:
         """Loop until told to stop; return why it stopped."""
@@ -241,6 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--health-limit", action="append", default=[], metavar="KEY=VALUE",
                    help="a health threshold (docs/health.md), e.g. fs_min_free_gib=50 (repeatable)")
     p.add_argument("--expect-gpus", type=int, default=None, help="GPUs this node should have (default: unchecked)")
+    p.add_argument("--batch-host", help="the job's batch host: enables the failsafe (requeue the job when the "
+                   "supervisor and its batch host are gone)")
+    p.add_argument("--failsafe-timeout", type=float, default=10.0,
+                   help="seconds without a control frame before the failsafe probes the batch host")
+    p.add_argument("--job-nodes", default=os.environ.get("SLURM_JOB_NODELIST", ""),
+                   help="the job's nodes, a Slurm hostlist (default: $SLURM_JOB_NODELIST)")
+    p.add_argument("--restart-count", type=int, default=int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+                   help="the job's Slurm restart count in this run (default: $SLURM_RESTART_COUNT)")
     return p
 
 
@@ -294,7 +326,25 @@ def agent_from_args(args: argparse.Namespace) -> Agent:
     return Agent(job=args.job_id, node=args.node, key=key, supervisor=supervisor, slot_dir=slot_dir,
                  campaign=campaign, sample_s=args.sample_interval, report_s=args.report_interval,
                  supervisor_timeout_s=args.supervisor_timeout, parent_pid=args.parent_pid,
-                 keep_slot_dir=args.keep_slot_dir, health=health_from_args(args))
+                 keep_slot_dir=args.keep_slot_dir, health=health_from_args(args),
+                 failsafe=failsafe_from_args(args, campaign))
+
+
+def failsafe_from_args(args: argparse.Namespace, campaign: Path) -> Failsafe | None:
+    if not args.batch_host:
+        return None
+    from slurm.hostlist import expand
+    from slurm.probe import starter
+
+    if args.failsafe_timeout <= 0:
+        raise UsageError("--failsafe-timeout must be positive", "pass seconds > 0, e.g. 10")
+    try:
+        nodes = expand(args.job_nodes) if args.job_nodes else []
+    except ValueError:
+        raise UsageError(f"--job-nodes {args.job_nodes!r} is not a Slurm hostlist", "e.g. node[1-3]") from None
+    return Failsafe(job_id=args.job_id, node=args.node, batch_host=args.batch_host, nodes=nodes,
+                    restart_count=args.restart_count, campaign=campaign,
+                    timeout_s=args.failsafe_timeout, start_probe=starter(args.job_id))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

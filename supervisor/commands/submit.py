@@ -105,7 +105,7 @@ def build(args: argparse.Namespace, now: float | None = None):  # type: ignore[n
         check_safe_path(python, "python interpreter")
     except SbatchFlagError as err:
         raise UsageError(str(err), "use a path made of letters, digits and ._-/") from None
-    flags = list(args.sbatch_flags)
+    flags = with_spare_nodes(list(args.sbatch_flags), cfg.run.spare_nodes)
     directives = [
         "--requeue",
         f"--signal=B:USR1@{cfg.submit.signal_lead_s}",
@@ -133,6 +133,54 @@ def build(args: argparse.Namespace, now: float | None = None):  # type: ignore[n
         created=time.time() if now is None else now,
     )
     return root, spec, script, flags
+
+
+def with_spare_nodes(flags: list[str], spares: int) -> list[str]:
+    """``[run] spare_nodes = K``: the job asks for N+K nodes (the user's -N/--nodes is N, a range min-max gets K
+    on both ends; none given means 1) and keeps running when a node fails (``--no-kill``), so a spare replaces
+    the lost node inside the allocation. The batch host's own loss is covered by the agents' failsafe
+    (docs/node-loss.md)."""
+    from slurm.sbatch import has_option, option_name
+
+    if spares <= 0:
+        return flags
+    if has_option(flags, "--ntasks", "-n"):
+        raise UsageError("--ntasks with [run] spare_nodes: the spare nodes would get tasks too",
+                         "give --ntasks-per-node instead (the training step gets N x that many tasks)")
+    out: list[str] = []
+    found = False
+    i = 0
+    while i < len(flags):
+        tok = flags[i]
+        name = option_name(tok)
+        if name in ("--nodes", "-N"):
+            if "=" in tok:
+                value, prefix = tok.split("=", 1)[1], tok.split("=", 1)[0] + "="
+            elif name == "-N" and len(tok) > 2:
+                value, prefix = tok[2:], "-N"
+            elif i + 1 < len(flags):
+                value, prefix = flags[i + 1], ""
+                out.append(tok)
+                i += 1
+            else:
+                raise UsageError(f"{tok} without a node count", "e.g. -N 2")
+            out.append(prefix + _add_nodes(value, spares))
+            found = True
+        else:
+            out.append(tok)
+        i += 1
+    if not found:
+        out.append(f"--nodes={1 + spares}")
+    if not has_option(out, "--no-kill", "-k"):
+        out.append("--no-kill")
+    return out
+
+
+def _add_nodes(value: str, spares: int) -> str:
+    parts = value.split("-")
+    if not 1 <= len(parts) <= 2 or not all(p.isdigit() for p in parts):
+        raise UsageError(f"node count {value!r} with [run] spare_nodes", "give -N as a number or min-max, e.g. -N 2")
+    return "-".join(str(int(p) + spares) for p in parts)
 
 
 def with_checkpoint_dir(cfg, explicit: str | None, command: Sequence[str], cwd: str):  # type: ignore[no-untyped-def]

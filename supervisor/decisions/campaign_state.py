@@ -172,6 +172,7 @@ class CampaignState:
     open_attempt: Event | None = None  # a Slurm run that started and has no recorded end
     last_seen: float = 0.0  # time of the last event
     silent_nodes: set[str] = field(default_factory=set)  # node_silent detections during the open attempt
+    failsafe: Event | None = None  # an agent's failsafe ended the open attempt (its batch host was lost)
 
     def apply(self, e: Event) -> None:
         kind = e.get("type")
@@ -190,8 +191,11 @@ class CampaignState:
         elif kind == ev.ATTEMPT_STARTED:
             self.open_attempt = e
             self.silent_nodes = set()
+            self.failsafe = None
         elif kind in (ev.ATTEMPT_ENDED, ev.CAMPAIGN_ENDED):
             self.open_attempt = None
+        elif kind == ev.FAILSAFE and self.open_attempt is not None:
+            self.failsafe = e
         elif kind == ev.DETECTION and e.get("kind") in ("node_silent", "node_lost") and self.open_attempt is not None:
             self.silent_nodes.update(e.get("nodes", []))
 
@@ -220,7 +224,12 @@ def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job:
     down_set = set(down_nodes)
     down = sorted(n for n in nodes if n in down_set)
     silent = state.silent_nodes
-    if down or silent:
+    failsafe = state.failsafe
+    if failsafe is not None and failsafe.get("batch_host"):
+        blamed, cls, confidence = [str(failsafe["batch_host"])], ev.NODE_FAILURE, 0.9
+        evidence = [f"failsafe: the agent on {failsafe.get('node')} found the supervisor gone and "
+                    f"{failsafe.get('action')}d the job: {failsafe.get('reason', '')}"]
+    elif down or silent:
         blamed = down or sorted(silent)
         cls, confidence = ev.NODE_FAILURE, 0.9 if down else 0.6
         evidence = [f"node {n} is DOWN/NOT_RESPONDING in Slurm after the previous run ended" for n in down]

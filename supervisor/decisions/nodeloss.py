@@ -1,12 +1,13 @@
 """Our own verdict on a lost node, long before Slurm's SlurmdTimeout. Pure: no clock, no I/O.
 
-A node is *suspect* when its agent and every rank on it have been silent past a timeout learned from the beat
+A node is *silent* when its agent and every rank on it have been quiet past a timeout learned from the beat
 interval (the agents' summary interval, or the widest gap actually seen between two summaries of a healthy
 node, whichever is larger, times ``beats_missed``; bounded by ``floor_s`` and ``cap_s``, default at most 5 s).
-A suspect is *lost* once a cheap probe confirms it (``slurm/probe.py``: a short ``srun --overlap -w NODE
-true``), or at once when Slurm already flags it NOT_RESPONDING/DOWN. A probe that gets through clears it: the
-node is alive, only its agent is quiet (the agents' step restarts it), and it is probed again only after
-``reprobe_s``.
+A silent node is *lost* once a cheap probe confirms it (``slurm/probe.py``: a short ``srun --overlap -w NODE
+true``), or at once when Slurm already flags it NOT_RESPONDING/DOWN. The probe starts as soon as the node is
+``quiet_beats`` late, so it runs while the timeout does: the verdict comes at max(timeout, quiet + probe time)
+rather than their sum. A probe that gets through clears the node: it is alive, only its agent is quiet (the
+agents' step restarts it), and it is probed again only after ``reprobe_s``.
 
 Two rules keep the blame honest:
 - every watched node silent at once is *our* side (the supervisor's network, the agents' step): nobody is
@@ -87,6 +88,7 @@ class NodeLossState:
     last_staleness: dict[str, float] = field(default_factory=dict)
     probing: dict[str, float] = field(default_factory=dict)  # node -> when its probe started
     cleared: dict[str, float] = field(default_factory=dict)  # node -> when a probe last found it alive
+    failed: dict[str, str] = field(default_factory=dict)  # node -> why its probe failed (before it was silent)
     lost: set[str] = field(default_factory=set)
     ours_since: float | None = None  # "everyone silent" was reported (once per episode)
 
@@ -150,7 +152,7 @@ class NodeLossJudge:
         timeout = self.timeout_s
         s = self.state
         watched = [n for n in staleness if n not in s.lost]
-        silent = {n for n in watched if staleness[n] > timeout and _ranks_silent(rank_ages.get(n, ()), timeout)}
+        silent = {n for n in watched if staleness[n] > timeout and ranks_silent(rank_ages.get(n, ()), timeout)}
         verdicts: list[Verdict] = []
         if len(watched) > 0 and silent == set(watched):  # everyone at once: our link, not their nodes
             s.probing.clear()
@@ -160,31 +162,37 @@ class NodeLossJudge:
             return Judgement(verdicts=tuple(verdicts))
         s.ours_since = None
         bad = set(not_responding)
+        quiet = {n for n in watched if staleness[n] > self.quiet_s and n != batch_host}
         to_probe = []
-        for node in sorted(silent - {batch_host} if batch_host else silent):
-            if node in bad:
+        for node in sorted(quiet):
+            if node in silent and node in bad:
                 s.probing.pop(node, None)
                 verdicts.append(self._lost(node, staleness[node], BY_SLURM))
-            elif node not in s.probing and now - s.cleared.get(node, -math.inf) >= self.config.reprobe_s:
+            elif node in silent and node in s.failed:
+                verdicts.append(self._lost(node, staleness[node], BY_PROBE, s.failed.pop(node)))
+            elif node not in s.probing and node not in s.failed and \
+                    now - s.cleared.get(node, -math.inf) >= self.config.reprobe_s:  # fmt: skip
                 s.probing[node] = now
                 to_probe.append(node)
-        for node in list(s.probing):
-            if node not in silent:  # it spoke again before the probe answered
-                del s.probing[node]
-        quiet = {n for n in watched if staleness[n] > self.quiet_s and n != batch_host}
-        pending = sorted(n for n in quiet if n not in s.cleared)  # quiet, no verdict yet
-        for node in [n for n in s.cleared if n not in quiet]:
-            del s.cleared[node]  # it spoke again: a later silence is judged afresh
+        for table in (s.probing, s.failed, s.cleared):
+            for node in [n for n in table if n not in quiet]:
+                del table[node]  # it spoke again: a later silence is judged afresh
+        pending = sorted(n for n in quiet if n not in s.cleared and n not in s.lost)  # quiet, no verdict yet
         return Judgement(tuple(to_probe), tuple(verdicts), tuple(pending))
 
-    def probe_result(self, node: str, alive: bool, now: float, silent_s: float, detail: str = "") -> Verdict | None:
-        """The probe of ``node`` answered. None when the node is no longer being probed (it spoke again)."""
+    def probe_result(self, node: str, alive: bool, now: float, silent_s: float, detail: str = "",
+                     ranks_silent: bool = True) -> Verdict | None:  # fmt: skip
+        """The probe of ``node`` answered. None when the node is no longer being probed (it spoke again), or
+        when the probe failed before the node was silent past the timeout (the verdict then waits for it)."""
         if self.state.probing.pop(node, None) is None:
             return None
         if alive:
             self.state.cleared[node] = now
             return Verdict(ALIVE, (node,), silent_s, self.timeout_s, None, detail)
-        return self._lost(node, silent_s, BY_PROBE, detail)
+        if silent_s > self.timeout_s and ranks_silent:
+            return self._lost(node, silent_s, BY_PROBE, detail)
+        self.state.failed[node] = detail
+        return None
 
     def _lost(self, node: str, silent_s: float, by: str, detail: str = "") -> Verdict:
         self.state.lost.add(node)
@@ -193,10 +201,10 @@ class NodeLossJudge:
     def forget(self, node: str) -> None:
         """The node is out of the watch (excluded, or the allocation changed)."""
         s = self.state
-        for table in (s.last_staleness, s.probing, s.cleared):
+        for table in (s.last_staleness, s.probing, s.cleared, s.failed):
             table.pop(node, None)
 
 
-def _ranks_silent(ages: Iterable[float | None], timeout: float) -> bool:
+def ranks_silent(ages: Iterable[float | None], timeout: float) -> bool:
     """Every rank on the node silent past the timeout (a rank without a client says nothing either way)."""
     return all(age is None or age > timeout for age in ages)

@@ -248,6 +248,8 @@ class Allocation:
     step_running: bool = False  # the training step is still up (something to checkpoint, dump, kill)
     slurm_requeues: bool = False  # Slurm is already requeueing the job (preemption, node failure with --requeue)
     restarts_here: int = 0  # relaunches of the training step already done in this allocation
+    min_needed: int | None = None  # the training can go on with this few nodes when spares run out ([run] min_nodes)
+    node_loss_ends_job: bool = False  # Slurm ends this job when one of its nodes fails (no --no-kill)
 
 
 @dataclass(frozen=True)
@@ -366,13 +368,24 @@ def decide(
         actions.append(Action(AWAIT_REQUEUE, None, tuple(exclude), f"{cls}: Slurm requeues the job",
                               {"exclude": exclude}))  # fmt: skip
         return Decision(tuple(actions), "pending", f"{cls}: Slurm is requeueing the job")
-    if len(usable) >= allocation.needed and allocation.restarts_here < config.max_restarts_in_allocation:
+    if cls == ev.NODE_FAILURE and hard & set(allocation.nodes) and allocation.node_loss_ends_job:
+        # Slurm ends the whole job once it marks the node DOWN: requeue now, without it, rather than wait.
+        actions.append(Action(REQUEUE, None, tuple(exclude), f"{cls}: the job cannot outlive the node (no "
+                              "--no-kill): requeue now", {"exclude": exclude, "after_checkpoint": False}))  # fmt: skip
+        return Decision(tuple(actions), "pending", f"{cls}: requeueing without {', '.join(exclude)}")
+    floor = allocation.needed if not allocation.min_needed else min(allocation.needed, allocation.min_needed)
+    if len(usable) >= floor and allocation.restarts_here < config.max_restarts_in_allocation:
         kept = set(usable)  # a set: at 16k nodes a list here made each decision take seconds
         excluded_here = [n for n in allocation.nodes if n not in kept]
+        if len(usable) < allocation.needed:  # spares used up: [run] min_nodes says the training can go on
+            why = f"{cls}: spares used up, relaunch on {len(usable)} of {allocation.needed} nodes (min_nodes {floor})"
+            actions.append(Action(RESTART_IN_ALLOCATION, None, tuple(usable), why,
+                                  {"exclude": excluded_here, "nodes": usable, "fewer_nodes": True}))  # fmt: skip
+            return Decision(tuple(actions), "running", why)
         actions.append(Action(RESTART_IN_ALLOCATION, None, tuple(usable), f"{cls}: relaunch in this allocation",
                               {"exclude": excluded_here, "nodes": usable}))  # fmt: skip
         return Decision(tuple(actions), "running", f"{cls}: restarting in the same allocation")
-    why = "not enough healthy nodes here" if len(usable) < allocation.needed else (
+    why = "not enough healthy nodes here" if len(usable) < floor else (
         f"{allocation.restarts_here} restarts in this allocation already")
     actions.append(Action(REQUEUE, None, tuple(exclude), f"{cls}: {why}, requeue",
                           {"exclude": exclude, "after_checkpoint": False}))  # fmt: skip

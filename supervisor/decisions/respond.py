@@ -48,12 +48,15 @@ def respond(
     restarts_here: int = 0,
     signatures: Sequence[cl.LogSignature] = cl.DEFAULT_LOG_SIGNATURES,
     slurm_kills_on_node_failure: bool = True,
+    min_needed: int | None = None,
 ) -> tuple[cl.Interruption, policy.Decision]:
     """Classify what ended (or must end) the launch and ask the policy what to do.
 
     ``history`` and ``ledger`` are the campaign so far (``campaign_state.fold``), without this interruption.
     ``slurm_kills_on_node_failure`` is False for jobs submitted with ``--no-kill`` (spare nodes): Slurm then
-    keeps the job running without the dead node, and recovery inside the allocation is ours to do."""
+    keeps the job running without the dead node, and recovery inside the allocation is ours to do; otherwise a
+    lost node means a requeue at once. ``min_needed``: the fewest nodes the training may go on with when the
+    spares are used up (``[run] min_nodes``; None: never fewer than ``needed``)."""
     if not evidence.app_error_history:  # where earlier app errors happened: a crash keeping to one node blames it
         evidence = dataclasses.replace(evidence, app_error_history=history.app_error_origins,
                                        app_error_rank_history=history.app_error_ranks)  # fmt: skip
@@ -66,6 +69,7 @@ def respond(
     allocation = policy.Allocation(
         nodes=nodes, needed=needed, excluded=ledger.excluded_nodes(now),
         step_running=step_running, slurm_requeues=slurm_requeues, restarts_here=restarts_here,
+        min_needed=min_needed, node_loss_ends_job=slurm_kills_on_node_failure,
     )  # fmt: skip
     decision = policy.decide(interruption, history, allocation, config, now=now)
     return interruption, decision

@@ -42,7 +42,7 @@ EXIT_STOPPED = 1
 EXIT_REQUEUED = 0  # the job is requeued; this run ends cleanly
 
 KILL_WAIT_S = 15.0  # after scancel of a step, how long srun gets to exit before it is killed
-NODE_LOST_KILL_WAIT_S = 3.0  # srun waits forever for the tasks of a dead node: kill it after this long
+NODE_LOST_KILL_WAIT_S = 1.0  # srun waits forever for the tasks of a dead node: kill it after this long
 SLURM_TERM_WAIT_S = 30.0  # when Slurm is ending the job, how long its own SIGTERM/SIGKILL may take
 STACKS_WAIT_S = MAX_DUMP_S + 2.0  # the agents' longest dump (py-spy --native, then --nonblocking) + transit
 TIME_LIMIT_MARGIN_S = 10.0  # at a time limit, the save is waited for until this long before Slurm's EndTime
@@ -221,7 +221,9 @@ class Actuators:
         return None
 
     def kill_step(self, action: policy.Action, s: Situation) -> int | None:
-        launcher.kill_step(self.slurm, self.job_id, s.launch.name, s.launch.proc, wait_s=self._kill_wait(s))
+        wait_s = self._kill_wait(s)
+        launcher.kill_step(self.slurm, self.job_id, s.launch.name, s.launch.proc, wait_s=wait_s,
+                           background=wait_s == NODE_LOST_KILL_WAIT_S)
         return None
 
     def mark_suspect(self, action: policy.Action, s: Situation) -> int | None:
@@ -272,8 +274,8 @@ class Actuators:
 
     @staticmethod
     def _kill_wait(s: Situation) -> float:
-        """After a node loss srun waits for the dead node's tasks forever: the step is scancelled, and srun
-        itself is killed after a short wait instead of the usual one."""
+        """After a node loss srun waits for the dead node's tasks forever and scancel for the dead node's answer:
+        the step is scancelled in the background, and srun itself is killed after a short wait."""
         if s.interruption.cls == ev.NODE_FAILURE and s.interruption.blamed_nodes:
             return NODE_LOST_KILL_WAIT_S
         return KILL_WAIT_S
@@ -287,4 +289,5 @@ class Actuators:
             while launch.proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
         if launch.proc.poll() is None:
-            launcher.kill_step(self.slurm, self.job_id, launch.name, launch.proc, wait_s=wait_s)
+            launcher.kill_step(self.slurm, self.job_id, launch.name, launch.proc, wait_s=wait_s,
+                               background=wait_s == NODE_LOST_KILL_WAIT_S)

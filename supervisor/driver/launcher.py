@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -112,19 +113,28 @@ def start(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: str 
 
 
 def kill_step(
-    slurm: SlurmClient, job_id: str, name: str, proc: Process, wait_s: float = 15.0
+    slurm: SlurmClient, job_id: str, name: str, proc: Process, wait_s: float = 15.0, background: bool = False
 ) -> int | None:
     """Kill a job step on every node at once (SIGKILL reaches stopped ranks too) and reap its srun.
 
     Falls back to signalling srun itself when Slurm no longer lists the step (or cannot be asked). Returns
-    srun's exit code.
+    srun's exit code. ``background``: the step has a dead node, and scancel waits for that node's answer
+    (MessageTimeout, 6 s on the local cluster) although the live nodes got the signal at once: it runs in a
+    thread, and srun (which waits for the dead node's tasks forever) is killed after ``wait_s``.
     """
-    try:
-        step_id = slurm.step_ids(job_id).get(name)
-        if step_id is not None:
-            slurm.cancel_step(step_id, "KILL")
-    except SlurmError:
-        pass  # the step ended meanwhile, or Slurm did not answer; srun is killed and reaped below either way
+
+    def cancel() -> None:
+        try:
+            step_id = slurm.step_ids(job_id).get(name)
+            if step_id is not None:
+                slurm.cancel_step(step_id, "KILL")
+        except SlurmError:
+            pass  # the step ended meanwhile, or Slurm did not answer; srun is killed and reaped below either way
+
+    if background:
+        threading.Thread(target=cancel, name=f"scancel-{name}", daemon=True).start()
+    else:
+        cancel()
     deadline = time.monotonic() + wait_s
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)

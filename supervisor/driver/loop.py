@@ -183,7 +183,7 @@ class Supervisor:
             channel=self.channel, slurm=self.slurm, start=self.start_step, record=self.record, clock=self.clock,
             nodes=self.layout.nodes, python=self.spec.python or "python3", campaign=self.paths.root,
             extra_args=["--sample-interval", str(run.agent_interval_s), "--report-interval", str(run.summary_interval_s),
-                        *self._health_args()],
+                        *self._health_args(), *self._failsafe_args()],
             env=lambda: self._step_env(""), log_path=self._attempt_logs() / "agents.log", cwd=self.spec.cwd,
         )  # fmt: skip
         self.health = HealthWatch(self.record, self.clock, self.layout.nodes, on_news=self.notifier.health)
@@ -234,6 +234,16 @@ class Supervisor:
             args += ["--expect-gpus", gpus]
         return args
 
+    def _failsafe_args(self) -> list[str]:
+        """The agents' failsafe (supervisor/agent/failsafe.py): they requeue the job if this supervisor and its
+        batch host are lost. Off when the batch host is unknown."""
+        from slurm.hostlist import compress
+
+        if not self.env.batch_host or self.config.run.failsafe_timeout_s <= 0:
+            return []
+        return ["--batch-host", self.env.batch_host, "--failsafe-timeout", str(self.config.run.failsafe_timeout_s),
+                "--job-nodes", compress(list(self.layout.nodes)), "--restart-count", str(self.env.restart_count)]
+
     def _metrics_pass(self) -> None:
         if self.notifier.metrics is not None:
             live = getattr(self.channel, "latest", None) or self.channel.table.snapshot()
@@ -280,7 +290,7 @@ class Supervisor:
                 found, state.history, state.ledger, nodes=self._usable_nodes(), needed=self.layout.train_nodes,
                 config=self.policy, now=now, step_running=launch.proc.poll() is None,
                 restarts_here=max(0, self.launches - 1), signatures=self.signatures,
-                slurm_kills_on_node_failure=not self._no_kill(),
+                slurm_kills_on_node_failure=not self._no_kill(), min_needed=self.config.run.min_nodes or None,
             )  # fmt: skip
             self.record({**interruption.to_event(self.clock()), "launch": launch.number, "last_step": last_step(found)})
             outcome = self.actuators.carry_out(Situation(launch, interruption, decision, found, state.history))

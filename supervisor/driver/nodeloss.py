@@ -61,7 +61,7 @@ class NodeLossWatch:
         for r in ranks if ranks is not None else self.channel.table.snapshot().ranks:
             if r.node in ages:
                 ages[r.node].append(r.beat_age_s)
-        suspects = [n for n, age in staleness.items() if age > self.judge.timeout_s and n != self.batch_host]
+        suspects = [n for n, age in staleness.items() if age > self.judge.quiet_s and n != self.batch_host]
         if suspects and now >= self._next_slurm:
             self._next_slurm = now + SLURM_CHECK_S
             self._not_responding = self.guard.call(SLURM_QUERY, self._slurm_down, suspects, default=set())
@@ -77,7 +77,8 @@ class NodeLossWatch:
             probe.stop()
             del self.probes[node]
             if result is not None:
-                verdict = self.judge.probe_result(node, result[0], now, staleness.get(node, 0.0), result[1])
+                quiet = nl.ranks_silent(ages.get(node, ()), self.judge.timeout_s)
+                verdict = self.judge.probe_result(node, result[0], now, staleness.get(node, 0.0), result[1], quiet)
                 if verdict is not None:
                     verdicts.append(verdict)
         self.pending = judgement.pending

@@ -47,26 +47,35 @@ def test_the_timeout_is_learned_from_the_beat_interval_and_bounded() -> None:
     assert j.beat_s == 1.6 and j.timeout_s == pytest.approx(4.8)
 
 
-def test_a_silent_node_is_probed_then_lost_when_the_probe_fails() -> None:
+def test_a_quiet_node_is_probed_at_once_and_lost_when_silent_and_the_probe_failed() -> None:
     j = judge()
     quiet = j.judge(0.0, {"n1": 0.1, "n2": 1.6, "n3": 0.2}, {"n2": [1.6]}, batch_host="n1")
-    assert quiet.to_probe == () and quiet.pending == ("n2",)  # a beat and a half late: hangs wait
-    silent = j.judge(1.0, {"n1": 0.1, "n2": 3.5, "n3": 0.2}, {"n2": [3.5]}, batch_host="n1")
-    assert silent.to_probe == ("n2",) and silent.pending == ("n2",)
-    again = j.judge(1.5, {"n1": 0.1, "n2": 4.0, "n3": 0.2}, {"n2": [4.0]}, batch_host="n1")
-    assert again.to_probe == ()  # one probe at a time
-    verdict = j.probe_result("n2", False, 2.0, 4.5, "srun exited 1: Communication connection failure")
-    assert verdict is not None and verdict.verdict == nl.LOST and verdict.confirmed_by == nl.BY_PROBE
+    assert quiet.to_probe == ("n2",) and quiet.pending == ("n2",)  # a beat and a half late: probe; hangs wait
+    assert j.judge(0.5, {"n1": 0.1, "n2": 2.1, "n3": 0.2}, {"n2": [2.1]}).to_probe == ()  # one probe at a time
+    assert j.probe_result("n2", False, 1.0, 2.6, "no answer within 3.0s") is None  # failed, not yet silent
+    silent = j.judge(1.5, {"n1": 0.1, "n2": 3.1, "n3": 0.2}, {"n2": [3.1]}, batch_host="n1")
+    (verdict,) = silent.verdicts
+    assert verdict.verdict == nl.LOST and verdict.confirmed_by == nl.BY_PROBE and "no answer" in verdict.detail
     event = verdict.to_event(100.0)
     assert event["type"] == ev.NODE_LOSS_VERDICT and event["nodes"] == ["n2"] and event["timeout_s"] == 3.0
     after = j.judge(3.0, {"n1": 0.1, "n2": 6.0, "n3": 0.2}, {}, batch_host="n1")
     assert after == nl.Judgement()  # a lost node is no longer watched
 
 
-def test_a_rank_still_beating_keeps_its_node_from_being_suspect() -> None:
+def test_a_probe_failing_after_the_timeout_gives_the_verdict_at_once() -> None:
     j = judge()
-    assert j.judge(0.0, {"n1": 0.1, "n2": 3.5}, {"n2": [0.5, 9.0]}).to_probe == ()
-    assert j.judge(0.1, {"n1": 0.1, "n2": 3.6}, {"n2": [None, 9.0]}).to_probe == ("n2",)  # no client: says nothing
+    assert j.judge(0.0, {"n1": 0.1, "n2": 1.6}, {}).to_probe == ("n2",)
+    verdict = j.probe_result("n2", False, 3.0, 4.6, "srun exited 1: Communication connection failure")
+    assert verdict is not None and verdict.verdict == nl.LOST and "Communication" in verdict.evidence
+
+
+def test_a_rank_still_beating_keeps_its_node_from_being_lost() -> None:
+    j = judge()
+    assert j.judge(0.0, {"n1": 0.1, "n2": 3.5}, {"n2": [0.5, 9.0]}).to_probe == ("n2",)
+    assert j.probe_result("n2", False, 0.5, 4.0, "no answer", ranks_silent=False) is None
+    assert j.judge(1.0, {"n1": 0.1, "n2": 4.5}, {"n2": [0.5, 9.0]}).verdicts == ()
+    (verdict,) = j.judge(1.1, {"n1": 0.1, "n2": 4.6}, {"n2": [None, 9.0]}).verdicts  # no client: says nothing
+    assert verdict.verdict == nl.LOST
 
 
 def test_a_probe_that_gets_through_clears_the_node_until_reprobe_time() -> None:
@@ -102,7 +111,7 @@ def test_a_node_that_speaks_again_while_probed_gets_no_verdict() -> None:
     j = judge()
     j.judge(0.0, {"n1": 0.1, "n2": 3.5}, {})
     j.judge(0.5, {"n1": 0.1, "n2": 0.2}, {})
-    assert j.probe_result("n2", False, 1.0, 3.5) is None
+    assert j.probe_result("n2", False, 1.0, 3.5) is None and not j.state.failed
 
 
 def test_bad_config_names_the_setting() -> None:
@@ -246,3 +255,29 @@ def test_without_a_spare_a_lost_node_requeues_at_once_excluding_it(tmp_path: Pat
     assert first["class"] == ev.NODE_FAILURE and first["blamed_nodes"] == ["n2"]
     assert ("requeue", "7") in slurm.calls
     assert ("update_excluded_nodes", "7", ["n2"]) in slurm.calls and code == 0
+
+
+# ------------------------------------------------------------------------------------------- the policy
+
+
+def test_spares_used_up_go_on_with_fewer_nodes_only_when_min_nodes_allows() -> None:
+    from supervisor.decisions.classify import Interruption
+    from supervisor.decisions.policy import REQUEUE, RESTART_IN_ALLOCATION, Allocation, History, decide
+
+    lost = Interruption(ev.NODE_FAILURE, ("n2",), 0.9, ("node n2 lost",))
+    alloc = Allocation(nodes=NODES3, needed=3)
+    assert decide(lost, History(), alloc).actions[-1].kind == REQUEUE
+    fewer = decide(lost, History(), replace(alloc, min_needed=2)).actions[-1]
+    assert fewer.kind == RESTART_IN_ALLOCATION and fewer.params["fewer_nodes"] and fewer.params["nodes"] == ["n1", "n3"]
+    assert decide(lost, History(), replace(alloc, min_needed=3)).actions[-1].kind == REQUEUE
+    spare = decide(lost, History(), Allocation(nodes=NODES3, needed=2)).actions[-1]
+    assert spare.kind == RESTART_IN_ALLOCATION and "fewer_nodes" not in spare.params
+
+
+def test_a_job_that_cannot_outlive_the_node_is_requeued_at_once_even_with_a_spare() -> None:
+    from supervisor.decisions.classify import Interruption
+    from supervisor.decisions.policy import REQUEUE, Allocation, History, decide
+
+    lost = Interruption(ev.NODE_FAILURE, ("n2",), 0.9, ("node n2 lost",))
+    action = decide(lost, History(), Allocation(nodes=NODES3, needed=2, node_loss_ends_job=True)).actions[-1]
+    assert action.kind == REQUEUE and action.params["exclude"] == ["n2"]

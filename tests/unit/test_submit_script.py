@@ -79,15 +79,28 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
 
 
 
-def test_no_kill_is_left_to_the_user(tmp_path):
-    # With --no-kill a lost batch host leaves a RUNNING allocation without its supervisor until the time
-    # limit (seen on 22.05), so spare nodes alone never add it; a user who wants it passes it explicitly.
+def test_spare_nodes_allocate_n_plus_k_and_survive_a_node_failure(tmp_path):
+    # The job asks for N+K nodes and keeps running when one fails (--no-kill); the batch host's own loss is the
+    # agents' failsafe's (docs/node-loss.md).
     cfg = tmp_path / "c.toml"
     cfg.write_text("[run]\nspare_nodes = 1\n")
-    _, _, script, flags = _build(["--config", str(cfg), "--campaign", "/c/x", "--", "true"])
-    assert "--no-kill" not in script
-    _, _, script, flags = _build(["--no-kill", "--campaign", "/c/x", "--", "true"])
-    assert flags == ["--no-kill"]
+    for ours, wanted in ((["-N", "2"], ["-N", "3"]), (["-N2"], ["-N3"]), (["--nodes=2-4"], ["--nodes=3-5"]),
+                          ([], ["--nodes=2"])):  # fmt: skip
+        _, _, script, flags = _build(["--config", str(cfg), *ours, "--campaign", "/c/x", "--", "true"])
+        assert flags == [*wanted, "--no-kill"]
+    _, _, _, flags = _build(["--config", str(cfg), "-N2", "-k", "--campaign", "/c/x", "--", "true"])
+    assert flags == ["-N3", "-k"]
+    _, _, _, flags = _build(["-N2", "--campaign", "/c/x", "--", "true"])  # no spares: untouched
+    assert flags == ["-N2"]
+
+
+def test_spare_nodes_refuse_a_total_task_count(tmp_path):
+    from supervisor.errors import UsageError
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[run]\nspare_nodes = 1\n")
+    with pytest.raises(UsageError, match="--ntasks"):
+        _build(["--config", str(cfg), "-N2", "--ntasks=2", "--campaign", "/c/x", "--", "true"])
 
 
 @pytest.mark.parametrize("name", ["x\n/usr/bin/id > f\n#", "a b", "", "x" * 129, "tab\there", "ü"])
