@@ -191,9 +191,9 @@ class SilentNodeTable(FakeTable):
     def snapshot(self) -> Any:
         snap = super().snapshot()
         age = self._age()
-        if not self.stalled:
-            return snap
-        return replace(snap, ranks=[r._replace(beat_age_s=0.1 + age) for r in snap.ranks])  # peers stall too
+        # The silent node's ranks are heard of no more; in the first launch their peers stall with them.
+        return replace(snap, ranks=[r._replace(beat_age_s=0.1 + age) if self.stalled or r.node == self.silent else r
+                                    for r in snap.ranks])  # fmt: skip
 
 
 @dataclass
@@ -228,7 +228,7 @@ def supervise_with_silent_node(tmp_path: Path, spare_nodes: int, sbatch_flags: t
 
     def start(argv: Any, env: Any, log_path: Path, cwd: Any = None) -> Any:
         proc = original(argv, env, log_path, cwd)
-        if "supervisor.agent" not in argv:
+        if any(a.startswith("--job-name=train-") for a in argv):  # a training launch (not agents, preflight)
             table.stalled = not table.t0
             table.t0 = table.t0 or time.monotonic()
         return proc
