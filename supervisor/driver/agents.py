@@ -71,7 +71,7 @@ class AgentStep:
         deadline = time.monotonic() + timeout_s
         while True:
             views = self.channel.table.node_views()
-            stale = [n for n in self.nodes if n not in views or views[n].staleness_s > stale_s]
+            stale = [n for n in self.nodes if n not in self.avoid and (n not in views or views[n].staleness_s > stale_s)]
             if not stale or time.monotonic() >= deadline or self.died():
                 break
             self.channel.poll(0.1)
