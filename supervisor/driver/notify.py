@@ -63,8 +63,8 @@ class Notifier:
     def health(self, node: str, items: Sequence[Any]) -> None:
         """A node agent found new problems (``wire.HealthItem``s): one alert, journaled as its action. Fatal:
         L3 (the node is left out of the next launch; one in the running launch also ends it, with its own L4
-        alert); warnings (throttling, heat, memory pressure, clock): L2. Its metric, value and threshold are the
-        first finding's, the suggested action its fix."""
+        alert); warnings (throttling, heat, memory pressure, clock): L2. Class ``hardware`` for a fatal GPU finding,
+        else ``health``. Its metric, value and threshold are the first finding's, the suggested action its fix."""
         self.guard.call(WARNING, self._health, node, items, default=None)
 
     def _health(self, node: str, items: Sequence[Any]) -> None:
@@ -73,8 +73,9 @@ class Notifier:
         first = sorted(items, key=lambda i: i.severity != "fatal")[0]
         fatal = first.severity == "fatal"
         more = f" (+{len(items) - 1} more)" if len(items) > 1 else ""
+        gpu = first.check.startswith(("gpu", "xid"))  # a full disk or a skewed clock is the node's, not hardware
         action = policy.Action(policy.ALERT, "L3" if fatal else "L2", (node,), f"health on {node}: {first.what}{more}",
-                               {"class": "hardware" if fatal else "health", "suggested_action": first.fix})  # fmt: skip
+                               {"class": "hardware" if fatal and gpu else "health", "suggested_action": first.fix})  # fmt: skip
         event = action.to_event(self.clock())
         self.record(event)
         self.submit(alerts.build(self.job_id, self.campaign, event, [as_detection(node, first)], t=event["t"],

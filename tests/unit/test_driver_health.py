@@ -272,10 +272,13 @@ def test_new_problems_are_alerted_with_their_figures_once() -> None:
     watch.update(table)
     table.report("n2", HOT, ECC)
     watch.update(table)
+    table.report("n3", FULL)  # fatal, but a full disk is not hardware
+    watch.update(table)
     assert [(a.tier, a.cls, a.nodes, a.metric, a.value, a.threshold) for a in sent] == [
         ("L2", "health", ("n2",), HOT.check, "93C", "90C"),
         ("L3", "hardware", ("n2",), ECC.check, "2", "0"),
+        ("L3", "health", ("n3",), FULL.check, "1.0GiB", "5.0GiB"),
     ]
     assert all(a.empty_fields() == [] for a in sent) and sent[1].suggested_action == ECC.fix
-    assert [e["tier"] for e in journal if e["type"] == ev.ACTION] == ["L2", "L3"]
+    assert [e["tier"] for e in journal if e["type"] == ev.ACTION] == ["L2", "L3", "L3"]
     notifier.close()
