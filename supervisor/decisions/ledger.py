@@ -4,8 +4,10 @@ A node's score is the sum of its strikes, each halving every ``half_life_s``:
 ``score(now) = sum(w_i * 2 ** (-(now - t_i) / half_life_s))``. Stored per node as (score at t, t), so memory
 is O(nodes) and an update is O(1). A node whose score is at or above ``threshold`` is excluded when the job is
 requeued. With the defaults a node failure (weight 2) keeps a node out for one half-life (6 h), while one hang
-(weight 0.5) does not exclude it; three hangs in a short time do. An operator can forgive a node (journal event
-``node_forgiven``), which clears its score.
+(weight 0.5) does not exclude it; three hangs in a short time do. Strikes of the ``sticky`` classes (default:
+``hardware``: an Xid 79, an uncorrectable ECC error, a GPU that fails its health check) never fade: time does
+not repair a GPU, so the node stays out until an operator forgives it (journal event ``node_forgiven``, after a
+repair), which clears its score.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class LedgerConfig:
     half_life_s: float = 6 * 3600.0
     threshold: float = 1.0
     weights: Mapping[str, float] = field(default_factory=lambda: DEFAULT_WEIGHTS)  # class (or "straggler") -> strike
+    sticky: tuple[str, ...] = (ev.HARDWARE,)  # classes whose strikes never fade (until an operator forgives)
 
     def __post_init__(self) -> None:
         for name in ("half_life_s", "threshold"):
@@ -53,13 +56,20 @@ class LedgerConfig:
                 raise ValueError(f"ledger.weights.{key} must be a number >= 0, got {weight!r}")
             merged[key] = float(weight)
         object.__setattr__(self, "weights", MappingProxyType(merged))
+        if isinstance(self.sticky, str) or not all(isinstance(c, str) for c in self.sticky):
+            raise ValueError(f"ledger.sticky must be a list of classes, got {self.sticky!r}")
+        for cls in self.sticky:
+            if cls not in known:
+                raise ValueError(f"ledger.sticky: unknown class {cls!r}; use one of {', '.join(known)}")
+        object.__setattr__(self, "sticky", tuple(self.sticky))
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> LedgerConfig:
         """From a config file's ``[ledger]`` table; unknown keys are errors."""
         for key in data:
-            if key not in ("half_life_s", "threshold", "weights"):
-                raise ValueError(f"ledger.{key}: unknown setting; known settings: half_life_s, threshold, weights")
+            if key not in ("half_life_s", "threshold", "weights", "sticky"):
+                raise ValueError(f"ledger.{key}: unknown setting; known settings: half_life_s, threshold, weights, "
+                                 "sticky")
         return cls(**dict(data))
 
 
@@ -69,6 +79,7 @@ class NodeRecord:
     t: float
     strikes: int = 0
     last_reason: str = ""
+    fixed: float = 0.0  # the part that never fades (strikes of sticky classes)
 
 
 class Ledger:
@@ -81,18 +92,22 @@ class Ledger:
 
     def score(self, node: str, now: float) -> float:
         record = self.nodes.get(node)
-        return 0.0 if record is None else self._decay(record.score, now - record.t)
+        return 0.0 if record is None else self._decay(record.score, now - record.t) + record.fixed
 
     def strike(self, node: str, weight: float, t: float, reason: str = "") -> None:
         if weight <= 0:
             return
         record = self.nodes.get(node)
+        fixed = weight if reason in self.config.sticky else 0.0
+        fading = weight - fixed
         if record is None:
-            self.nodes[node] = NodeRecord(weight, t, 1, reason)
+            self.nodes[node] = NodeRecord(fading, t, 1, reason, fixed)
         elif t >= record.t:
-            self.nodes[node] = NodeRecord(self._decay(record.score, t - record.t) + weight, t, record.strikes + 1, reason)
+            self.nodes[node] = NodeRecord(self._decay(record.score, t - record.t) + fading, t, record.strikes + 1, reason,
+                                          record.fixed + fixed)  # fmt: skip
         else:  # an older event arriving late: age it to the record's time instead
-            record.score += self._decay(weight, record.t - t)
+            record.score += self._decay(fading, record.t - t)
+            record.fixed += fixed
             record.strikes += 1
 
     def forgive(self, node: str, t: float) -> None:

@@ -85,7 +85,7 @@ class PolicyConfig:
     backoff_base_s: float = 5.0  # the first restart is immediate; then base, base*factor, ... up to max
     backoff_factor: float = 2.0
     backoff_max_s: float = 300.0
-    max_restarts_in_allocation: int = 3  # relaunches in one allocation before falling back to a requeue
+    max_restarts_in_allocation: int = 3  # relaunches in one allocation without progress before a requeue
     stop_grace_s: float = 120.0  # L3: how long ranks get to checkpoint and exit before the step is killed
     checkpoint_on_numerical: bool = False  # never save NaN weights over good ones by default
     on_budget_exhausted: str = "stop"  # "stop" the campaign, or "hold" it queued for an operator
@@ -356,10 +356,12 @@ def decide(
     if wait > 0:
         actions.append(Action(BACKOFF, None, (), f"fault {history.faults_since_progress} since progress",
                               {"seconds": wait}))  # fmt: skip
-    # Nodes blamed for a node failure, a hardware fault or an app error that keeps to them are never reused;
-    # other suspects (a hang's or comm error's node, the ledger's excluded nodes) are left out only while the
-    # allocation has spares.
-    hard = set(interruption.blamed_nodes) if cls in HARD_BLAME else set()
+    # Nodes blamed for a node failure, a hardware fault or an app error that keeps to them, and the ledger's
+    # excluded nodes (struck too often, or broken hardware), are never relaunched on: without enough other nodes
+    # here the job is requeued without them, and Slurm gives healthy ones. Only this interruption's soft suspects
+    # (a hang's or comm error's node, not yet excluded by the ledger) are reused when no spare is left.
+    blamed_hard = set(interruption.blamed_nodes) if cls in HARD_BLAME else set()
+    hard = blamed_hard | set(allocation.excluded)
     excluded_set = set(exclude)
     usable = [n for n in allocation.nodes if n not in excluded_set]
     if len(usable) < allocation.needed:
@@ -368,13 +370,17 @@ def decide(
         actions.append(Action(AWAIT_REQUEUE, None, tuple(exclude), f"{cls}: Slurm requeues the job",
                               {"exclude": exclude}))  # fmt: skip
         return Decision(tuple(actions), "pending", f"{cls}: Slurm is requeueing the job")
-    if cls == ev.NODE_FAILURE and hard & set(allocation.nodes) and allocation.node_loss_ends_job:
+    if cls == ev.NODE_FAILURE and blamed_hard & set(allocation.nodes) and allocation.node_loss_ends_job:
         # Slurm ends the whole job once it marks the node DOWN: requeue now, without it, rather than wait.
         actions.append(Action(REQUEUE, None, tuple(exclude), f"{cls}: the job cannot outlive the node (no "
                               "--no-kill): requeue now", {"exclude": exclude, "after_checkpoint": False}))  # fmt: skip
         return Decision(tuple(actions), "pending", f"{cls}: requeueing without {', '.join(exclude)}")
     floor = allocation.needed if not allocation.min_needed else min(allocation.needed, allocation.min_needed)
-    if len(usable) >= floor and allocation.restarts_here < config.max_restarts_in_allocation:
+    # Relaunches here that did not lead to progress (a new checkpoint): a few in a row suggest the allocation
+    # itself is bad (a switch, a filesystem mount) and a new one is worth the queue wait; relaunches that each
+    # made progress do not (over weeks, counting them all would requeue after every third fault).
+    stuck_here = min(allocation.restarts_here, history.faults_since_progress - 1)
+    if len(usable) >= floor and stuck_here < config.max_restarts_in_allocation:
         kept = set(usable)  # a set: at 16k nodes a list here made each decision take seconds
         excluded_here = [n for n in allocation.nodes if n not in kept]
         if len(usable) < allocation.needed:  # spares used up: [run] min_nodes says the training can go on
@@ -386,7 +392,7 @@ def decide(
                               {"exclude": excluded_here, "nodes": usable}))  # fmt: skip
         return Decision(tuple(actions), "running", f"{cls}: restarting in the same allocation")
     why = "not enough healthy nodes here" if len(usable) < floor else (
-        f"{allocation.restarts_here} restarts in this allocation already")
+        f"{stuck_here} restarts in this allocation without progress")
     actions.append(Action(REQUEUE, None, tuple(exclude), f"{cls}: {why}, requeue",
                           {"exclude": exclude, "after_checkpoint": False}))  # fmt: skip
     return Decision(tuple(actions), "pending", f"{cls}: requeueing without {', '.join(exclude) or 'any exclusion'}")

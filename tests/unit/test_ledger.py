@@ -98,3 +98,21 @@ def test_ledger_config_from_mapping():
     assert config.half_life_s == 60 and config.weights[ev.HANG] == 1.0 and config.weights[ev.NODE_FAILURE] == 2.0
     with pytest.raises(ValueError, match="ledger.halflife: unknown setting"):
         LedgerConfig.from_mapping({"halflife": 1})
+
+
+def test_hardware_strikes_never_fade_until_an_operator_forgives_the_node() -> None:
+    """Time does not repair a GPU: a node blamed for a hardware fault stays out (issue 13: broken nodes came back
+    after one half-life and failed again); a node failure still fades, and forgiving clears both."""
+    week = 7 * 86400.0
+    ledger = Ledger.fold([ev.interruption_event(0.0, ev.HARDWARE, ["n1"], 0.9, ["Xid 79"]),
+                          ev.interruption_event(0.0, ev.NODE_FAILURE, ["n2"], 0.9, ["n2 DOWN"])])  # fmt: skip
+    assert ledger.excluded_nodes(week) == {"n1"}
+    assert ledger.score("n1", week) >= 2.0 > ledger.score("n2", week)
+    ledger.apply(ev.node_forgiven(week, "n1"))
+    assert ledger.excluded_nodes(week + 1) == frozenset()
+    fading = Ledger.fold([ev.interruption_event(0.0, ev.HARDWARE, ["n1"], 0.9, [])], LedgerConfig(sticky=()))
+    assert fading.excluded_nodes(week) == frozenset()
+    assert LedgerConfig.from_mapping({"sticky": ["hardware", "node_failure"]}).sticky == ("hardware", "node_failure")
+    for bad in ({"sticky": ["nonsense"]}, {"sticky": "hardware"}):
+        with pytest.raises(ValueError, match="ledger.sticky"):
+            LedgerConfig.from_mapping(bad)

@@ -322,10 +322,30 @@ def test_from_mapping_rejects_typos_and_keeps_defaults():
     assert config.budgets[ev.HANG] == 1 and config.budgets[ev.APP_ERROR] == 2
 
 
-def test_too_many_restarts_in_one_allocation_fall_back_to_requeue():
+def test_too_many_restarts_in_one_allocation_without_progress_fall_back_to_requeue():
     alloc = Allocation(("node1", "node2", "node3"), 2, restarts_here=3)
-    d = decide(interruption(ev.HANG, ["node2"]), History(), alloc)
+    stuck = History().record(ev.APP_ERROR, 1).record(ev.COMM_ERROR, 2).record(ev.UNKNOWN, 3)
+    d = decide(interruption(ev.HANG, ["node2"]), stuck, alloc)
     assert d.actions[-1].kind == REQUEUE and "3 restarts" in d.actions[-1].reason
+    # relaunches that each made progress (a new checkpoint) keep the allocation, however many over weeks
+    d = decide(interruption(ev.HANG, ["node2"]), stuck.progress(100), alloc)
+    assert d.actions[-1].kind == RESTART_IN_ALLOCATION
+    assert decide(interruption(ev.HANG, ["node2"]), History(), Allocation(("node1", "node2", "node3"), 2,
+                                                                          restarts_here=50)).state == "running"
+
+
+def test_ledger_excluded_nodes_are_never_relaunched_on_a_requeue_gets_healthy_ones():
+    """Spares used up: the ledger's excluded node (a broken GPU struck earlier) is not taken back; the job is
+    requeued without it. Only this interruption's soft suspect (a hang's node) may be reused."""
+    alloc = Allocation(("node1", "node2", "node3"), 2, excluded=frozenset({"node3"}))
+    d = decide(interruption(ev.NODE_FAILURE, ["node2"]), History(), alloc)
+    assert d.actions[-1].kind == REQUEUE and d.actions[-1].params["exclude"] == ["node2", "node3"]
+    d = decide(interruption(ev.HANG, ["node2"]), History(), alloc)  # the hang's node2 comes back, node3 not
+    assert d.actions[-1].kind == RESTART_IN_ALLOCATION and d.actions[-1].params["nodes"] == ["node1", "node2"]
+    d = decide(interruption(ev.HANG, ["node2"]), History(), Allocation(("node1", "node2", "node3"), 2))
+    assert d.actions[-1].kind == RESTART_IN_ALLOCATION and d.actions[-1].params["nodes"] == ["node1", "node3"]
+    d = decide(interruption(ev.HANG, ["node2"]), History(), Allocation(("node1", "node2"), 2))
+    assert d.actions[-1].kind == RESTART_IN_ALLOCATION  # no spare: the hang's node is reused (a soft suspect)
 
 
 def test_time_limits_without_progress_stop_with_advice():

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from supervisor import cli
 from supervisor.decisions import checkpoint_interval as ci
+from supervisor.decisions.ledger import LedgerConfig
 from supervisor.simulate import compare, engine, trace
 from supervisor.simulate.trace import Fault
 
@@ -152,14 +153,16 @@ def test_cli_json_and_errors(tmp_path, capsys) -> None:  # type: ignore[no-untyp
     assert not math.isnan(doc["young_daly"]["goodput"])
 
 
-def test_preflight_keeps_a_readmitted_broken_node_out() -> None:
-    # n00001's hardware strike fades (6 h half-life); at the next fault the policy may use it again.
+def test_a_broken_node_stays_out_and_preflight_catches_one_a_fading_ledger_readmits() -> None:
     world = engine.World(gpus=64, days=3.0, bad_node_p=1.0, recur_mean_s=3600.0, site_drain_after=1000)
     faults = [Fault(3600.0, "gpu", "n00001"), Fault(30 * 3600.0, "software", "n00005")]
-    without = engine.simulate(world, engine.supervised(spares=2), faults)
-    assert without.recurrences > 0
-    with_preflight = engine.simulate(world, replace(engine.supervised(spares=2, preflight_s=30.0),
-                                                    preflight_catch=1.0), faults)  # fmt: skip
+    # the default ledger: a hardware strike never fades, so the broken n00001 is never used again
+    assert engine.simulate(world, engine.supervised(spares=2), faults).recurrences == 0
+    # a ledger whose hardware strikes fade (6 h half-life): at the next fault the policy may use it again ...
+    fading = replace(engine.supervised(spares=2), ledger_config=LedgerConfig(sticky=()))
+    assert engine.simulate(world, fading, faults).recurrences > 0
+    # ... unless a preflight finds it first
+    with_preflight = engine.simulate(world, replace(fading, preflight_s=30.0, preflight_catch=1.0), faults)
     assert with_preflight.recurrences == 0
     assert with_preflight.buckets["preflight"] == pytest.approx(30.0 * (1 + 2))  # the first launch and two more
 
