@@ -148,9 +148,12 @@ class Ledger:
             for node in event.get("target", ()):
                 self.strike(str(node), self.config.weights.get(reason, 0.0), t, reason)
         elif kind == ev.PREFLIGHT:
-            # A node found unfit or markedly slow before a launch: struck as a hardware fault.
+            # A node found unfit or markedly slow before a launch: struck as a hardware fault; an unfit one (a
+            # fatal health check) as one that does not fade when hardware is sticky, a slow one fading.
+            unfit = set(event.get("unfit", ()))
             for node in event.get("blamed_nodes", ()):
-                self.strike(str(node), self.config.weights.get(ev.HARDWARE, 0.0), t, "preflight")
+                reason = ev.HARDWARE if node in unfit else "preflight"
+                self.strike(str(node), self.config.weights.get(ev.HARDWARE, 0.0), t, reason)
         elif kind == ev.NODE_FORGIVEN and event.get("node"):
             self.forgive(str(event["node"]), t)
 

@@ -110,6 +110,8 @@ def test_hardware_strikes_never_fade_until_an_operator_forgives_the_node() -> No
     assert ledger.score("n1", week) >= 2.0 > ledger.score("n2", week)
     ledger.apply(ev.node_forgiven(week, "n1"))
     assert ledger.excluded_nodes(week + 1) == frozenset()
+    checked = Ledger.fold([ev.preflight(0.0, ["n3", "n4"], 30.0, ["n3"], blamed_nodes=["n3", "n4"])])
+    assert checked.excluded_nodes(week) == {"n3"}  # unfit stays out; markedly slow fades
     fading = Ledger.fold([ev.interruption_event(0.0, ev.HARDWARE, ["n1"], 0.9, [])], LedgerConfig(sticky=()))
     assert fading.excluded_nodes(week) == frozenset()
     assert LedgerConfig.from_mapping({"sticky": ["hardware", "node_failure"]}).sticky == ("hardware", "node_failure")
