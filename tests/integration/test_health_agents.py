@@ -26,7 +26,8 @@ def test_a_gpu_fault_found_by_the_agent_blames_its_node_and_the_next_launch_excl
     recorded.write_text(json.dumps({"node2": {"gpus": [SECOND], "xids": [{"gpu": 0, "code": 79, "after_s": 6}]},
                                     "*": {"gpus": [HEALTHY]}}))  # fmt: skip
     monkeypatch.setenv("SUPERVISOR_HEALTH_RECORDED", str(recorded))  # sbatch passes the environment on
-    camp = submit(tmp_path, steps=40, step_time=0.2, nodes=3, sbatch=("--time=10", "--nodelist=node[1-3]"),
+    # two training nodes and a spare: submit asks for 3 nodes ([run] spare_nodes)
+    camp = submit(tmp_path, steps=40, step_time=0.2, nodes=2, sbatch=("--time=10", "--nodelist=node[1-3]"),
                   config="spare_nodes = 1\nhealth_interval_s = 2\n")  # fmt: skip
     try:
         ended = wait_for("the campaign to end", camp.ended, START_TIMEOUT + 120)

@@ -22,7 +22,8 @@ def test_a_node_slow_in_preflight_never_receives_the_training(tmp_path: Path) ->
     root = tmp_path / "campaign"
     thread = threading.Thread(target=_throttle, args=(root / "preflight", "node2", stop), daemon=True)
     thread.start()
-    camp = submit(tmp_path, steps=12, step_time=0.2, nodes=3, sbatch=("--time=10", "--nodelist=node[1-3]"),
+    # two training nodes and a spare: submit asks for 3 nodes ([run] spare_nodes)
+    camp = submit(tmp_path, steps=12, step_time=0.2, nodes=2, sbatch=("--time=10", "--nodelist=node[1-3]"),
                   config="spare_nodes = 1\n", preflight='enabled = "auto"\nbudget_s = 90')  # fmt: skip
     try:
         ended = wait_for("the campaign to end", camp.ended, START_TIMEOUT + 120)
