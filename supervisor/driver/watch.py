@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from supervisor import procstate
 from supervisor.decisions import events as ev
 from supervisor.decisions.detect import (
     HANG_KINDS,
@@ -36,6 +37,9 @@ from supervisor.driver.signals import SignalInbox
 CHECKPOINT_SCAN_S = 5.0  # how often the checkpoint directory is looked at for new valid checkpoints
 TIMEOUTS_JOURNAL_S = 600.0  # learned timeouts are journaled this often (and whenever a launch ends)
 EXIT_GRACE_S = 5.0  # a rank gone while srun still runs for this long is a fault (not a normal finish)
+# Every rank of the launch gone while srun still runs: srun is tearing the step down (seconds on a loaded machine);
+# its exit code and task report are the evidence, so wait for it this long before calling it a fault.
+ALL_EXITED_GRACE_S = 60.0
 STOP_CHECK_S = 1.0  # how often the campaign directory is looked at for a user's stop request
 EXIT_SETTLE_S = 0.6  # after srun exits: time for the agents to report how each rank ended
 
@@ -134,7 +138,8 @@ class Watcher:
                 return WatchResult("detection", detections=tuple(pending + held + faults))
             if held and not (self.nodeloss is not None and self.nodeloss.undecided):
                 return WatchResult("detection", detections=tuple(pending + held))
-            if exited_since is not None and now - exited_since > EXIT_GRACE_S:
+            if exited_since is not None and now - exited_since > EXIT_GRACE_S \
+                    and (now - exited_since > ALL_EXITED_GRACE_S or not self.all_ranks_ended(launch)):  # fmt: skip
                 return WatchResult("detection", detections=tuple(pending + self.verdict_on_silent_nodes(launch)))
             if self.agents.died():
                 self.guard.call(AGENTS, self.agents.restart, default=None)
@@ -154,6 +159,10 @@ class Watcher:
         live = self.channel.table.snapshot()
         found = self.guard.call(DETECT, self.nodeloss.observe, live.ranks, default=[])
         return [d for d in found if set(d.nodes) & set(launch.nodes)]
+
+    def all_ranks_ended(self, launch: Launch) -> bool:
+        ranks = self.live(launch).ranks
+        return bool(ranks) and all(r.state in procstate.ENDED for r in ranks)
 
     def verdict_on_silent_nodes(self, launch: Launch) -> list[DetectionEvent]:
         """A crash seen from the survivors (gloo errors, exits) often means a node died: until every node of

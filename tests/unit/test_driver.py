@@ -284,3 +284,16 @@ def test_every_agent_silent_at_once_blames_no_node_even_when_one_crossed_the_thr
     assert sorted(n for d in r.of(ev.DETECTION) if d["kind"] == "node_silent" for n in d["nodes"]) == ["n1", "n2"]
     assert policy.RESTART_IN_ALLOCATION in r.actions()
     assert not [c for c in r.slurm.calls if c[0] in ("requeue", "update_excluded_nodes")]
+
+
+def test_every_rank_gone_while_srun_tears_the_step_down_slowly_is_a_finish_not_a_fault(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    """Under load srun may take longer than the exit grace to end after its ranks (a relaunch that resumed at the
+    last step exits at once): the agents cannot read a non-child's exit code, so srun's is the evidence; waiting
+    for it gives "completed" instead of "no evidence explains the stop"."""
+    from supervisor.driver import watch
+
+    monkeypatch.setattr(watch, "EXIT_GRACE_S", 0.05)
+    slow_srun = Launch(0, polls=400, ranks={"state": "exited", "exit_code": None})
+    r = supervise(tmp_path, slow_srun)
+    assert r.classes() == [ev.COMPLETED] and r.code == 0
