@@ -32,13 +32,12 @@ def submit_program(tmp_path: Path, *args: str, steps: int = 60, ckpt_every: int 
                    nodes: int = 2, sbatch: tuple[str, ...] = ("--time=10",), config: str = "",
                    name: str = "campaign", ckpt: Path | None = None) -> Campaign:  # fmt: skip
     """``supervise submit`` the user-style program; the checkpoint directory is found from its --ckpt-dir flag
-    (no [run] checkpoint_dir), as a user who never wrote a config gets it."""
+    (no [run] checkpoint_dir), as a user who never wrote a config gets it. The preflight is off (its collective
+    test costs every campaign seconds of torch start-up; test_preflight_campaign.py runs it)."""
     root, ckpt = tmp_path / name, ckpt or tmp_path / f"{name}-ckpt"
-    cfg: list[str] = []
-    if config:
-        path = tmp_path / f"{name}.toml"
-        path.write_text(config)
-        cfg = ["--config", str(path)]
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f"[preflight]\nenabled = false\n{config}")
+    cfg = ["--config", str(path)]
     out = supervise("submit", f"--nodes={nodes}", "--ntasks-per-node=1", *sbatch, "--campaign", str(root), *cfg,
                     "--", sys.executable, str(PROGRAM), "--steps", str(steps), "--ckpt-dir", str(ckpt),
                     "--ckpt-every", str(ckpt_every), "--step-time", str(step_time), *args)  # fmt: skip

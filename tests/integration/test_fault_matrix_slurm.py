@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 
 def test_preemption_checkpoints_and_slurm_requeues_without_blame(tmp_path, slurm_cluster):
-    camp = submit_program(tmp_path, "--client", steps=90, ckpt_every=0)  # only the requested save
+    camp = submit_program(tmp_path, "--client", steps=30, ckpt_every=0)  # only the requested save
     urgent = None
     try:
         wait_printed(camp, 1, 10)
