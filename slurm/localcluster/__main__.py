@@ -27,8 +27,12 @@ def _add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:
 
     parser.add_argument("--root", default=default(None),
                         help=f"cluster directory (default: $SUPERVISOR_CLUSTER_DIR or {default_root()})")
-    parser.add_argument("--base-port", type=int, default=default(DEFAULT_BASE_PORT),
-                        help=f"slurmctld port P; slurmd use P+1..P+N (default {DEFAULT_BASE_PORT})")
+    # A string default goes through type=int like a typed value, so a bad $SUPERVISOR_CLUSTER_BASE_PORT is
+    # argparse's one-line error; the env var is the one the tests and the demo read, so all three agree.
+    parser.add_argument("--base-port", type=int,
+                        default=default(os.environ.get("SUPERVISOR_CLUSTER_BASE_PORT") or str(DEFAULT_BASE_PORT)),
+                        help="slurmctld port P; slurmd use P+1..P+N "
+                             f"(default $SUPERVISOR_CLUSTER_BASE_PORT or {DEFAULT_BASE_PORT})")
     parser.add_argument("--nodes", type=int, default=default(DEFAULT_NODES),
                         help=f"number of nodes (default {DEFAULT_NODES})")
     parser.add_argument("--accounting", action="store_true", default=default(False),

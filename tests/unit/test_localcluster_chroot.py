@@ -95,3 +95,19 @@ def test_slurm_choice_is_checked_and_picks_its_own_root(monkeypatch: pytest.Monk
     with pytest.raises(ClusterError, match="--slurm '23' is not supported"):
         LocalCluster("/nonexistent", slurm="23")
     assert LocalCluster("/nonexistent", slurm="system").chroot is None
+
+
+def test_cli_base_port_follows_the_env_var_the_tests_and_demo_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second cluster started from the CLI with SUPERVISOR_CLUSTER_BASE_PORT set must not take the default ports
+    (one engineer's `up` once landed on another's cluster)."""
+    from slurm.localcluster.__main__ import build_parser
+    from slurm.localcluster.config import DEFAULT_BASE_PORT
+
+    monkeypatch.delenv("SUPERVISOR_CLUSTER_BASE_PORT", raising=False)
+    assert build_parser().parse_args(["up"]).base_port == DEFAULT_BASE_PORT
+    monkeypatch.setenv("SUPERVISOR_CLUSTER_BASE_PORT", "17030")
+    assert build_parser().parse_args(["up"]).base_port == 17030
+    assert build_parser().parse_args(["up", "--base-port", "17050"]).base_port == 17050
+    monkeypatch.setenv("SUPERVISOR_CLUSTER_BASE_PORT", "x")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up"])
