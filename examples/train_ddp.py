@@ -3,6 +3,9 @@
     python examples/train_ddp.py --steps 100 --ckpt-dir /tmp/ckpt --ckpt-every 10 --seed 1
     torchrun --nproc-per-node 2 examples/train_ddp.py ...      # or: srun -n 2 python examples/train_ddp.py ...
 
+Its process group is ``init_process_group("gloo", init_method="env://")``: under the supervisor (any launch
+style, docs/launch.md) and torchrun the variables are set; under plain srun it derives them itself.
+
 Rank 0 prints exactly one ``step=N loss=X`` line per step (X is ``repr(float)``). A run resumes from
 ``SUPERVISOR_RESUME_FROM`` when set (empty = fresh start), else from the newest valid checkpoint in
 ``--ckpt-dir``, and then prints bitwise the same lines as an uninterrupted run: the data order (sampler
@@ -20,6 +23,7 @@ import signal
 import socket
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -103,26 +107,36 @@ def _first_host(nodelist: str) -> str:
     return prefix + ranges.rstrip("]").split(",")[0].split("-")[0]
 
 
+def _fallback_port() -> int:
+    """Plain srun without the supervisor: a port every task of this step computes alike. Mixes the cluster
+    (its name and config path: test clusters on one host share job ids), the job and the step, so clusters and
+    relaunches differ; below the ephemeral range."""
+    key = ":".join(os.environ.get(k, "") for k in ("SLURM_CLUSTER_NAME", "SLURM_CONF", "SLURM_JOB_ID",
+                                                    "SLURM_STEP_ID", "SLURM_RESTART_COUNT"))
+    return 15000 + zlib.crc32(key.encode()) % 17000
+
+
 def init_distributed() -> tuple[int, int]:
-    """rank, world from torchrun (RANK/WORLD_SIZE) or an srun step (SLURM_PROCID), else a single process."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        rank, world, method = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://"
-    elif "SLURM_STEP_ID" in os.environ and "SLURM_PROCID" in os.environ:
-        rank = int(os.environ["SLURM_PROCID"])
-        world = int(os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS") or 1)
-        addr = os.environ.get("MASTER_ADDR")
-        if not addr:
-            addr = _first_host(os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", ""))
-            try:
-                addr = socket.gethostbyname(addr)
-            except OSError:
-                addr = "127.0.0.1"  # node names that are not DNS names (a one-host test cluster)
-        port = int(os.environ.get("MASTER_PORT") or 20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000)
-        method = f"tcp://{addr}:{port}"
-    else:
-        return 0, 1
+    """rank, world; ``init_process_group`` with ``env://``. The supervisor (and torchrun) export MASTER_ADDR,
+    MASTER_PORT, RANK and WORLD_SIZE; under plain srun without the supervisor they are derived here from srun's
+    variables (first node of the step, a port of this step); otherwise a single process."""
+    env = os.environ
+    if not ("RANK" in env and "WORLD_SIZE" in env):
+        if not ("SLURM_STEP_ID" in env and "SLURM_PROCID" in env):
+            return 0, 1
+        env["RANK"] = env["SLURM_PROCID"]
+        env["WORLD_SIZE"] = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1"
+    if int(env["WORLD_SIZE"]) > 1 and not env.get("MASTER_ADDR"):
+        addr = _first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", ""))
+        try:
+            addr = socket.gethostbyname(addr)
+        except OSError:
+            addr = "127.0.0.1"  # node names that are not DNS names (a one-host test cluster)
+        env["MASTER_ADDR"] = addr
+    env.setdefault("MASTER_PORT", str(_fallback_port()))
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     if world > 1:
-        dist.init_process_group("gloo", init_method=method, rank=rank, world_size=world,
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=300))
     return rank, world
 

@@ -78,9 +78,10 @@ def hostfile_text(nodes: Sequence[str], tasks_per_node: int) -> str:
 
 def train_argv(
     layout: Layout, command: Sequence[str], launch: int, exclude: Sequence[str] = (), extra: Sequence[str] = (),
-    *, arbitrary: bool = False,
+    nodelist: Sequence[str] = (), *, arbitrary: bool = False,
 ) -> list[str]:
-    """srun line for the training step, avoiding ``exclude`` (blamed nodes) when the spares allow it.
+    """srun line for the training step, avoiding ``exclude`` (blamed nodes) when the spares allow it. With
+    ``nodelist`` the step runs on exactly those nodes (its first one is MASTER_ADDR, see ``distenv``).
     ``arbitrary``: tasks go where SLURM_HOSTFILE says, in its order (the ranks moved to other nodes)."""
     usable = [n for n in layout.nodes if n not in set(exclude)]
     nnodes = min(layout.train_nodes, len(usable))
@@ -92,6 +93,8 @@ def train_argv(
         f"--ntasks-per-node={layout.tasks_per_node}", "--kill-on-bad-exit=1", "--mem=0",
         "--label",  # "N: " before each line: log lines name their rank and node (decisions/tasklog.py)
     ]  # fmt: skip
+    if nodelist:
+        argv.append(f"--nodelist={compress(list(nodelist))}")
     if exclude:
         argv.append(f"--exclude={compress(sorted(set(exclude)))}")
     if arbitrary:

@@ -33,7 +33,7 @@ from supervisor.decisions.classify import Evidence, signatures_from_table
 from supervisor.decisions.detect import NODE_SILENT, DetectConfig, Detector
 from supervisor.decisions.ledger import LedgerConfig
 from supervisor.decisions.respond import last_step, respond
-from supervisor.driver import evidence, health, launcher, prelaunch
+from supervisor.driver import distenv, evidence, health, launcher, prelaunch
 from supervisor.driver.actuators import Actuators, Situation, slot_flag
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoints import CheckpointTracker
@@ -124,6 +124,7 @@ class Supervisor:
         self.slot_token = secrets.token_hex(8)  # this Slurm run's slot directories get unguessable names
         self.node_addresses: dict[str, str] = {}
         self.rank_shift = 0  # ranks moved by this many nodes (after an app error that kept to one node and rank)
+        self.master_ports: list[int] = []  # each launch's MASTER_PORT: a relaunch never reuses one
 
     @property
     def record(self) -> Callable[[dict[str, Any]], None]:
@@ -394,17 +395,18 @@ class Supervisor:
         nodes = launcher.step_nodes(self.layout, excluded, self.rank_shift)  # in rank order
         in_order = tuple(n for n in self.layout.nodes if n in set(nodes))
         moved = nodes != in_order
-        argv = launcher.train_argv(self.layout, self.spec.command, self.launches, excluded, self.config.run.srun_args,
+        dist = self._dist_env(nodes)  # MASTER_ADDR: rank 0's node, moved or not
+        argv = launcher.train_argv(self.layout, dist.wrap(self.spec.command), self.launches, excluded,
+                                   self.config.run.srun_args, nodelist=() if moved else nodes,
                                    arbitrary=moved)  # fmt: skip
         log_path = self._attempt_logs() / f"{name}.log"
-        env = self._step_env(resume)
+        env = {**self._step_env(resume), **dist.env}
         if moved:  # rank 0 is no longer on the first node of the step's node list: say where it is
             hosts = self._attempt_logs() / f"{name}.hosts"
             hosts.write_text(launcher.hostfile_text(nodes, self.layout.tasks_per_node))
             env["SLURM_HOSTFILE"] = str(hosts)
-            if nodes[0] in self.node_addresses:
-                env["MASTER_ADDR"] = self.node_addresses[nodes[0]]
-        launched = {**ev.step_launched(self.clock(), self.launches, nodes, excluded, resume), "resume_step": resume_step}
+        launched = {**ev.step_launched(self.clock(), self.launches, nodes, excluded, resume), "resume_step": resume_step,
+                    "master": f"{dist.env.get('MASTER_ADDR', '')}:{dist.env.get('MASTER_PORT', '')}"}
         if moved:
             launched["rank_nodes"] = list(nodes)
         self.record(launched)
@@ -415,3 +417,13 @@ class Supervisor:
         self.watcher.forget_ranks()
         proc = self.start_step(argv, env, log_path, self.spec.cwd)
         return Launch(self.launches, name, proc, log_path, time.monotonic(), nodes)
+
+    def _dist_env(self, nodes: tuple[str, ...]) -> distenv.DistEnv:
+        """torch's env:// variables (and torchrun's defaults) for this launch; the user's own win."""
+        user = os.environ
+        master = user.get("MASTER_ADDR") or self.node_addresses.get(nodes[0]) or nodes[0]
+        port = int(user["MASTER_PORT"]) if user.get("MASTER_PORT", "").isdigit() else distenv.pick_port(
+            master, self.master_ports)
+        self.master_ports.append(port)
+        run_id = f"{self.job_id or 'job'}-{self.env.restart_count}-{self.launches}"
+        return distenv.plan(nodes, self.layout.tasks_per_node, self.node_addresses, port, user, run_id)

@@ -297,3 +297,17 @@ def test_every_rank_gone_while_srun_tears_the_step_down_slowly_is_a_finish_not_a
     slow_srun = Launch(0, polls=400, ranks={"state": "exited", "exit_code": None})
     r = supervise(tmp_path, slow_srun)
     assert r.classes() == [ev.COMPLETED] and r.code == 0
+
+
+def test_every_launch_gets_the_distributed_env_and_a_relaunch_a_fresh_master_port(tmp_path: Path) -> None:
+    r = supervise(tmp_path, Launch(1, log=TRACEBACK), Launch(0, ranks={"state": "exited", "exit_code": 0}))
+    training = [(a, e) for a, e in zip(r.launcher.argvs, r.launcher.envs, strict=True)
+                if any(w.startswith("--job-name=train-") for w in a)]  # not the agents', not a preflight's
+    envs, argvs = [e for _, e in training], [a for a, _ in training]
+    assert [e["MASTER_ADDR"] for e in envs] == ["127.0.0.1", "127.0.0.1"]  # n1's NodeAddr
+    assert [e["WORLD_SIZE"] for e in envs] == ["2", "2"] and envs[0]["LOCAL_WORLD_SIZE"] == "1"
+    assert envs[0]["MASTER_PORT"] != envs[1]["MASTER_PORT"]
+    assert [e["master"] for e in r.of(ev.STEP_LAUNCHED)] == [f"127.0.0.1:{e['MASTER_PORT']}" for e in envs]
+    assert "--nodelist=n[1-2]" in argvs[0]
+    assert argvs[0][-6:] == ["/bin/sh", "-c", argvs[0][-4], "sh", "python", "train.py"]
+    assert "MASTER_ADDR" not in next(e for a, e in zip(r.launcher.argvs, r.launcher.envs, strict=True) if "supervisor.agent" in a)
