@@ -44,7 +44,7 @@ def test_slotless_ranks_are_found_and_their_stop_is_seen(tmp_path):
             time.sleep(0.1)
             entries = {e.rank: e for e in slots.sample()}
         assert entries[1].state == wire.ST_STOPPED and entries[1].beat_age_ms == wire.NO_BEAT
-        assert entries[0].state in (wire.ST_SLEEPING, wire.ST_RUNNING)
+        assert entries[0].state in (wire.ST_SLEEPING, wire.ST_RUNNING, wire.ST_DISK)  # D: alive, in I/O (loaded CI)
         os.kill(procs[1].pid, signal.SIGKILL)
         procs[1].wait()
         assert {e.rank: e for e in slots.sample()}[1].state == wire.ST_GONE
@@ -52,3 +52,56 @@ def test_slotless_ranks_are_found_and_their_stop_is_seen(tmp_path):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_torchrun_workers_are_the_ranks_keyed_by_their_global_rank_and_torchrun_is_not(tmp_path):
+    """`srun torchrun`: the srun task (SLURM_PROCID = node index) is torchrun; its workers carry RANK and
+    TORCHELASTIC_RUN_ID; a worker's own child (a data loader) is not a rank."""
+    job = f"8{os.getpid()}"
+    worker = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']);"
+              " time.sleep(60)")
+    launcher = tmp_path / "torchrun"  # named like torchrun's script: a launcher even before its workers start
+    launcher.write_text(
+        "import os, subprocess, sys, time\n"
+        f"code = {worker!r}\n"
+        "if sys.argv[1:] == ['spawn']:\n"
+        "    for r in (2, 3):\n"
+        "        subprocess.Popen([sys.executable, '-c', code],\n"
+        "                         env={**os.environ, 'RANK': str(r), 'TORCHELASTIC_RUN_ID': 'x'})\n"
+        "time.sleep(60)\n")  # fmt: skip
+    env = {**os.environ, "SLURM_JOB_ID": job, "SLURMD_NODENAME": "nodeB", "SLURM_PROCID": "1", "SLURM_STEP_ID": "1",
+           "RANK": "1"}  # fmt: skip
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    procs = [subprocess.Popen([sys.executable, str(launcher), "spawn"], env=env)]
+    waiting = {**env, "SLURMD_NODENAME": "nodeC"}  # a torchrun still in its rendezvous: no workers yet
+    procs.append(subprocess.Popen([sys.executable, str(launcher)], env=waiting))
+    try:
+        import psutil
+
+        deadline = time.monotonic() + 60
+        while len(psutil.Process(procs[0].pid).children(recursive=True)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.2)  # both workers and their own children are up: the case that matters
+        found = find_ranks(job, "nodeB", own_step="0")
+        assert sorted(found) == [2, 3]
+        assert all(_ppid(pid) == procs[0].pid for pid in found.values())  # the workers, not their children
+        assert find_ranks(job, "nodeC", own_step="0") == {}
+    finally:
+        for p in procs:
+            kill_tree(p.pid)
+            p.wait()
+
+
+def _ppid(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[1])
+
+
+def kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        for child in proc.children(recursive=True):
+            child.kill()
+        proc.kill()
+    except psutil.NoSuchProcess:
+        pass
