@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from supervisor.client.slot import RANK_FLAG_STACK_DUMPS, STACK_DUMP_SIGNAL, SlotRecord, stacks_path
+from supervisor.client.slot import (
+    RANK_FLAG_EXITING,
+    RANK_FLAG_STACK_DUMPS,
+    STACK_DUMP_SIGNAL,
+    SlotRecord,
+    stacks_path,
+)
 from supervisor.heartbeat import wire
 from supervisor.heartbeat.secret import ensure_private_dir
 
@@ -177,10 +183,13 @@ class StackDumps:
         state = process_state(pid)
         if state is None or state == "zombie":
             return wire.Event(wire.EVENT_STACKS_FAILED, rank, f"no stack: the process (pid {pid}) has exited")
-        handler = rec is not None and bool(rec.rank_flags & RANK_FLAG_STACK_DUMPS)
+        # An exiting interpreter (atexit ran) resets its signal handlers: the dump signal would kill it.
+        exiting = rec is not None and bool(rec.rank_flags & RANK_FLAG_EXITING)
+        handler = rec is not None and bool(rec.rank_flags & RANK_FLAG_STACK_DUMPS) and not exiting
         if handler and state != "stopped":
             return self._signal(rank, pid, started_by, now)
         why = "the process is stopped (SIGSTOP/debugger)" if state == "stopped" else (
+            "the rank is exiting (its handlers are gone)" if exiting else
             "the rank has no stack-dump handler" if rec is not None else "the rank does not use the client")
         if self.pyspy is None:
             return wire.Event(wire.EVENT_STACKS_FAILED, rank, f"no stack: {why}, and py-spy is not installed "

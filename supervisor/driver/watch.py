@@ -24,6 +24,7 @@ from supervisor.decisions.detect import (
     Detector,
     snapshot_from_live,
 )
+from supervisor.decisions.detect.hang import finished_normally
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoints import CheckpointTracker
 from supervisor.driver.evidence import WatchResult
@@ -138,7 +139,7 @@ class Watcher:
                 return WatchResult("detection", detections=tuple(pending + held + faults))
             if held and not (self.nodeloss is not None and self.nodeloss.undecided):
                 return WatchResult("detection", detections=tuple(pending + held))
-            if exited_since is not None and now - exited_since > EXIT_GRACE_S \
+            if exited_since is not None and now - exited_since > self.exit_grace(launch, pending) \
                     and (now - exited_since > ALL_EXITED_GRACE_S or not self.all_ranks_ended(launch)):  # fmt: skip
                 return WatchResult("detection", detections=tuple(pending + self.verdict_on_silent_nodes(launch)))
             if self.agents.died():
@@ -163,6 +164,15 @@ class Watcher:
     def all_ranks_ended(self, launch: Launch) -> bool:
         ranks = self.live(launch).ranks
         return bool(ranks) and all(r.state in procstate.ENDED for r in ranks)
+
+    def exit_grace(self, launch: Launch, pending: list[DetectionEvent]) -> float:
+        """How long srun may outlive exited ranks: EXIT_GRACE_S after a crash; after normal exits (code 0 or
+        atexit ran) the peers are finishing too and get the detector's finish allowance."""
+        exited = {r for d in pending if d.kind == RANK_EXITED for r in d.ranks}
+        views = [r for r in self.live(launch).ranks if r.rank in exited]
+        if views and len({r.rank for r in views}) == len(exited) and all(map(finished_normally, views)):
+            return max(EXIT_GRACE_S, self.detector.config.hang.finish_allowance_s)
+        return EXIT_GRACE_S
 
     def verdict_on_silent_nodes(self, launch: Launch) -> list[DetectionEvent]:
         """A crash seen from the survivors (gloo errors, exits) often means a node died: until every node of

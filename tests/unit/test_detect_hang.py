@@ -37,6 +37,7 @@ class Cluster:
         self.frozen: set[int] = set()
         self.state = {r: "sleeping" for r in range(ranks)}
         self.node_age = {"node1": 0.0, "node2": 0.0}
+        self.flags: dict[int, int] = {}
 
     def advance(self, now, durations=None):
         for r in self.last_beat:
@@ -58,6 +59,7 @@ class Cluster:
                 phase="step",
                 beat_age_s=now - self.last_beat[r],
                 state=self.state[r],
+                rank_flags=self.flags.get(r, 0),
             )
             for r in self.last_beat
         ]
@@ -325,3 +327,42 @@ def test_one_quiet_node_while_the_others_report_is_that_node_alone():
         found += det.observe(cl.snapshot(t), t)
         t += 0.25
     assert [e.nodes for e in found if e.kind == NODE_SILENT] == [("node1",)]
+
+
+def test_ranks_exiting_one_by_one_after_the_last_step_are_not_a_global_stall():
+    """Seen under load: after the last step the ranks tear down (barrier, destroy_process_group) for more than
+    the step timeout and exit one by one; that is the end of the run, not a stall."""
+    from supervisor.client.layout import RANK_FLAG_EXITING
+
+    det, cl = Detector(fast_config()), Cluster()
+    run(det, cl, 0, 30)
+    cl.frozen.update(range(4))  # the last step is done; silent from here on
+    cl.state[1], cl.flags[1] = "gone", RANK_FLAG_EXITING  # exited after its atexit ran (code unknown)
+    found = [e for _, e in run(det, cl, 30, 60)]
+    assert [e.kind for e in found] == [RANK_EXITED] and found[0].ranks == (1,)
+
+
+def test_a_rank_whose_atexit_ran_is_not_hung_but_a_rank_behind_a_finished_peer_is():
+    from supervisor.client.layout import RANK_FLAG_EXITING
+
+    det, cl = Detector(fast_config()), Cluster()
+    run(det, cl, 0, 30)
+    cl.frozen.update(range(4))
+    cl.flags = {r: RANK_FLAG_EXITING for r in range(4)}  # all in their interpreter's exit, none gone yet
+    assert run(det, cl, 30, 60) == []
+    det, cl = Detector(fast_config()), Cluster()
+    run(det, cl, 0, 30)
+    cl.frozen.update(range(4))
+    cl.step[3] -= 1  # behind the peer that finished: it is late, not finishing
+    cl.state[0], cl.flags[0] = "gone", RANK_FLAG_EXITING
+    found = [e for _, e in run(det, cl, 30, 40)]
+    assert [e.kind for e in found] == [RANK_EXITED, RANK_HANG] and found[1].ranks == (3,)
+
+
+def test_a_crashed_peer_gives_no_finish_allowance():
+    det, cl = Detector(fast_config()), Cluster()
+    run(det, cl, 0, 30)
+    cl.frozen.update(range(4))
+    cl.state[2] = "gone"  # no exit flag, code unknown: a crash, not a finish
+    kinds = [e.kind for _, e in run(det, cl, 30, 40)]
+    assert kinds == [RANK_EXITED, GLOBAL_STALL]

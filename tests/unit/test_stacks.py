@@ -104,6 +104,17 @@ def test_no_stack_and_why_without_pyspy(tmp_path: Path, rank_process) -> None:
     assert gone is not None and "exited" in gone.text
 
 
+def test_an_exiting_rank_is_never_signalled(tmp_path: Path, rank_process) -> None:
+    """Its atexit ran: a finalizing interpreter has reset its handlers, so the dump signal would kill it."""
+    from supervisor.client.slot import RANK_FLAG_EXITING
+
+    dumps = StackDumps(tmp_path, tmp_path / "stacks", "n1", pyspy=None)
+    event = dumps.request(0, _record(rank_process.pid, RANK_FLAG_STACK_DUMPS | RANK_FLAG_EXITING, time.time()))
+    assert event is not None and event.kind == wire.EVENT_STACKS_FAILED and "exiting" in event.text
+    time.sleep(0.2)
+    assert rank_process.poll() is None and not dumps.busy
+
+
 def test_a_failing_pyspy_is_reported_not_raised(tmp_path: Path, rank_process) -> None:
     fake = tmp_path / "py-spy"
     fake.write_text("#!/bin/sh\necho 'Error: Permission denied (os error 1)' >&2\nexit 1\n")

@@ -16,6 +16,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+from supervisor.client.layout import RANK_FLAG_EXITING
 from supervisor.decisions.detect.model import (
     GLOBAL_STALL,
     NODE_SILENT,
@@ -36,9 +37,12 @@ class HangConfig:
     node_silence_s: float = 10.0  # no node-agent summary for this long: node_silent
     node_stale_s: float = 3.0  # a node's summary this old: its ranks' beat ages are not current, judge them not
     stopped_grace_s: float = 2.0  # a rank in stopped state this long counts as hung (a debugger blip does not)
+    # Ranks finishing: once a peer has exited normally (exit 0, or its interpreter's atexit ran) the ranks on
+    # the same or a newer step, and a rank whose own atexit ran, get this long to exit (barrier, teardown).
+    finish_allowance_s: float = 120.0
 
     def __post_init__(self) -> None:
-        for name in ("node_silence_s", "node_stale_s", "stopped_grace_s"):
+        for name in ("node_silence_s", "node_stale_s", "stopped_grace_s", "finish_allowance_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"detect.{name} must be a non-negative number of seconds, got {value!r}")
@@ -97,6 +101,22 @@ class _WaitAllowance:
         at_or_before = bisect.bisect_right(self.steps, view.step)  # busy peers not ahead of this rank
         waited = self.best_upto[at_or_before - 1] if at_or_before else 0.0
         return max(own, waited, self.stepless)
+
+
+def finished_normally(view: RankView) -> bool:
+    """A rank process that is gone after a normal exit: code 0, or its interpreter's atexit ran (the client's
+    exiting flag; the agent often cannot know the code of a process it did not start)."""
+    if proc_meaning(view.state) != "gone":
+        return False
+    return view.exit_status == 0 or (view.exit_status is None and bool(view.rank_flags & RANK_FLAG_EXITING))
+
+
+def finishing(view: RankView, finished_steps: list[int | None]) -> bool:
+    """Whether a silent rank is on its way out: its own atexit ran, or a peer finished normally and this rank
+    has done at least the peer's work (a rank behind a finished peer is not finishing, it is late)."""
+    if view.rank_flags & RANK_FLAG_EXITING:
+        return True
+    return any(s is None or view.step is None or view.step >= s for s in finished_steps)
 
 
 class HangDetector:
@@ -219,8 +239,11 @@ class HangDetector:
             first_done = track.step is not None and track.step != track.first_step
             limits.append(self.timeouts.timeout(view.phase, first_done))
         allowance = _WaitAllowance(beating, limits)
+        finished = [v.step for v in snapshot.ranks() if finished_normally(v)]
         for (view, _), limit in zip(beating, limits, strict=True):
             limit = allowance.limit(view, limit)
+            if finishing(view, finished):
+                limit = max(limit, self.config.finish_allowance_s)
             assert view.beat_age_s is not None
             if view.beat_age_s > limit:
                 hung.append((view, view.beat_age_s, limit))
