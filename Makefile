@@ -12,7 +12,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[torch,dev,ops,plot]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[torch,dev,ops,plot,lightning]'
 	touch $@
 
 lint: setup

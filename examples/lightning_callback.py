@@ -78,6 +78,21 @@ class SupervisorCallback(pl.Callback):
             self._eval_phase = None
 
 
+def cluster_plugins() -> list[Any]:
+    """``Trainer(plugins=cluster_plugins())``: inside a Slurm step, Lightning's SLURM environment with its
+    auto-requeue **off**. Under the supervisor, requeue belongs to the supervisor (it checkpoints through the
+    client, classifies the interruption, excludes blamed nodes and requeues itself); Lightning's own handler
+    would, on SIGUSR1, save an ``hpc_ckpt`` and run ``scontrol requeue`` behind its back. Outside Slurm: none
+    (Lightning picks its environment itself). The rank layout still comes from srun (``SLURM_PROCID``...), and
+    MASTER_ADDR/MASTER_PORT from the supervisor's launch (docs/launch.md)."""
+    if "SLURM_STEP_ID" not in os.environ and "SLURM_JOB_ID" not in os.environ:
+        return []
+    import importlib
+
+    environments = importlib.import_module(f"{pl.__name__}.plugins.environments")  # either Lightning package
+    return [environments.SLURMEnvironment(auto_requeue=False)]
+
+
 def resume_from(ckpt_dir: str | Path) -> str | None:
     """The checkpoint file to pass as ``trainer.fit(ckpt_path=...)``, or None for a fresh start.
 

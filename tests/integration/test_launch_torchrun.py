@@ -1,0 +1,70 @@
+"""`srun torchrun` under the supervisor: one torchrun per node (2 nodes x 2 workers), c10d rendezvous on the
+launch's MASTER_ADDR:MASTER_PORT from the supervisor's PET_* defaults (the command names no rendezvous flag).
+The agents find the workers (grandchildren of the srun task) under their global RANK; a killed worker and a
+hung worker are handled as with plain srun, and the run resumes from its checkpoints."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+from campaign_tools import EXAMPLE, Campaign, cancel, launches, live_rank, supervise, wait_for
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+
+START_TIMEOUT = 180  # 2 torchruns rendezvous, 4 workers import torch on 2 shared cores
+
+
+def _ppid(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[1])
+
+
+def _cmdline(pid: int) -> str:
+    return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+
+
+def all_ranks(camp: Campaign, min_step: int) -> list[dict] | None:
+    rows = [live_rank(camp.root, k, min_step) for k in range(4)]
+    return rows if all(rows) else None  # type: ignore[return-value]
+
+
+def test_two_nodes_two_workers_killed_then_hung_worker_resume(tmp_path):
+    root, ckpt = tmp_path / "campaign", tmp_path / "ckpt"
+    cfg = tmp_path / "supervise.toml"
+    cfg.write_text(f'[run]\ncheckpoint_dir = "{ckpt}"\ncheckpoint_grace_s = 20\n')
+    out = supervise(
+        "submit", "--nodes=2", "--ntasks-per-node=1", "--time=10", "--campaign", str(root), "--config", str(cfg),
+        "--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        str(EXAMPLE), "--steps", "40", "--ckpt-dir", str(ckpt), "--ckpt-every", "10", "--step-time", "0.3",
+    )  # fmt: skip
+    camp = Campaign(out.stdout.split()[1], root, ckpt)
+    try:
+        rows = wait_for("4 workers past step 12", lambda: all_ranks(camp, 12), START_TIMEOUT)
+        assert sorted(r["rank"] for r in rows) == [0, 1, 2, 3]
+        assert sorted(r["node"] for r in rows) == ["node1", "node1", "node2", "node2"]
+        for row in rows:  # each rank is a worker, its parent is torchrun (the srun task), not the task itself
+            assert "torch.distributed.run" in _cmdline(_ppid(int(row["pid"])))
+        first = launches(camp)[0]
+        host, port = first["master"].rsplit(":", 1)
+        env = dict(kv.split("=", 1) for kv in open(f"/proc/{rows[0]['pid']}/environ").read().split("\0") if "=" in kv)
+        assert env["PET_RDZV_ENDPOINT"] == f"{host}:{port}" and env["PET_MAX_RESTARTS"] == "0"
+
+        os.kill(int(rows[3]["pid"]), signal.SIGKILL)  # a killed worker
+        second = wait_for("a relaunch after the killed worker", lambda: launches(camp)[1:] or None, 90)[0]
+        assert second["resume_step"] and second["resume_step"] >= 10 and second["master"] != first["master"]
+        start = second["resume_step"]
+        row = wait_for("rank 1 training again", lambda: live_rank(camp.root, 1, start + 3)
+                       if len(launches(camp)) == 2 else None, START_TIMEOUT)  # fmt: skip
+        os.kill(int(row["pid"]), signal.SIGSTOP)  # a hung worker
+        third = wait_for("a relaunch after the hung worker", lambda: launches(camp)[2:] or None, 90)[0]
+        assert third["resume_step"] and third["resume_step"] >= start
+        ended = wait_for("the campaign to complete", camp.ended, 300)
+        assert ended["state"] == "completed"
+        classes = [e["class"] for e in camp.of_type("interruption")]
+        assert classes[1] == "hang" and classes[-1] == "completed" and len(classes) == 3, classes
+        assert camp.report()["attempts"][0]["job_id"] == camp.job_id
+    finally:
+        cancel(camp.job_id)
