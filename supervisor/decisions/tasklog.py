@@ -159,3 +159,37 @@ def srun_task_exits(lines: Iterable[str]) -> tuple[TaskExit, ...]:
             if task not in out:
                 out[task] = TaskExit(m.group("node"), task, int(code.group(1)) if code else None, sig, len(out))
     return tuple(out.values())
+
+
+# torchrun's own report when a worker fails (torch.distributed.elastic's ChildFailedError), printed by the
+# torchrun that is srun's task on that node: "  rank      : 3 (local_rank: 1)" then "  exitcode  : -9 (pid: 123)".
+_ELASTIC_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*$")
+_ELASTIC_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*\d+\)\s*$")
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """A torchrun worker's ending as its torchrun reported it: ``task`` is srun's task (that node's torchrun),
+    ``rank`` the worker's global rank; ``exit_code`` as Python's returncode (minus the signal when killed)."""
+
+    task: int
+    rank: int
+    exit_code: int
+
+
+def torchrun_worker_exits(lines: Iterable[str]) -> tuple[WorkerExit, ...]:
+    """Failed workers from torchrun's failure summary (root cause first, as torchrun prints it), one per rank."""
+    out: dict[int, WorkerExit] = {}
+    pending: dict[int | None, int] = {}  # srun task -> rank named, its exitcode line next
+    for line in lines:
+        task, text = split_label(line)
+        m = _ELASTIC_RANK.match(text)
+        if m is not None:
+            pending[task] = int(m.group(1))
+            continue
+        c = _ELASTIC_CODE.match(text)
+        if c is not None and task in pending:
+            rank = pending.pop(task)
+            if task is not None and rank not in out:
+                out[rank] = WorkerExit(task, rank, int(c.group(1)))
+    return tuple(out.values())

@@ -80,14 +80,40 @@ def rank_exits(ranks: Sequence[Any]) -> tuple[cl.RankExit, ...]:
     )  # fmt: skip
 
 
-def merge_task_exits(agents: Sequence[cl.RankExit], srun: Sequence[tasklog.TaskExit]) -> tuple[cl.RankExit, ...]:
-    """The agents' exits (exact, when the rank was their child's) plus srun's report of each task that they could
-    not read (an agent cannot wait for a rank it did not start, so a rank killed from outside reaches us only as
-    srun's ``srun: error: node2: task 1: Killed``)."""
+def merge_task_exits(agents: Sequence[cl.RankExit], workers: Sequence[cl.RankExit],
+                     srun: Sequence[tasklog.TaskExit]) -> tuple[cl.RankExit, ...]:  # fmt: skip
+    """The agents' exits (exact, when the rank was their child's) plus torchrun's report of its failed workers
+    and srun's report of each task that they could not read (an agent cannot wait for a rank it did not start,
+    so a rank killed from outside reaches us only as srun's ``srun: error: node2: task 1: Killed``)."""
     known = {x.rank for x in agents if x.rank is not None}
-    extra = tuple(cl.RankExit(node=t.node, rank=t.task, exit_code=t.exit_code, signal=t.signal)
-                  for t in srun if t.task not in known)  # fmt: skip
+    extra = tuple(w for w in workers if w.rank not in known)
+    known |= {w.rank for w in extra if w.rank is not None}
+    extra += tuple(cl.RankExit(node=t.node, rank=t.task, exit_code=t.exit_code, signal=t.signal)
+                   for t in srun if t.task not in known)  # fmt: skip
     return (*agents, *extra)
+
+
+def worker_exits(log_lines: Sequence[str], step_nodes: Sequence[str]
+                 ) -> tuple[tuple[cl.RankExit, ...], tuple[tasklog.TaskExit, ...]]:  # fmt: skip
+    """Under ``srun torchrun`` srun's tasks are the torchruns (one per node) and the ranks their workers: a
+    failed worker is known from its torchrun's failure summary, under its global rank, and srun's line for that
+    torchrun (``task 1: Exited with exit code 1``: torchrun gave up) is its consequence, not a rank's exit.
+    Returns (the workers' exits, the srun task exits still to read as ranks: all of them without torchrun)."""
+    srun = tasklog.srun_task_exits(log_lines)
+    failed = tasklog.torchrun_worker_exits(log_lines)
+    if not failed:
+        return (), srun
+    node_of = {t.task: t.node for t in srun}
+    workers = tuple(
+        cl.RankExit(node=node_of.get(w.task) or (step_nodes[w.task] if w.task < len(step_nodes) else ""),
+                    rank=w.rank, exit_code=w.exit_code if w.exit_code >= 0 else None,
+                    signal=-w.exit_code if w.exit_code < 0 else None)
+        for w in failed
+    )  # fmt: skip
+    tasks = {w.task for w in failed}
+    # the other torchruns, ended by srun (--kill-on-bad-exit): their node is known, which worker is not
+    others = tuple(cl.RankExit(node=t.node, exit_code=t.exit_code, signal=t.signal) for t in srun if t.task not in tasks)
+    return (*workers, *others), ()
 
 
 def build(
@@ -110,7 +136,7 @@ def build(
     health_findings: Sequence[Mapping[str, Any]] = (),
 ) -> cl.Evidence:
     """The one Evidence of an ending. ``ranks``: the launch's rank views (earlier launches' left out)."""
-    exits = merge_task_exits(rank_exits(ranks), tasklog.srun_task_exits(log_lines))
+    exits = merge_task_exits(rank_exits(ranks), *worker_exits(log_lines, step_nodes))
     if not exits and watched.exit_code is not None:
         exits = tuple(cl.RankExit(node=n, exit_code=watched.exit_code) for n in step_nodes[:1])
     unknown = (() if job_known else ("slurm_job",)) + (() if nodes is not None else ("slurm_nodes",))

@@ -1,0 +1,73 @@
+"""`srun torchrun`: srun's tasks are the torchruns (one per node), the ranks their workers. A killed worker is
+known from its torchrun's failure summary, under its global rank and its node, as a killed rank is under plain
+srun; srun's line for that torchrun (it gave up: exit 1) is not read as a rank's exit. The log is the shape
+torch 2.13's torchrun printed on the local cluster (tests/integration/test_launch_torchrun.py)."""
+
+from __future__ import annotations
+
+from supervisor.decisions.tasklog import WorkerExit, torchrun_worker_exits
+from supervisor.driver import evidence
+
+LOG = """\
+1: W1203 08:03:39.412000 20095 torch/distributed/run.py:874] *****************************************
+0: [rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:25499
+1: E1203 08:04:14.767000 20095 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 20188) of binary: /venv/bin/python3
+1: torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+1: =====================================================
+1: examples/train_ddp.py FAILED
+1: -----------------------------------------------------
+1: Failures:
+1:   <NO_OTHER_FAILURES>
+1: -----------------------------------------------------
+1: Root Cause (first observed failure):
+1: [0]:
+1:   time      : 2026-12-03_08:04:14
+1:   host      : localhost
+1:   rank      : 3 (local_rank: 1)
+1:   exitcode  : -9 (pid: 20188)
+1:   error_file: <N/A>
+1:   traceback : Signal 9 (SIGKILL) received by PID 20188
+1: =====================================================
+0: Root Cause (first observed failure):
+0: [0]:
+0:   rank      : 0 (local_rank: 0)
+0:   exitcode  : 1 (pid: 20187)
+srun: error: node2: task 1: Exited with exit code 1
+srun: launch/slurm: _step_signal: Terminating StepId=1701001.1
+srun: error: node1: task 0: Exited with exit code 1
+""".splitlines()
+
+
+def test_torchrun_failure_summaries_name_the_workers_global_ranks():
+    assert torchrun_worker_exits(LOG) == (WorkerExit(1, 3, -9), WorkerExit(0, 0, 1))
+    assert torchrun_worker_exits(["1:   rank      : 3 (local_rank: 1)", "2:   exitcode  : 1 (pid: 4)"]) == ()
+
+
+def test_a_killed_worker_is_a_killed_rank_on_its_node_and_srun_tasks_are_not_ranks():
+    workers, srun = evidence.worker_exits(LOG, ("node1", "node2"))
+    assert srun == ()
+    got = {(x.node, x.rank, x.exit_code, x.signal) for x in workers}
+    assert got == {("node2", 3, None, 9), ("node1", 0, 1, None)}
+    merged = evidence.merge_task_exits((), workers, srun)
+    assert [x.rank for x in merged] == [3, 0]
+
+
+def test_without_torchrun_srun_tasks_are_the_ranks():
+    plain = ["srun: error: node2: task 1: Killed"]
+    workers, srun = evidence.worker_exits(plain, ("node1", "node2"))
+    assert workers == () and [(t.node, t.task, t.signal) for t in srun] == [("node2", 1, 9)]
+
+
+def test_a_killed_worker_is_classified_as_a_killed_rank_is_under_plain_srun_not_as_its_peers_comm_error():
+    from supervisor.decisions import events as ev
+    from supervisor.decisions.classify import classify
+    from supervisor.driver.evidence import WatchResult
+
+    found = evidence.build(
+        WatchResult("exited", exit_code=1), now=100.0, ranks=[], sigterm_flag=1, job=None, job_known=True,
+        nodes={}, log_lines=LOG, step_nodes=("node1", "node2"), job_nodes=("node1", "node2"), signal_lead_s=120,
+        scheduled_end=None,
+    )  # fmt: skip
+    got = classify(found)
+    assert got.cls != ev.COMM_ERROR and got.blamed_nodes == ()
+    assert got.evidence[0] == "rank 3 on node2 was killed by SIGKILL (OOM killer or an outside kill)"
