@@ -138,10 +138,11 @@ class Row:
         assert launch["resume_step"] == want_step, f"resumed at step {launch['resume_step']}, expected {want_step}"
         if want_path is not None:
             assert Path(launch["resume_from"]).name == Path(want_path).name, launch
-        log = next(self.camp.root.glob(f"logs/*/train-{launch['launch']}.log"), None)
+        run = [e for e in self.camp.of_type("attempt_started") if e["t"] <= launch["t"]][-1]
+        log = self.camp.root / "logs" / f"job{run['job_id']}-restart{run['restart']}" / f"train-{launch['launch']}.log"
 
         def first_step() -> float | None:
-            if log is None or not log.exists():
+            if not log.exists():  # it appears when the launch's srun starts, just after step_launched is journaled
                 return None
             text = log.read_text(errors="replace")
             lines = [strip_label(line) for line in text.splitlines()]

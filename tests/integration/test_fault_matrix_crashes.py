@@ -81,7 +81,7 @@ def test_a_crash_only_on_one_node_blames_it_once_it_repeats_there_from_other_ran
 
 
 def test_a_hardware_line_blames_its_node_and_the_next_launch_runs_on_the_spare(tmp_path):
-    camp = submit_program(tmp_path, "--xid-on-bad-node", "5", steps=16, ckpt_every=2, nodes=3,
+    camp = submit_program(tmp_path, "--xid-on-bad-node", "5", steps=16, ckpt_every=2, nodes=2,
                           config="[run]\nspare_nodes = 1\n")  # fmt: skip
     try:
         bad = mark_bad_node(camp, 1)  # the step runs on the first two nodes, rank 1 on the second
