@@ -27,7 +27,7 @@ from supervisor.decisions.detect.model import (
     RANK_STOPPED,
     DetectionEvent,
 )
-from supervisor.decisions.tasklog import LogLine, address_book, named_peers, rank_of
+from supervisor.decisions.tasklog import LogLine, address_book, named_peers, rank_of, split_label
 
 if TYPE_CHECKING:
     from slurm.model import JobInfo, NodeInfo
@@ -363,12 +363,15 @@ def _detection_findings(e: Evidence) -> list[Finding]:
 
 
 def _with_rank(line: LogLine, task_nodes: Sequence[str]) -> LogLine:
-    """Fill in the writer's rank (srun's label, torch's ``[rankN]:``) and node (the task layout)."""
+    """Fill in the writer's rank (torch's ``[rankN]:``, else srun's label) and node (srun's label through the task
+    layout). The two differ under ``srun torchrun``, where srun's task is a node's torchrun."""
+    task, _ = split_label(line.text)
     rank, _ = rank_of(line.text)
     rank = line.rank if line.rank is not None else rank
     node = line.node
-    if node is None and rank is not None and 0 <= rank < len(task_nodes):
-        node = task_nodes[rank]
+    where = task if task is not None else rank
+    if node is None and where is not None and 0 <= where < len(task_nodes):
+        node = task_nodes[where]
     return line if (rank, node) == (line.rank, line.node) else LogLine(line.text, node, rank)
 
 

@@ -45,11 +45,12 @@ def strip_label(line: str) -> str:
 
 
 def rank_of(line: str) -> tuple[int | None, str]:
-    """The writer's rank from srun's label, else from torch's ``[rankN]:`` prefix, and the text without them."""
+    """The writer's rank from torch's ``[rankN]:`` prefix, else from srun's label, and the text without them.
+    (They agree under plain srun; under ``srun torchrun`` the label is the node's torchrun task.)"""
     task, text = split_label(line)
     m = _TORCH_RANK.match(text)
     if m is not None:
-        return (task if task is not None else int(m.group(1))), text[m.end() :]
+        return int(m.group(1)), text[m.end() :]
     return task, text
 
 
@@ -67,9 +68,11 @@ def attribute(lines: Iterable[str], nodes_of_tasks: Sequence[str] = ()) -> tuple
     or the line carries no label). The text keeps the label off."""
     out = []
     for line in lines:
+        task = split_label(line)[0]
         rank = rank_of(line)[0]
+        where = task if task is not None else rank
         text = strip_label(line)
-        node = nodes_of_tasks[rank] if rank is not None and 0 <= rank < len(nodes_of_tasks) else None
+        node = nodes_of_tasks[where] if where is not None and 0 <= where < len(nodes_of_tasks) else None
         out.append(LogLine(text, node, rank))
     return tuple(out)
 
@@ -164,7 +167,8 @@ def srun_task_exits(lines: Iterable[str]) -> tuple[TaskExit, ...]:
 # torchrun's own report when a worker fails (torch.distributed.elastic's ChildFailedError), printed by the
 # torchrun that is srun's task on that node: "  rank      : 3 (local_rank: 1)" then "  exitcode  : -9 (pid: 123)".
 _ELASTIC_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*$")
-_ELASTIC_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*\d+\)\s*$")
+_ELASTIC_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*\d+\)")  # may end in " (SIGKILL)"
+_ELASTIC_ROOT = re.compile(r"^\s*Root Cause \(first observed failure\):")
 
 
 @dataclass(frozen=True)
@@ -178,11 +182,16 @@ class WorkerExit:
 
 
 def torchrun_worker_exits(lines: Iterable[str]) -> tuple[WorkerExit, ...]:
-    """Failed workers from torchrun's failure summary (root cause first, as torchrun prints it), one per rank."""
-    out: dict[int, WorkerExit] = {}
+    """Failed workers from torchrun's failure summaries, one per rank: each torchrun's root cause first (it
+    prints "Failures:" before "Root Cause (first observed failure):"), then the others."""
+    out: dict[int, tuple[bool, WorkerExit]] = {}
     pending: dict[int | None, int] = {}  # srun task -> rank named, its exitcode line next
+    in_root: set[int | None] = set()  # tasks whose summary is in its root-cause section
     for line in lines:
         task, text = split_label(line)
+        if _ELASTIC_ROOT.match(text):
+            in_root.add(task)
+            continue
         m = _ELASTIC_RANK.match(text)
         if m is not None:
             pending[task] = int(m.group(1))
@@ -190,6 +199,7 @@ def torchrun_worker_exits(lines: Iterable[str]) -> tuple[WorkerExit, ...]:
         c = _ELASTIC_CODE.match(text)
         if c is not None and task in pending:
             rank = pending.pop(task)
-            if task is not None and rank not in out:
-                out[rank] = WorkerExit(task, rank, int(c.group(1)))
-    return tuple(out.values())
+            if task is not None and (rank not in out or (task in in_root and not out[rank][0])):
+                out[rank] = (task in in_root, WorkerExit(task, rank, int(c.group(1))))
+    ordered = sorted(out.values(), key=lambda e: not e[0])  # stable: root causes first, in log order
+    return tuple(w for _, w in ordered)

@@ -10,7 +10,7 @@ import signal
 import sys
 
 import pytest
-from campaign_tools import EXAMPLE, Campaign, cancel, launches, live_rank, supervise, wait_for
+from campaign_tools import EXAMPLE, Campaign, cancel, launches, supervise, wait_for
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
@@ -26,8 +26,21 @@ def _cmdline(pid: int) -> str:
     return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
 
 
+def worker(camp: Campaign, rank: int, min_step: int) -> dict | None:
+    """The live row of ``rank`` if it is a running worker now (a relaunch may move ranks to other nodes: the
+    row an earlier launch left on another node is not it)."""
+    for row in camp.live().get("ranks", []):
+        if row.get("rank") == rank and (row.get("step") or 0) >= min_step and row.get("state") in ("sleeping", "running"):
+            try:
+                if "train_ddp" in _cmdline(int(row["pid"])):
+                    return dict(row)
+            except OSError:
+                continue
+    return None
+
+
 def all_ranks(camp: Campaign, min_step: int) -> list[dict] | None:
-    rows = [live_rank(camp.root, k, min_step) for k in range(4)]
+    rows = [worker(camp, k, min_step) for k in range(4)]
     return rows if all(rows) else None  # type: ignore[return-value]
 
 
@@ -56,15 +69,18 @@ def test_two_nodes_two_workers_killed_then_hung_worker_resume(tmp_path):
         second = wait_for("a relaunch after the killed worker", lambda: launches(camp)[1:] or None, 90)[0]
         assert second["resume_step"] and second["resume_step"] >= 10 and second["master"] != first["master"]
         start = second["resume_step"]
-        row = wait_for("rank 1 training again", lambda: live_rank(camp.root, 1, start + 3)
+        row = wait_for("rank 1 training again", lambda: worker(camp, 1, start + 3)
                        if len(launches(camp)) == 2 else None, START_TIMEOUT)  # fmt: skip
         os.kill(int(row["pid"]), signal.SIGSTOP)  # a hung worker
         third = wait_for("a relaunch after the hung worker", lambda: launches(camp)[2:] or None, 90)[0]
         assert third["resume_step"] and third["resume_step"] >= start
         ended = wait_for("the campaign to complete", camp.ended, 300)
         assert ended["state"] == "completed"
-        classes = [e["class"] for e in camp.of_type("interruption")]
+        interruptions = camp.of_type("interruption")
+        classes = [e["class"] for e in interruptions]
         assert classes[1] == "hang" and classes[-1] == "completed" and len(classes) == 3, classes
+        killed = f"rank 3 on {rows[3]['node']} was killed by SIGKILL"  # from torchrun's summary, not gloo's errors
+        assert interruptions[0]["evidence"][0].startswith(killed), interruptions[0]
         assert camp.report()["attempts"][0]["job_id"] == camp.job_id
     finally:
         cancel(camp.job_id)

@@ -11,20 +11,27 @@ from supervisor.driver import evidence
 LOG = """\
 1: W1203 08:03:39.412000 20095 torch/distributed/run.py:874] *****************************************
 0: [rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:25499
+1: [rank2]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:37610
 1: E1203 08:04:14.767000 20095 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 20188) of binary: /venv/bin/python3
 1: torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 1: =====================================================
 1: examples/train_ddp.py FAILED
 1: -----------------------------------------------------
 1: Failures:
-1:   <NO_OTHER_FAILURES>
+1: [1]:
+1:   time      : 2026-12-03_09:06:28
+1:   host      : localhost
+1:   rank      : 2 (local_rank: 0)
+1:   exitcode  : 1 (pid: 31378)
+1:   error_file: <N/A>
+1:   traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
 1: -----------------------------------------------------
 1: Root Cause (first observed failure):
 1: [0]:
 1:   time      : 2026-12-03_08:04:14
 1:   host      : localhost
 1:   rank      : 3 (local_rank: 1)
-1:   exitcode  : -9 (pid: 20188)
+1:   exitcode  : -9 (pid: 20188)  (SIGKILL)
 1:   error_file: <N/A>
 1:   traceback : Signal 9 (SIGKILL) received by PID 20188
 1: =====================================================
@@ -39,7 +46,8 @@ srun: error: node1: task 0: Exited with exit code 1
 
 
 def test_torchrun_failure_summaries_name_the_workers_global_ranks():
-    assert torchrun_worker_exits(LOG) == (WorkerExit(1, 3, -9), WorkerExit(0, 0, 1))
+    # root causes first (torchrun prints its other failures before its root cause)
+    assert torchrun_worker_exits(LOG) == (WorkerExit(1, 3, -9), WorkerExit(0, 0, 1), WorkerExit(1, 2, 1))
     assert torchrun_worker_exits(["1:   rank      : 3 (local_rank: 1)", "2:   exitcode  : 1 (pid: 4)"]) == ()
 
 
@@ -47,9 +55,9 @@ def test_a_killed_worker_is_a_killed_rank_on_its_node_and_srun_tasks_are_not_ran
     workers, srun = evidence.worker_exits(LOG, ("node1", "node2"))
     assert srun == ()
     got = {(x.node, x.rank, x.exit_code, x.signal) for x in workers}
-    assert got == {("node2", 3, None, 9), ("node1", 0, 1, None)}
+    assert got == {("node2", 3, None, 9), ("node1", 0, 1, None), ("node2", 2, 1, None)}
     merged = evidence.merge_task_exits((), workers, srun)
-    assert [x.rank for x in merged] == [3, 0]
+    assert [x.rank for x in merged] == [3, 0, 2]
 
 
 def test_without_torchrun_srun_tasks_are_the_ranks():
