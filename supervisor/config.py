@@ -144,7 +144,7 @@ def _preflight_loader() -> Any:
 
 
 def _signatures_loader() -> Any:
-    from supervisor.decisions.classify import signatures_from_table
+    from supervisor.decisions.log_signatures import signatures_from_table
 
     return signatures_from_table
 

@@ -27,6 +27,7 @@ from supervisor.decisions.detect.model import (
     RANK_STOPPED,
     DetectionEvent,
 )
+from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, LogSignature
 from supervisor.decisions.tasklog import LogLine, address_book, named_peers, rank_of, split_label
 
 if TYPE_CHECKING:
@@ -54,69 +55,6 @@ UNKNOWN_SLURM_FACTOR = 0.85  # confidence factor when Slurm's job state could no
 SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
                 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}  # fmt: skip
 _BAD_NODE_STATES = ("DOWN", "NOT_RESPONDING", "FAIL", "FAILING", "POWERED_DOWN", "POWER_DOWN", "NO_RESPOND")
-
-
-@dataclass(frozen=True)
-class LogSignature:
-    """A log-line pattern and the class it indicates. A named group ``node`` blames that node."""
-
-    name: str
-    pattern: re.Pattern[str]
-    cls: str
-    confidence: float = 0.8
-
-
-def _sig(name: str, regex: str, cls: str, confidence: float = 0.8) -> LogSignature:
-    return LogSignature(name, re.compile(regex), cls, confidence)
-
-
-# First match wins, so specific patterns come before general ones.
-DEFAULT_LOG_SIGNATURES: tuple[LogSignature, ...] = (
-    _sig("slurm-preempted", r"CANCELLED AT \S+ DUE TO PREEMPTION", ev.PREEMPTION, 0.95),
-    _sig("slurm-time-limit", r"CANCELLED AT \S+ DUE TO TIME LIMIT", ev.TIMEOUT, 0.95),
-    _sig("slurm-node-fail", r"CANCELLED AT \S+ DUE TO NODE FAILURE", ev.NODE_FAILURE, 0.9),
-    _sig("slurm-launch-failed", r"failed on node (?P<node>[\w.\-]+): Communication connection failure",
-         ev.NODE_FAILURE, 0.9),  # fmt: skip
-    _sig("slurm-node-failure", r"due to failure of node (?P<node>[\w.\-\[\],]+)", ev.NODE_FAILURE, 0.9),
-    _sig("slurm-comm-failure", r"Communication connection failure", ev.NODE_FAILURE, 0.6),
-    _sig("cuda-oom", r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError", ev.APP_ERROR, 0.9),
-    _sig("ecc", r"uncorrectable ECC|ECC error|DBE \(double bit error\)", ev.HARDWARE, 0.9),
-    _sig("xid", r"\bXid\b|NVRM: Xid|GPU has fallen off the bus", ev.HARDWARE, 0.9),
-    _sig("cuda-illegal-access", r"CUDA error: an illegal memory access|CUDA_ERROR_ILLEGAL_ADDRESS", ev.HARDWARE, 0.8),
-    _sig("nccl-system-error", r"unhandled system error|ncclSystemError", ev.HARDWARE, 0.7),
-    _sig("cuda-error", r"CUDA error|CUDA_ERROR_|cudaError", ev.HARDWARE, 0.6),
-    _sig("nccl-watchdog", r"Watchdog caught collective operation timeout", ev.COMM_ERROR, 0.8),
-    _sig("nccl-remote", r"remote process exit|ncclRemoteError", ev.COMM_ERROR, 0.8),
-    _sig("nccl", r"NCCL WARN|NCCL error|ncclInternalError", ev.COMM_ERROR, 0.8),
-    _sig("peer-closed", r"Connection closed by (?:remote )?peer|Connection reset by peer|Connection refused|Broken pipe",
-         ev.COMM_ERROR, 0.7),  # fmt: skip
-    _sig("gloo", r"[Gg]loo.*(Connection|Timed out|timeout|Socket)", ev.COMM_ERROR, 0.8),
-    _sig("dist-network", r"DistNetworkError|DistBackendError|c10d.*(timed out|Socket Timeout)", ev.COMM_ERROR, 0.7),
-    # A full (or over-quota) filesystem under a save: torch.save says only "unexpected pos N vs M".
-    _sig("disk-full", r"No space left on device|Disk quota exceeded|unexpected pos \d+ vs \d+|"
-         r"PytorchStreamWriter failed writing", ev.APP_ERROR, 0.9),  # fmt: skip
-    _sig("segfault", r"Segmentation fault|Fatal Python error", ev.APP_ERROR, 0.8),
-    _sig("traceback", r"Traceback \(most recent call last\)", ev.APP_ERROR, 0.7),
-    _sig("python-exception", r"^(?:\[rank\d+\]:\s*|\d+:\s*)?(\w+\.)*\w*(Error|Exception)(: |$)", ev.APP_ERROR, 0.6),
-)
-
-
-def signatures_from_table(table: Mapping[str, str], base: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES
-                          ) -> tuple[LogSignature, ...]:  # fmt: skip
-    """User signatures ``{regex: class}`` placed before ``base`` (so users can override). Bad entries raise
-    ValueError naming the entry and the fix."""
-    extra = []
-    for i, (regex, cls) in enumerate(table.items()):
-        if cls not in ev.INTERRUPTION_CLASSES:
-            raise ValueError(
-                f"log_signatures[{regex!r}]: unknown class {cls!r}; use one of {', '.join(ev.INTERRUPTION_CLASSES)}"
-            )
-        try:
-            pattern = re.compile(regex)
-        except re.error as e:
-            raise ValueError(f"log_signatures[{regex!r}]: invalid regular expression ({e}); fix the pattern") from e
-        extra.append(LogSignature(f"user-{i}", pattern, cls, 0.85))
-    return (*extra, *base)
 
 
 @dataclass(frozen=True)

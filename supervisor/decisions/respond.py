@@ -15,6 +15,7 @@ from supervisor.decisions import classify as cl
 from supervisor.decisions import events as ev
 from supervisor.decisions import policy
 from supervisor.decisions.ledger import Ledger
+from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, LogSignature
 
 
 def job_state_of(job: Any, scheduled_end: float | None) -> str | None:
@@ -46,7 +47,7 @@ def respond(
     now: float,
     step_running: bool,
     restarts_here: int = 0,
-    signatures: Sequence[cl.LogSignature] = cl.DEFAULT_LOG_SIGNATURES,
+    signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES,
     slurm_kills_on_node_failure: bool = True,
     min_needed: int | None = None,
 ) -> tuple[cl.Interruption, policy.Decision]:

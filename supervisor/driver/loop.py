@@ -29,9 +29,10 @@ from supervisor.campaign import CampaignSpec
 from supervisor.config import Config
 from supervisor.decisions import campaign_state, nodeloss, policy
 from supervisor.decisions import events as ev
-from supervisor.decisions.classify import Evidence, signatures_from_table
+from supervisor.decisions.classify import Evidence
 from supervisor.decisions.detect import NODE_SILENT, DetectConfig, Detector
 from supervisor.decisions.ledger import LedgerConfig
+from supervisor.decisions.log_signatures import signatures_from_table
 from supervisor.decisions.respond import last_step, respond
 from supervisor.driver import distenv, evidence, health, launcher, prelaunch
 from supervisor.driver.actuators import Actuators, Situation, slot_flag

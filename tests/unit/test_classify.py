@@ -14,7 +14,6 @@ from supervisor.decisions.classify import (
     RankExit,
     classify,
     node_state_is_bad,
-    signatures_from_table,
 )
 from supervisor.decisions.detect import (
     GLOBAL_STALL,
@@ -23,6 +22,7 @@ from supervisor.decisions.detect import (
     RANK_STOPPED,
     DetectionEvent,
 )
+from supervisor.decisions.log_signatures import signatures_from_table
 
 GLOO_CLOSED = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer"
 
