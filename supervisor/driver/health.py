@@ -7,8 +7,12 @@ heartbeat table) turned into journal events and into evidence with the node name
   the GPU stays suspect after the next clean check. The launch watch ends when a node of the launch is unfit
   (``Watcher``), and the evidence of any ending names the launch's unfit nodes (``Evidence.gpu_faults``): the
   classifier makes that a ``hardware`` interruption blaming the node, which the policy never reuses.
-* A filesystem problem reported fatal by every node that reported (at least two) is the shared filesystem's,
-  not any node's: it is journaled with each report but blames nobody.
+* A filesystem short of space or inodes (``fs_free:``/``fs_inodes:``) never makes a node unfit: the cure is to free
+  space, not to exclude a node, and the checkpoint and campaign filesystems are usually shared, while the agents'
+  reports arrive one by one (the first to report a shared full disk was blamed for it, seen in the fault
+  matrix's full-filesystem row). It is journaled and alerted (L3); a save that then fails is the program's
+  ``disk-full`` app error, blaming nobody. An unreadable mount reported by every node that reported (at least
+  two) is the shared filesystem's too; on fewer nodes it is theirs (a hung NFS client).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from supervisor.decisions import events as ev
 from supervisor.heartbeat.wire import HealthItem, HealthReport
 
 SHARED_CHECK_PREFIXES = ("fs_",)  # checks of a filesystem that may be shared by every node
+CAPACITY_CHECK_PREFIXES = ("fs_free:", "fs_inodes:")  # space, not a node's fault: alerted, never unfit
 
 
 def evidence_line(item: HealthItem) -> str:
@@ -59,7 +64,8 @@ class HealthWatch:
                 continue
             self.received[node], self.reports[node] = at, report
             for item in report.fatal:
-                self.unfit.setdefault(node, {})[item.check] = item
+                if not item.check.startswith(CAPACITY_CHECK_PREFIXES):
+                    self.unfit.setdefault(node, {})[item.check] = item
             problems = tuple(sorted((f.severity, f.check) for f in report.findings))
             before = self.shown.get(node, ())
             if problems != before:

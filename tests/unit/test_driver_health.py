@@ -75,14 +75,33 @@ def test_changes_are_journaled_and_a_fatal_finding_stays_for_the_run() -> None:
     assert all(e["type"] == ev.HEALTH for e in journal)
 
 
-def test_a_filesystem_full_on_every_node_is_the_shared_filesystems_not_theirs() -> None:
-    watch, _, table = _watch(("n1", "n2"))
+UNREADABLE = HealthItem("fatal", "fs_checkpoint", "unreadable", "readable", "the checkpoint filesystem cannot be read",
+                        "check the mount")
+
+
+def test_a_full_filesystem_blames_no_node_even_before_its_peers_report() -> None:
+    """The first agent to see a shared full disk reported it alone; it was blamed and its node excluded. Space is
+    alerted and journaled, never a node's fault."""
+    watch, journal, table = _watch(("n1", "n2"))
+    news: list[tuple[str, tuple[HealthItem, ...]]] = []
+    watch.on_news = lambda node, items: news.append((node, items))
     table.report("n1", FULL)
     watch.update(table)
-    assert watch.faults(("n1",)) == {"n1": (FULL,)}  # only n1 has reported yet: its own disk
+    assert watch.faults(("n1",)) == {} and journal[-1]["node"] == "n1"
+    assert news == [("n1", (FULL,))]  # the L3 alert still goes out
     table.report("n2", FULL, ECC)
     watch.update(table)
     assert watch.faults(("n1", "n2")) == {"n2": (ECC,)}
+
+
+def test_an_unreadable_mount_on_every_node_is_the_shared_filesystems_on_one_node_its_own() -> None:
+    watch, _, table = _watch(("n1", "n2"))
+    table.report("n1", UNREADABLE)
+    watch.update(table)
+    assert watch.faults(("n1",)) == {"n1": (UNREADABLE,)}  # only n1 has reported yet: its own mount
+    table.report("n2", UNREADABLE)
+    watch.update(table)
+    assert watch.faults(("n1", "n2")) == {}
 
 
 # ------------------------------------------------------------------------------------------- in the loop
