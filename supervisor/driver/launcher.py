@@ -85,12 +85,14 @@ def train_argv(
     ``arbitrary``: tasks go where SLURM_HOSTFILE says, in its order (the ranks moved to other nodes)."""
     usable = [n for n in layout.nodes if n not in set(exclude)]
     nnodes = min(layout.train_nodes, len(usable))
+    # With an arbitrary distribution the hostfile places every task; Slurm 24.11's srun refuses --nodes beside it
+    # ("--nodes is incompatible with --distribution=arbitrary"), 22.05 accepted it.
+    shape = [] if arbitrary else [f"--nodes={nnodes}", f"--ntasks-per-node={layout.tasks_per_node}"]
     argv = [
         # --overlap: after a node failure Slurm may keep the dead step's CPUs on the survivors booked until the
         # lost node is cleaned up; the relaunch must not wait for that ("Requested nodes are busy").
-        "srun", "--overlap", f"--job-name=train-{launch}", f"--nodes={nnodes}",
-        f"--ntasks={nnodes * layout.tasks_per_node}",
-        f"--ntasks-per-node={layout.tasks_per_node}", "--kill-on-bad-exit=1", "--mem=0",
+        "srun", "--overlap", f"--job-name=train-{launch}", *shape, f"--ntasks={nnodes * layout.tasks_per_node}",
+        "--kill-on-bad-exit=1", "--mem=0",
         "--label",  # "N: " before each line: log lines name their rank and node (decisions/tasklog.py)
     ]  # fmt: skip
     if nodelist:

@@ -270,6 +270,9 @@ def test_moved_ranks_land_on_other_nodes_through_an_arbitrary_distribution():
     assert launcher.hostfile_text(("node2", "node1"), 2) == "node2\nnode2\nnode1\nnode1\n"
     argv = launcher.train_argv(layout, ["python", "t.py"], 2, arbitrary=True)
     assert "--distribution=arbitrary" in argv and argv[-2:] == ["python", "t.py"]
+    # Slurm 24.11's srun: "--nodes is incompatible with --distribution=arbitrary"; the hostfile places the tasks
+    assert not any(a.startswith(("--nodes=", "--ntasks-per-node=")) for a in argv)
+    assert any(a.startswith("--ntasks=") for a in argv)
     assert "--distribution=arbitrary" not in launcher.train_argv(layout, ["python", "t.py"], 2)
 
 
