@@ -57,7 +57,8 @@ def test_two_nodes_two_workers_killed_then_hung_worker_resume(tmp_path):
     try:
         rows = wait_for("4 workers past step 12", lambda: all_ranks(camp, 12), START_TIMEOUT)
         assert sorted(r["rank"] for r in rows) == [0, 1, 2, 3]
-        assert sorted(r["node"] for r in rows) == ["node1", "node1", "node2", "node2"]
+        nodes = launches(camp)[0]["nodes"]  # whichever two nodes Slurm allocated (a busy cluster picks others)
+        assert len(nodes) == 2 and sorted(r["node"] for r in rows) == sorted([*nodes, *nodes])
         for row in rows:  # each rank is a worker, its parent is torchrun (the srun task), not the task itself
             assert "torch.distributed.run" in _cmdline(_ppid(int(row["pid"])))
         first = launches(camp)[0]
