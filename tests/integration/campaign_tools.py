@@ -132,3 +132,12 @@ def launches(campaign: Campaign) -> list[dict[str, Any]]:
 def step_lines(text: str) -> list[str]:
     """The program's ``step=N loss=X`` lines from a launch log (srun --label's ``N: `` prefix removed)."""
     return [line for line in map(strip_label, text.splitlines()) if line.startswith("step=")]
+
+
+def job_state(job_id: str) -> tuple[str, int] | None:
+    """(JobState, Restarts) from scontrol, or None once Slurm forgot the job."""
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        return None
+    fields = dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
+    return fields.get("JobState", ""), int(fields.get("Restarts", "0"))

@@ -4,10 +4,8 @@ limit (no --time; the partition's MaxTime is INFINITE) is `cancelled` and final,
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
-from campaign_tools import cancel, launches, rank_pid, submit, supervise, wait_for
+from campaign_tools import cancel, job_state, launches, rank_pid, submit, supervise, wait_for
 
 pytest.importorskip("torch")
 START_TIMEOUT = 150  # job scheduled, agents up, 2 ranks import torch and build the process group (2 shared cores)
@@ -23,14 +21,6 @@ def _is_training(pid: int) -> bool:
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
-
-def job_state(job_id: str) -> tuple[str, int] | None:
-    """(JobState, Restarts) from scontrol, or None once Slurm forgot the job."""
-    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
-    if out.returncode != 0:
-        return None
-    fields = dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
-    return fields.get("JobState", ""), int(fields.get("Restarts", "0"))
 
 
 def test_scancel_of_a_job_without_a_time_limit_is_cancelled_and_final(tmp_path):

@@ -6,23 +6,13 @@ at once. User-style program: programs/torchsave_train.py.
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
-from campaign_tools import cancel, launches, wait_for
+from campaign_tools import cancel, job_state, launches, wait_for
 from matrix_tools import Row, agent_pids, ranks_pids, record_time, submit_program
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
-
-def job_state(job_id: str) -> tuple[str, int] | None:
-    """(JobState, Restarts), or None once Slurm forgot the job."""
-    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
-    if out.returncode != 0:
-        return None
-    fields = dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
-    return fields.get("JobState", ""), int(fields.get("Restarts", "0"))
 
 
 def mark_bad_node(camp, index: int) -> str:  # noqa: ANN001
