@@ -13,6 +13,9 @@ heartbeat table) turned into journal events and into evidence with the node name
   matrix's full-filesystem row). It is journaled and alerted (L3); a save that then fails is the program's
   ``disk-full`` app error, blaming nobody. An unreadable mount reported by every node that reported (at least
   two) is the shared filesystem's too; on fewer nodes it is theirs (a hung NFS client).
+* A shortage of space is alerted once, by the first node to report it, while any node still reports it: a shared
+  full disk seen by 64 agents is one alert, not 64 (every node's report is still journaled). It is alerted again
+  after every node's report has been clear of it.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class HealthWatch:
         self.reports: dict[str, HealthReport] = {}  # node -> its newest report
         self.shown: dict[str, tuple[tuple[str, str], ...]] = {}  # node -> problems last journaled
         self.unfit: dict[str, dict[str, HealthItem]] = {}  # node -> check -> fatal finding (this Slurm run)
+        self.capacity_alerted: set[str] = set()  # fs_free:/fs_inodes: checks alerted while some node reports them
 
     def update(self, table: Any) -> None:
         """Take the reports that arrived since the last call (``table.health``: node -> (time, report))."""
@@ -72,9 +76,25 @@ class HealthWatch:
                 self.shown[node] = problems
                 self.record(ev.health(self.clock(), node, report.nvml, [_finding(f) for f in report.findings],
                                       bool(report.fatal)))  # fmt: skip
-                news = tuple(f for f in report.findings if (f.severity, f.check) not in before)
+                news = self._not_yet_alerted(tuple(f for f in report.findings if (f.severity, f.check) not in before))
                 if news and self.on_news is not None:
                     self.on_news(node, news)
+        self._forget_cleared_capacity()
+
+    def _not_yet_alerted(self, news: tuple[HealthItem, ...]) -> tuple[HealthItem, ...]:
+        """Drop the capacity findings another node already alerted (see the module docstring)."""
+        kept = []
+        for item in news:
+            if item.check.startswith(CAPACITY_CHECK_PREFIXES):
+                if item.check in self.capacity_alerted:
+                    continue
+                self.capacity_alerted.add(item.check)
+            kept.append(item)
+        return tuple(kept)
+
+    def _forget_cleared_capacity(self) -> None:
+        reported = {f.check for r in self.reports.values() for f in r.findings}
+        self.capacity_alerted &= reported
 
     def _shared(self, check: str, reporting: Iterable[str]) -> bool:
         nodes = [n for n in reporting if n in self.reports]

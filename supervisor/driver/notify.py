@@ -62,24 +62,26 @@ class Notifier:
 
     def health(self, node: str, items: Sequence[Any]) -> None:
         """A node agent found new problems (``wire.HealthItem``s): one alert, journaled as its action. Fatal:
-        L3 (the node is left out of the next launch; one in the running launch also ends it, with its own L4
+        L3 (the node is left out of the next launch, unless it is short of space; one in the running launch also ends it, with its own L4
         alert); warnings (throttling, heat, memory pressure, clock): L2. Class ``hardware`` for a fatal GPU finding,
         else ``health``. Its metric, value and threshold are the first finding's, the suggested action its fix."""
         self.guard.call(WARNING, self._health, node, items, default=None)
 
     def _health(self, node: str, items: Sequence[Any]) -> None:
-        from supervisor.driver.health import as_detection
+        from supervisor.driver.health import CAPACITY_CHECK_PREFIXES, as_detection
 
         first = sorted(items, key=lambda i: i.severity != "fatal")[0]
         fatal = first.severity == "fatal"
         more = f" (+{len(items) - 1} more)" if len(items) > 1 else ""
         gpu = first.check.startswith(("gpu", "xid"))  # a full disk or a skewed clock is the node's, not hardware
+        capacity = first.check.startswith(CAPACITY_CHECK_PREFIXES)  # space: alerted, the node stays in use
         action = policy.Action(policy.ALERT, "L3" if fatal else "L2", (node,), f"health on {node}: {first.what}{more}",
                                {"class": "hardware" if fatal and gpu else "health", "suggested_action": first.fix})  # fmt: skip
         event = action.to_event(self.clock())
         self.record(event)
         self.submit(alerts.build(self.job_id, self.campaign, event, [as_detection(node, first)], t=event["t"],
-                                 actions_taken=["node left out of the next launch" if fatal else "journaled"]))  # fmt: skip
+                                 actions_taken=["node left out of the next launch" if fatal and not capacity
+                                                else "journaled"]))  # fmt: skip
 
     def update_metrics(self, live: Any, history: Sequence[Mapping[str, Any]]) -> None:
         if self.metrics is not None:

@@ -92,6 +92,27 @@ def test_a_full_filesystem_blames_no_node_even_before_its_peers_report() -> None
     table.report("n2", FULL, ECC)
     watch.update(table)
     assert watch.faults(("n1", "n2")) == {"n2": (ECC,)}
+    assert news[1:] == [("n2", (ECC,))]  # the shared full disk is alerted once, not once per node
+
+
+def test_a_shortage_of_space_is_alerted_again_only_after_every_node_reported_it_gone() -> None:
+    watch, journal, table = _watch(("n1", "n2"))
+    news: list[tuple[str, tuple[HealthItem, ...]]] = []
+    watch.on_news = lambda node, items: news.append((node, items))
+    table.report("n1", FULL)
+    table.report("n2", FULL)
+    watch.update(table)
+    table.report("n1")
+    watch.update(table)
+    table.report("n1", FULL)  # n2 still reports it: the same shortage, already alerted
+    watch.update(table)
+    assert news == [("n1", (FULL,))] and len(journal) == 4  # every node's change is journaled
+    table.report("n1")
+    table.report("n2")
+    watch.update(table)
+    table.report("n2", FULL)  # cleared everywhere, then back: a new shortage
+    watch.update(table)
+    assert news == [("n1", (FULL,)), ("n2", (FULL,))]
 
 
 def test_an_unreadable_mount_on_every_node_is_the_shared_filesystems_on_one_node_its_own() -> None:
@@ -299,5 +320,6 @@ def test_new_problems_are_alerted_with_their_figures_once() -> None:
         ("L3", "health", ("n3",), FULL.check, "1.0GiB", "5.0GiB"),
     ]
     assert all(a.empty_fields() == [] for a in sent) and sent[1].suggested_action == ECC.fix
+    assert [a.action_taken for a in sent] == ["journaled", "node left out of the next launch", "journaled"]
     assert [e["tier"] for e in journal if e["type"] == ev.ACTION] == ["L2", "L3", "L3"]
     notifier.close()
