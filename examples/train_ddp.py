@@ -234,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("error: --dataset-size too small for --batch-size x world size")
         net = build_model(args.model_mb)
         model: nn.Module = nn.parallel.DistributedDataParallel(net) if world > 1 else net
+        if world > 1 and hasattr(client, "watch_ddp"):
+            client.watch_ddp(model)  # own time per step (the all-reduce's wait left out): names a straggler
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         saver = CheckpointSaver(args.ckpt_dir, keep_last=args.keep_last, keep_every=args.keep_every,
                                 seeds={"seed": args.seed})

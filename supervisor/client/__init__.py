@@ -3,6 +3,7 @@
     client.step(i, loss=loss_value)        # end of iteration i: the heartbeat (no syscall)
     with client.phase("checkpoint"): ...   # phases: init step checkpoint eval restore data other
     client.should_checkpoint(), client.should_stop(), client.resume_from()
+    client.watch_ddp(ddp_model)            # once: own time per step (collective waits excluded), for stragglers
 
 A silent no-op when no supervisor runs the program. Imports only the standard library.
 See docs/client.md.
@@ -17,6 +18,7 @@ from supervisor.client.api import (
     should_stop,
     step,
 )
+from supervisor.client.collectives import waiting, watch_ddp
 
 __all__ = [
     "defer_sigterm",
@@ -26,4 +28,6 @@ __all__ = [
     "should_checkpoint",
     "should_stop",
     "step",
+    "waiting",
+    "watch_ddp",
 ]

@@ -82,17 +82,39 @@ def _lazy_enter(code: int) -> int:
     return _enter_phase(code) if _init() else code
 
 
+def _noop_add_wait(ns: int) -> None:
+    return None
+
+
+def _lazy_add_wait(ns: int) -> None:
+    if _init():
+        _add_wait(ns)
+
+
+def _lazy_enable_waits() -> None:
+    if _init():
+        _enable_waits()
+
+
 _beat: Callable[[Any, Any], None] = _lazy_beat
 _should_checkpoint: Callable[[], bool] = _lazy_should_checkpoint
 _should_stop: Callable[[], bool] = _lazy_should_stop
 _enter_phase: Callable[[int], int] = _lazy_enter
 _exit_phase: Callable[[int, int, bool], None] = _noop_exit
+# Collective waits (supervisor.client.collectives): add ns to the step in progress; claim the wait ring.
+_add_wait: Callable[[int], None] = _lazy_add_wait
+_enable_waits: Callable[[], None] = _lazy_enable_waits
+
+
+def _noop_enable_waits() -> None:
+    return None
 
 
 def _bind_noop() -> None:
-    global _beat, _should_checkpoint, _should_stop, _enter_phase, _exit_phase
+    global _beat, _should_checkpoint, _should_stop, _enter_phase, _exit_phase, _add_wait, _enable_waits
     _beat, _should_checkpoint, _should_stop = _noop_beat, _false, _false
     _enter_phase, _exit_phase = _noop_enter, _noop_exit
+    _add_wait, _enable_waits = _noop_add_wait, _noop_enable_waits
     _set_public_step(step)
 
 
@@ -142,7 +164,7 @@ def _init() -> bool:
 
 
 def _init_locked() -> None:
-    global _writer, _beat, _should_checkpoint, _should_stop, _enter_phase, _exit_phase
+    global _writer, _beat, _should_checkpoint, _should_stop, _enter_phase, _exit_phase, _add_wait, _enable_waits
     slot_dir = os.environ.get(ENV_SLOT_DIR, "")
     if not slot_dir:
         _bind_noop()
@@ -171,6 +193,7 @@ def _init_locked() -> None:
     _writer = writer
     _beat, _should_checkpoint, _should_stop = writer.beat, writer.should_checkpoint, writer.should_stop
     _enter_phase, _exit_phase = writer.enter_phase, writer.exit_phase
+    _add_wait, _enable_waits = _guarded_add_wait(writer.add_wait), writer.enable_waits
     _set_public_step(writer.beat)
     _install_process_hooks(writer, Path(slot_dir), rank)
 
@@ -194,6 +217,19 @@ def _install_process_hooks(writer: _slot.SlotWriter, slot_dir: Path, rank: int) 
         pass  # first call came from a non-main thread: SIGTERM is not recorded (documented)
     atexit.register(_on_exit)
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _guarded_add_wait(add: Callable[[int], None]) -> Callable[[int], None]:
+    """``add_wait`` runs in comm-hook callbacks (another thread): a vanished mapping must stop publishing,
+    never fail the all-reduce."""
+
+    def add_wait(ns: int) -> None:
+        try:
+            add(ns)
+        except Exception as exc:
+            _disable(f"writing the slot failed: {exc!r}")
+
+    return add_wait
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -342,7 +378,7 @@ class phase:  # noqa: N801 - used like a function: `with client.phase("checkpoin
 def _reset_for_tests() -> None:
     """Forget the binding so the next call re-reads the environment (tests only)."""
     global _writer, _beat, _should_checkpoint, _should_stop, _enter_phase, _exit_phase, _stacks_file
-    global _prev_sigterm, _defer_sigterm
+    global _prev_sigterm, _defer_sigterm, _add_wait, _enable_waits
     if _writer is not None:
         _writer.close()
     if _prev_sigterm is not None and signal.getsignal(signal.SIGTERM) is _on_sigterm:
@@ -354,5 +390,6 @@ def _reset_for_tests() -> None:
     _writer, _stacks_file, _prev_sigterm, _defer_sigterm = None, None, None, False
     _beat, _should_checkpoint, _should_stop = _lazy_beat, _lazy_should_checkpoint, _lazy_should_stop
     _enter_phase, _exit_phase = _lazy_enter, _noop_exit
+    _add_wait, _enable_waits = _lazy_add_wait, _lazy_enable_waits
     _set_public_step(step)
     _warned.clear()

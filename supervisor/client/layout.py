@@ -27,6 +27,12 @@ offset field                                                    written by
 256    control sequence (u64): odd while the agent writes       agent
 264    control flags (u32), request counter (u32),              agent
        at_step (i64)
+384    ring of the last 16 collective waits (16 x u64), written  rank
+       outside the seqlock (one aligned store each) by
+       ``client.watch_ddp``'s comm hook and ``client.waiting()``:
+       entry (b - 1) % 16 holds the beat number b it belongs to
+       (low 24 bits) << 40 | ns beat b spent waiting for peers
+       (low 40 bits); only meaningful with RANK_FLAG_WAITS set
 512    ring of the last 64 step times in ns (64 x i64): beat     rank
        number b (1-based) writes the time since the previous
        beat, or since leaving another phase (checkpoint, eval),
@@ -41,6 +47,13 @@ may, rarely, accept a torn record, which only ever feeds heuristics.
 
 The rank only stores raw step times (a ring); the reader derives EWMA, min and max from them,
 which keeps the rank's hot path to a handful of stores.
+
+Own time (what the straggler detector compares): in synchronous data parallelism every rank's step
+period is the slowest rank's, because the others wait for it inside the gradient all-reduce. A rank
+with ``RANK_FLAG_WAITS`` stamps, outside ``client.step()``, how long each step waited in collectives
+(the wait ring); the reader derives the rank's own time per step = step time - wait, over the last 16
+steps. The wait ring and the flag sit in bytes that layout 1 left reserved (zero), so older readers
+ignore them and older writers never claim them: the layout version stays 1.
 
 Times are ``CLOCK_MONOTONIC`` nanoseconds (``time.monotonic_ns``), system-wide on Linux, so the
 agent on the same node compares them with its own clock to get ages.
@@ -74,6 +87,7 @@ RANK_FLAG_SIGTERM = 1 << 0  # the rank received SIGTERM
 RANK_FLAG_IN_CHECKPOINT = 1 << 1  # the rank is inside a ``phase("checkpoint")`` block
 RANK_FLAG_STACK_DUMPS = 1 << 2  # STACK_DUMP_SIGNAL is handled: safe to send (else it kills the rank)
 RANK_FLAG_EXITING = 1 << 3  # the interpreter is shutting down normally (atexit ran)
+RANK_FLAG_WAITS = 1 << 4  # the rank stamps its collective waits in the wait ring (own time is known)
 
 # Sent by the agent to a rank pid to get all thread stacks appended to ``rank-N.stacks``. A
 # real-time signal because Slurm uses SIGUSR1/SIGUSR2 and glibc reserves the first two RT signals.
@@ -96,9 +110,16 @@ OFF_COLD = OFF_HOT + _HOT.size  # 144
 OFF_ASYNC_FLAGS = OFF_COLD + _COLD.size  # 176
 OFF_CONTROL_SEQ = 256
 OFF_CONTROL = OFF_CONTROL_SEQ + _SEQ.size  # 264
+OFF_WAITS = 384
+WAIT_RING = 16  # collective waits kept; a power of two
+WAIT_TAG_SHIFT = 40  # an entry is (beat number & WAIT_TAG_MASK) << 40 | wait ns (< 2**40: 18 minutes)
+WAIT_NS_MASK = (1 << WAIT_TAG_SHIFT) - 1
+WAIT_TAG_MASK = (1 << 24) - 1
+_WAITS = struct.Struct(f"<{WAIT_RING}Q")
 OFF_RING = 512
 assert OFF_ASYNC_FLAGS % 8 == 0 and OFF_ASYNC_FLAGS + 8 <= OFF_CONTROL_SEQ
-assert OFF_CONTROL + _CONTROL.size <= OFF_RING and OFF_RING + _RING.size <= SLOT_SIZE
+assert OFF_CONTROL + _CONTROL.size <= OFF_WAITS and OFF_WAITS + _WAITS.size <= OFF_RING
+assert OFF_RING + _RING.size <= SLOT_SIZE
 
 _READ_RETRIES = 1000
 
@@ -130,6 +151,10 @@ class SlotRecord(NamedTuple):
     iter_min_ns: int = 0  # min/max over recent_iter_ns (the last 63 steps); 0 if empty
     iter_max_ns: int = 0
     ckpt_ms: int = 0  # milliseconds this process spent in checkpoint phases (ended ones), modulo 2**32
+    # Own time per step (step time less the time it waited for peers in collectives), for the steps among
+    # the last WAIT_RING that have a step time; empty unless the rank sets RANK_FLAG_WAITS.
+    recent_own_ns: tuple[int, ...] = ()
+    own_ewma_ns: int = 0  # EWMA (alpha 1/8, integer) over recent_own_ns; 0 if empty
 
     @property
     def phase_name(self) -> str:
@@ -156,6 +181,25 @@ def _recent_iterations(ring: tuple[int, ...], beats: int) -> tuple[int, ...]:
     first = max(2, beats - RING + 1)  # beat 1 has no previous beat: its entry is not a step time
     times = (ring[(b - 1) % RING] for b in range(first, beats + 1))
     return tuple(t for t in times if t > 0)
+
+
+def _recent_own(ring: tuple[int, ...], waits: tuple[int, ...], beats: int) -> tuple[int, ...]:
+    """Own time of each of the last WAIT_RING beats that has a step time: the step time less the wait
+    stamped for that very beat (an entry tagged with another beat number is stale: no wait that step)."""
+    out = []
+    for b in range(max(2, beats - WAIT_RING + 1), beats + 1):
+        t = ring[(b - 1) % RING]
+        if t <= 0:
+            continue
+        entry = waits[(b - 1) % WAIT_RING]
+        wait = entry & WAIT_NS_MASK if entry >> WAIT_TAG_SHIFT == b & WAIT_TAG_MASK else 0
+        out.append(max(0, t - wait))
+    return tuple(out)
+
+
+def wait_entry(beat: int, wait_ns: int) -> int:
+    """The wait ring's word for ``wait_ns`` spent waiting during beat number ``beat`` (1-based)."""
+    return (beat & WAIT_TAG_MASK) << WAIT_TAG_SHIFT | max(0, min(wait_ns, WAIT_NS_MASK))
 
 
 def iteration_stats(times: tuple[int, ...]) -> tuple[int, int, int]:

@@ -25,6 +25,7 @@ from supervisor.client.layout import (
     _RING,
     _SEQ,
     _STATIC,
+    _WAITS,
     FLAG_CHECKPOINT,
     FLAG_STOP,
     LAYOUT_VERSION,
@@ -38,6 +39,7 @@ from supervisor.client.layout import (
     OFF_RANK_SEQ,
     OFF_RING,
     OFF_STATIC,
+    OFF_WAITS,
     PHASE_CHECKPOINT,
     PHASE_CODES,
     PHASE_EVAL,
@@ -48,18 +50,22 @@ from supervisor.client.layout import (
     RANK_FLAG_IN_CHECKPOINT,
     RANK_FLAG_SIGTERM,
     RANK_FLAG_STACK_DUMPS,
+    RANK_FLAG_WAITS,
     RING,
     SLOT_SIZE,
     STACK_DUMP_SIGNAL,
+    WAIT_RING,
     ControlState,
     SlotRecord,
     _open_private,
     _recent_iterations,
+    _recent_own,
     check_slot_dir,
     iteration_stats,
     slot_path,
     slot_paths,
     stacks_path,
+    wait_entry,
 )
 from supervisor.client.writer import SlotWriter
 
@@ -67,9 +73,9 @@ __all__ = [
     "FLAG_CHECKPOINT", "FLAG_STOP", "LAYOUT_VERSION", "MAGIC", "OFF_ASYNC_FLAGS", "OFF_COLD", "OFF_CONTROL",
     "OFF_CONTROL_SEQ", "OFF_HEADER", "OFF_HOT", "OFF_RANK_SEQ", "OFF_RING", "OFF_STATIC", "PHASES", "PHASE_CHECKPOINT",
     "PHASE_CODES", "PHASE_EVAL", "PHASE_INIT", "PHASE_STEP", "RANK_FLAG_EXITING", "RANK_FLAG_IN_CHECKPOINT",
-    "RANK_FLAG_SIGTERM", "RANK_FLAG_STACK_DUMPS", "RING", "SLOT_SIZE", "STACK_DUMP_SIGNAL", "ControlState",
+    "RANK_FLAG_SIGTERM", "RANK_FLAG_STACK_DUMPS", "RANK_FLAG_WAITS", "RING", "OFF_WAITS", "WAIT_RING", "SLOT_SIZE", "STACK_DUMP_SIGNAL", "ControlState",
     "SlotReader", "SlotRecord", "SlotWriter", "check_slot_dir", "iteration_stats", "open_slot_for_reading",
-    "read_slot", "slot_path", "slot_paths", "stacks_path", "_open_private",
+    "read_slot", "slot_path", "slot_paths", "stacks_path", "wait_entry", "_open_private",
 ]  # fmt: skip
 
 
@@ -114,9 +120,13 @@ def _snapshot(data: bytes, seq: int) -> SlotRecord:
     (async_flags,) = _SEQ.unpack_from(data, OFF_ASYNC_FLAGS)
     fields = list(static + hot + cold[:-1])
     fields[_FLAGS_FIELD] |= async_flags
-    recent = _recent_iterations(ring, hot[_HOT_BEATS])
+    beats = hot[_HOT_BEATS]
+    recent = _recent_iterations(ring, beats)
     ewma, lo, hi = iteration_stats(recent)
-    return SlotRecord._make([*fields, seq, recent, ewma, lo, hi, cold[-1]])
+    own: tuple[int, ...] = ()
+    if fields[_FLAGS_FIELD] & RANK_FLAG_WAITS:
+        own = _recent_own(ring, _WAITS.unpack_from(data, OFF_WAITS), beats)
+    return SlotRecord._make([*fields, seq, recent, ewma, lo, hi, cold[-1], own, iteration_stats(own)[0]])
 
 
 def read_slot(

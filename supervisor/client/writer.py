@@ -22,6 +22,7 @@ from supervisor.client.layout import (
     _READ_RETRIES,
     _RING,
     _STATIC,
+    _WAITS,
     FLAG_CHECKPOINT,
     FLAG_STOP,
     LAYOUT_VERSION,
@@ -35,13 +36,19 @@ from supervisor.client.layout import (
     OFF_RANK_SEQ,
     OFF_RING,
     OFF_STATIC,
+    OFF_WAITS,
     PHASE_CHECKPOINT,
     PHASE_INIT,
     PHASE_STEP,
     RANK_FLAG_IN_CHECKPOINT,
     RANK_FLAG_SIGTERM,
+    RANK_FLAG_WAITS,
     RING,
     SLOT_SIZE,
+    WAIT_NS_MASK,
+    WAIT_RING,
+    WAIT_TAG_MASK,
+    WAIT_TAG_SHIFT,
     ControlState,
     _open_private,
     slot_path,
@@ -79,6 +86,7 @@ class SlotWriter:
         self._hotv = memoryview(buf)[OFF_HOT : OFF_HOT + _HOT.size]
         self._hotq = self._hotv.cast("q")  # step, t_last_beat_ns, (loss), loss_step, beats
         self._ring = memoryview(buf)[OFF_RING : OFF_RING + _RING.size].cast("q")
+        self._waits = memoryview(buf)[OFF_WAITS : OFF_WAITS + _WAITS.size].cast("Q")
         self._bind()
 
     @classmethod
@@ -102,7 +110,7 @@ class SlotWriter:
         return cls(buf, os.getpid(), rank, local_rank, world_size, on_error)
 
     def _bind(self) -> None:  # noqa: C901 - one closure scope on purpose (speed)
-        buf, words, seqv, ring = self.buf, self._words, self._seqv, self._ring
+        buf, words, seqv, ring, waits = self.buf, self._words, self._seqv, self._ring, self._waits
         hotv, hotq = self._hotv, self._hotq
         mono = time.monotonic_ns
         pack_hot, pack_cold = _HOT.pack_into, _COLD.pack_into
@@ -302,6 +310,28 @@ class SlotWriter:
                 return False
             return at_step <= 0 or step >= at_step
 
+        def enable_waits() -> None:
+            """Claim the wait ring (RANK_FLAG_WAITS): from now on the reader derives own times. Call it from
+            the thread that calls ``beat`` (it publishes under the seqlock)."""
+            nonlocal flags
+            if not flags & RANK_FLAG_WAITS:
+                flags |= RANK_FLAG_WAITS
+                publish()
+
+        wait_mask = WAIT_RING - 1
+
+        def add_wait(ns: int) -> None:
+            """Add ``ns`` waited for peers to the step in progress (the next beat's). One aligned 8-byte store
+            outside the seqlock, so any thread may call it (a comm hook's completion callback): the entry carries
+            its beat number, and a reader takes it only for that beat."""
+            b = beats + 1
+            i = beats & wait_mask
+            tag = b & WAIT_TAG_MASK
+            entry = waits[i]
+            if entry >> WAIT_TAG_SHIFT == tag:
+                ns += entry & WAIT_NS_MASK
+            waits[i] = tag << WAIT_TAG_SHIFT | (ns if 0 <= ns <= WAIT_NS_MASK else (0 if ns < 0 else WAIT_NS_MASK))
+
         def read_control_state() -> ControlState | None:
             got = read_control()
             return None if got is None else ControlState(*got[1])
@@ -311,6 +341,7 @@ class SlotWriter:
         _STATIC.pack_into(buf, OFF_STATIC, self.pid, self.rank, self.local_rank, self.world_size,
                           now, time.time_ns())  # fmt: skip
         _RING.pack_into(buf, OFF_RING, *([0] * RING))
+        _WAITS.pack_into(buf, OFF_WAITS, *([0] * WAIT_RING))
         words[async_i] = 0
         seq += 1
         publish()
@@ -326,9 +357,11 @@ class SlotWriter:
         self.async_flag_set = async_flag_set
         self.should_checkpoint = should_checkpoint
         self.should_stop = should_stop
+        self.enable_waits = enable_waits
+        self.add_wait = add_wait
 
     def close(self) -> None:
         """Unmap (the file stays for the agent). Later calls on this writer raise ValueError."""
-        for view in (self._words, self._seqv, self._hotq, self._hotv, self._ring):
+        for view in (self._words, self._seqv, self._hotq, self._hotv, self._ring, self._waits):
             view.release()
         self.buf.close()

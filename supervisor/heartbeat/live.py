@@ -52,7 +52,8 @@ def live_document(snap: Snapshot, *, max_rank_rows: int = 4096, max_node_rows: i
     rows = []
     for r in sorted(ranks, key=lambda r: r.rank):
         d = r._asdict()
-        for k in ("beat_age_s", "steps_per_s", "ewma_steps_per_s", "ewma_s", "min_s", "max_s", "cpu_s", "cpu_frac"):
+        for k in ("beat_age_s", "steps_per_s", "ewma_steps_per_s", "ewma_s", "min_s", "max_s", "cpu_s", "cpu_frac",
+                  "own_s"):
             d[k] = _num(d[k])
         d["loss"] = None if r.loss is None else _num(r.loss, 6) if math.isfinite(r.loss) else repr(r.loss)
         rows.append(d)

@@ -3,7 +3,7 @@
 Why UDP datagrams: one self-contained ~750-byte frame per node per second scales to 16k nodes without
 16k open connections on the supervisor, a lost frame is simply superseded by the next one (the state
 is resent whole every time), and sequence numbers tell loss and reordering apart.  Why binary: a rank
-entry is a fixed 84-byte struct, so the supervisor can keep a node's frame as bytes and decode it only
+entry is a fixed 88-byte struct, so the supervisor can keep a node's frame as bytes and decode it only
 when someone looks (no per-rank Python objects on the hot path).
 
 Frame = header | job id | node name | body | HMAC-SHA256(key, everything before the MAC).
@@ -30,7 +30,8 @@ from typing import NamedTuple
 from supervisor import procstate
 
 MAGIC = b"SVW1"
-VERSION = 2  # 2: rank entries carry checkpoint ms and step
+VERSION = 3  # 2: rank entries carry checkpoint ms and step; 3: and own time (88 bytes)
+OLD_VERSIONS = (2,)  # still decoded (an agent from the previous release): their entries get own_s = 0
 MAC_LEN = 32
 MAX_FRAME = 65000  # below the 65,507-byte UDP payload limit
 MAX_NAME = 255
@@ -47,8 +48,10 @@ HEADER = struct.Struct("<4sBBHQQqQBB")
 # One rank, 84 bytes: rank, pid, step, phase, state, rank flags, control flags, beat age ms,
 # iteration EWMA / min / max seconds, last loss, step of that loss (-1: no loss ever given, then the loss
 # is NaN and means nothing), beats, exit code, exit signal, (pad), cpu seconds, checkpoint ms (time the
-# process spent in checkpoint phases, measured by the client, modulo 2**32), step of its last checkpoint (-1).
-RANK = struct.Struct("<IIqBBBBIfffdqQhBxdIq")
+# process spent in checkpoint phases, measured by the client, modulo 2**32), step of its last checkpoint (-1),
+# own-time EWMA seconds (step time less collective waits; 0: not measured). Version 2's entries end before it.
+RANK = struct.Struct("<IIqBBBBIfffdqQhBxdIqf")
+RANK_V2_SIZE = 84
 MAX_RANKS = (MAX_FRAME - HEADER.size - 2 * MAX_NAME - MAC_LEN) // RANK.size
 
 # One control command, 16 bytes: command, (pad), rank (ALL_RANKS = every rank), argument.
@@ -106,6 +109,7 @@ class RankEntry(NamedTuple):
     cpu_s: float
     ckpt_ms: int = 0
     ckpt_step: int = -1
+    own_s: float = 0.0  # own time per step, EWMA (collective waits excluded); 0: the rank does not measure it
 
 
 class Command(NamedTuple):
@@ -170,7 +174,7 @@ def pack_rank(entry: RankEntry) -> bytes:
         _f32(e.ewma_s), _f32(e.min_s), _f32(e.max_s), float(e.loss),
         max(-(2**63), min(e.loss_step, 2**63 - 1)), e.beats & 0xFFFFFFFFFFFFFFFF,
         max(-32768, min(e.exit_code, 32767)), e.exit_signal & 0xFF, float(e.cpu_s), e.ckpt_ms & 0xFFFFFFFF,
-        max(-(2**63), min(e.ckpt_step, 2**63 - 1)),
+        max(-(2**63), min(e.ckpt_step, 2**63 - 1)), _f32(e.own_s),
     )
 
 
@@ -223,7 +227,7 @@ def decode(key: bytes, data: bytes, job: str | None = None) -> Frame:
     magic, version, kind, count, instance, seq, wall_ns, mono_ns, job_len, node_len = HEADER.unpack_from(msg)
     if magic != MAGIC:
         raise FrameError("magic")
-    if version != VERSION:
+    if version != VERSION and version not in OLD_VERSIONS:
         raise FrameError("version")
     start = HEADER.size + job_len + node_len
     if start > len(msg):
@@ -237,8 +241,12 @@ def decode(key: bytes, data: bytes, job: str | None = None) -> Frame:
         raise FrameError("job")
     body = msg[start:]
     if kind == KIND_SUMMARY:
-        if len(body) != count * RANK.size:
+        size = RANK.size if version == VERSION else RANK_V2_SIZE
+        if len(body) != count * size:
             raise FrameError("length")
+        if size != RANK.size:  # an older agent: pad each entry to today's layout (own_s = 0)
+            pad = bytes(RANK.size - size)
+            body = b"".join(body[i:i + size] + pad for i in range(0, len(body), size))
     elif kind == KIND_CONTROL:
         if len(body) != count * COMMAND.size:
             raise FrameError("length")

@@ -46,7 +46,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hang-at-step", type=int, default=0, help="one-shot: --hang-rank sleeps forever here")
     p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--nan-at-step", type=int, default=0)
-    p.add_argument("--slow-rank", type=int, default=-1, help="this rank takes --slow-s longer per step")
+    p.add_argument("--slow-rank", type=int, default=-1,
+                   help="this rank's forward pass takes --slow-s longer (a slow GPU: the peers wait for it)")
     p.add_argument("--slow-s", type=float, default=0.0)
     p.add_argument("--spike-at-step", type=int, default=0, help="from here, 3 steps' losses are 1e6x (not NaN)")
     return p.parse_args()
@@ -101,6 +102,8 @@ def main() -> int:
     model = nn.Sequential(nn.Linear(16, args.hidden), nn.Tanh(), nn.Linear(args.hidden, 1))
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
+        if client is not None:
+            client.watch_ddp(model)  # own time per step: the gradient all-reduce's wait for peers left out
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     start = 0
     resume = os.environ.get("SUPERVISOR_RESUME_FROM") or None
@@ -115,7 +118,10 @@ def main() -> int:
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     for step in range(start + 1, args.steps + 1):
         x = torch.randn(32, 16, generator=gen)
-        loss = ((model(x) - x.sum(dim=1, keepdim=True).sin()) ** 2).mean()
+        out = model(x)
+        if rank == args.slow_rank:
+            time.sleep(args.slow_s)  # slower compute on this rank only
+        loss = ((out - x.sum(dim=1, keepdim=True).sin()) ** 2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -137,7 +143,7 @@ def main() -> int:
         if args.hang_at_step and step == args.hang_at_step and rank == args.hang_rank and once(ckpt_dir, "hang"):
             while True:  # a live hang: the process runs (sleeps), it never steps again
                 time.sleep(3600)
-        time.sleep(args.step_time + (args.slow_s if rank == args.slow_rank else 0.0))
+        time.sleep(args.step_time)
         asked = stop = False
         if client is not None:  # every rank must take the same decision, or the barrier below deadlocks
             flags = torch.tensor([int(client.should_checkpoint()), int(client.should_stop())])

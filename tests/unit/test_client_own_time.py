@@ -1,0 +1,249 @@
+"""Own time per step (step time less collective waits): the slot's wait ring as the reader decodes it, driven
+by a scripted clock; the DDP comm-hook wrapper with fake buckets and futures; ``watch_ddp``/``waiting`` through
+the public API; and one real (single-process, gloo) DDP model, because DDP checks a hook's signature itself."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor import client
+from supervisor.client import api, collectives
+from supervisor.client import slot as S
+from supervisor.client.layout import WAIT_NS_MASK
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def _writer(d: Path, c: Clock) -> S.SlotWriter:
+    real = time.monotonic_ns
+    time.monotonic_ns = c  # type: ignore[assignment]  # the writer binds the clock when created
+    try:
+        return S.SlotWriter.create(d, 0, 0, 1)
+    finally:
+        time.monotonic_ns = real  # type: ignore[assignment]
+
+
+steps = st.lists(st.tuples(st.integers(1, 10**11), st.lists(st.integers(0, 10**11), max_size=3)), min_size=1,
+                 max_size=60)  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=steps)
+def test_own_time_is_the_step_time_less_that_steps_waits(tmp_path_factory: pytest.TempPathFactory,
+                                                          steps: list[tuple[int, list[int]]]) -> None:  # fmt: skip
+    c = Clock()
+    d = tmp_path_factory.mktemp("slots")
+    w = _writer(d, c)
+    w.enable_waits()
+    w.beat(0, None)
+    expected = []
+    for i, (dt, waits) in enumerate(steps, start=1):
+        for ns in waits:  # several collectives in one step add up
+            w.add_wait(ns)
+        c.now += dt
+        w.beat(i, None)
+        expected.append(max(0, dt - min(sum(waits), WAIT_NS_MASK)))
+    rec = S.read_slot(S.slot_path(d, 0))
+    assert rec is not None
+    assert rec.recent_own_ns == tuple(expected[-(S.WAIT_RING) :])
+    assert rec.own_ewma_ns == S.iteration_stats(rec.recent_own_ns)[0]
+    assert rec.recent_iter_ns[-len(rec.recent_own_ns) :] == tuple(dt for dt, _ in steps[-(S.WAIT_RING) :])
+    w.close()
+
+
+def test_no_own_time_without_the_flag_and_a_stale_wait_is_not_reused(tmp_path: Path) -> None:
+    c = Clock()
+    w = _writer(tmp_path, c)
+    w.beat(0, None)
+    w.add_wait(50)  # measured, but the rank never claimed the ring: the reader ignores it
+    c.now += 100
+    w.beat(1, None)
+    rec = S.read_slot(S.slot_path(tmp_path, 0))
+    assert rec is not None and rec.recent_own_ns == () and rec.own_ewma_ns == 0
+    w.enable_waits()
+    for i in range(2, 2 + S.WAIT_RING):  # no waits: own time = step time; the entry from beat 2 is now stale
+        c.now += 100
+        w.beat(i, None)
+    rec = S.read_slot(S.slot_path(tmp_path, 0))
+    assert rec is not None and set(rec.recent_own_ns) == {100} and rec.own_ewma_ns == 100
+    assert rec.rank_flags & S.RANK_FLAG_WAITS
+    w.close()
+
+
+class FakeFuture:
+    def __init__(self, value: Any = "grads", error: Exception | None = None) -> None:
+        self._value, self._error = value, error
+        self.callbacks: list[Any] = []
+
+    def then(self, fn: Any) -> FakeFuture:
+        self.callbacks.append(fn)
+        return self
+
+    def value(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def complete(self) -> list[Any]:
+        return [fn(self) for fn in self.callbacks]
+
+
+class Bucket:
+    def __init__(self, last: bool) -> None:
+        self.last = last
+
+    def is_last(self) -> bool:
+        return self.last
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    got: list[int] = []
+    monkeypatch.setattr(api, "_add_wait", got.append)
+    return got
+
+
+def test_the_hook_stamps_the_last_buckets_wait_only(waits: list[int]) -> None:
+    c = Clock()
+    seen: list[tuple[Any, Any]] = []
+    futures: list[FakeFuture] = []
+
+    def inner(state: Any, bucket: Any) -> FakeFuture:
+        seen.append((state, bucket))
+        futures.append(FakeFuture())
+        return futures[-1]
+
+    hook = collectives._timed(inner, c)
+    first, last = Bucket(False), Bucket(True)
+    assert hook("pg", first) is futures[0] and futures[0].callbacks == []  # untouched: overlapped with compute
+    c.now += 1000
+    hook("pg", last)
+    c.now += 250_000  # the peers arrive
+    assert futures[1].complete() == ["grads"] and waits == [250_000]
+    assert seen == [("pg", first), ("pg", last)]
+
+
+def test_the_collectives_error_reaches_ddp_and_a_broken_slot_never_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(ns: int) -> None:
+        raise ValueError("mapping closed")
+
+    monkeypatch.setattr(api, "_add_wait", broken)
+    fut = FakeFuture(error=RuntimeError("Connection closed by peer"))
+    hook = collectives._timed(lambda state, bucket: fut)
+    hook(None, Bucket(True))
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        fut.complete()
+    ok = FakeFuture()
+    collectives._timed(lambda state, bucket: ok)(None, Bucket(True))
+    assert ok.complete() == ["grads"]
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    for name in ("SUPERVISOR_SLOT_DIR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID",
+                 "SLURM_NTASKS"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    api._reset_for_tests()
+    yield monkeypatch
+    api._reset_for_tests()
+
+
+@pytest.fixture
+def slot_dir(tmp_path: Path, env: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "slots"
+    d.mkdir(mode=0o700)
+    env.setenv("SUPERVISOR_SLOT_DIR", str(d))
+    return d
+
+
+class FakeDDP:
+    def __init__(self, refuse: str = "") -> None:
+        self.refuse = refuse
+        self.hooks: list[tuple[Any, Any]] = []
+
+    def register_comm_hook(self, state: Any, hook: Any) -> None:
+        if self.refuse:
+            raise RuntimeError(self.refuse)
+        self.hooks.append((state, hook))
+
+
+def test_unsupervised_watch_ddp_changes_nothing(env: pytest.MonkeyPatch) -> None:
+    model = FakeDDP()
+    assert client.watch_ddp(model) is False and model.hooks == []
+    with client.waiting():
+        pass
+
+
+def test_watch_ddp_wraps_the_users_hook_and_claims_the_wait_ring(slot_dir: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    model = FakeDDP()
+    mine = FakeFuture()
+    assert client.watch_ddp(model, hook=lambda state, bucket: mine, state="my-state") is True
+    ((state, hook),) = model.hooks
+    assert state == "my-state" and "supervisor_timed" in hook.__qualname__
+    client.step(0)
+    hook(state, Bucket(True))
+    time.sleep(0.002)
+    mine.complete()
+    time.sleep(0.003)
+    client.step(1)
+    rec = S.read_slot(S.slot_path(slot_dir, 0))
+    assert rec is not None and rec.rank_flags & S.RANK_FLAG_WAITS
+    (own,) = rec.recent_own_ns
+    assert 0 < own <= rec.recent_iter_ns[-1] - 2_000_000
+    # DDP refusing (a hook is already registered) or no DDP model: a warning, training goes on, False.
+    assert client.watch_ddp(FakeDDP("register_comm_hook can only be called once")) is False
+    assert client.watch_ddp(object()) is False
+    err = capsys.readouterr().err
+    assert err.count("supervisor.client: warning") == 1 and "only be called once" in err  # warned once per kind
+
+
+def test_waiting_counts_the_block_as_wait(slot_dir: Path) -> None:
+    client.step(0)
+    with client.waiting():
+        time.sleep(0.02)
+    client.step(1)
+    rec = S.read_slot(S.slot_path(slot_dir, 0))
+    assert rec is not None
+    (own,) = rec.recent_own_ns
+    assert own <= rec.recent_iter_ns[-1] - 20_000_000
+
+
+@pytest.mark.torch
+def test_a_real_ddp_model_accepts_the_hook_and_its_gradients_are_unchanged(slot_dir: Path,
+                                                                           tmp_path: Path) -> None:  # fmt: skip
+    torch = pytest.importorskip("torch")
+    dist = torch.distributed
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        plain = torch.nn.Linear(4, 1)
+        watched = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+        watched.module.load_state_dict(plain.state_dict())
+        assert client.watch_ddp(watched) is True
+        x = torch.randn(8, 4)
+        client.step(0)
+        for i in range(1, 4):
+            for m in (plain, watched):
+                m.zero_grad()
+                m(x).pow(2).mean().backward()
+            client.step(i)
+        assert torch.allclose(plain.weight.grad, watched.module.weight.grad)
+        rec = S.read_slot(S.slot_path(slot_dir, 0))
+        assert rec is not None and len(rec.recent_own_ns) == 3 and rec.own_ewma_ns > 0
+        assert all(own <= it for own, it in zip(rec.recent_own_ns, rec.recent_iter_ns, strict=True))
+    finally:
+        dist.destroy_process_group()
