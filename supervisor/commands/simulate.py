@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trace", metavar="FILE.csv", help="faults as time_s,class,node lines instead of the Llama 3 mix")
     g.add_argument("--rate-scale", type=float, default=1.0, help="multiply the Llama 3 failure rate")
     g.add_argument("--hang-fraction", type=float, default=0.2, help="faults that hang instead of crashing")
-    g.add_argument("--bad-node-p", type=float, default=0.5, help="a hardware fault leaves its node broken")
+    g.add_argument("--bad-node-p", type=float, default=1.0,
+                   help="a hardware fault leaves its node broken (recurring there until it is taken out)")
     g.add_argument("--recur-h", type=float, default=4.0, help="a broken node in use fails again after (mean, h)")
     s = p.add_argument_group("this supervisor (defaults: the figures bench/ measures)")
     s.add_argument("--stall", type=float, default=1.0, help="checkpoint stall, s (async snapshot)")

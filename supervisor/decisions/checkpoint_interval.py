@@ -19,7 +19,7 @@ number of nodes (Meta's RSC: 6.50 failures per 1,000 node-days).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,7 +114,7 @@ class Advice:
 
 def observed_mtbf_s(interruption_times: Iterable[float], observed_s: float) -> float | None:
     """The campaign's own MTBF: time observed over interruptions (None below MIN_OBSERVED_INTERRUPTIONS)."""
-    n = sum(1 for _ in interruption_times)
+    n = len(interruption_times) if isinstance(interruption_times, Sized) else sum(1 for _ in interruption_times)
     if n < MIN_OBSERVED_INTERRUPTIONS or observed_s <= 0:
         return None
     return observed_s / n

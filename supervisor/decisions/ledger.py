@@ -86,6 +86,7 @@ class Ledger:
     def __init__(self, config: LedgerConfig | None = None) -> None:
         self.config = config or LedgerConfig()
         self.nodes: dict[str, NodeRecord] = {}
+        self._out_for_good: set[str] = set()  # sticky strikes at the threshold: excluded until forgiven
 
     def _decay(self, score: float, dt: float) -> float:
         return score * 2.0 ** (-max(0.0, dt) / self.config.half_life_s)
@@ -109,14 +110,23 @@ class Ledger:
             record.score += self._decay(fading, record.t - t)
             record.fixed += fixed
             record.strikes += 1
+        if self.nodes[node].fixed >= self.config.threshold:
+            self._out_for_good.add(node)
 
     def forgive(self, node: str, t: float) -> None:
         record = self.nodes.get(node)
         if record is not None:
             self.nodes[node] = NodeRecord(0.0, max(t, record.t), record.strikes, "forgiven by an operator")
+            self._out_for_good.discard(node)
 
     def excluded_nodes(self, now: float) -> frozenset[str]:
-        return frozenset(n for n in self.nodes if self.score(n, now) >= self.config.threshold)
+        # Runs once per decision: nodes out for good are not scored again (a simulated 131,072-GPU campaign
+        # holds thousands), the others with score() inlined.
+        threshold, half_life, out = self.config.threshold, self.config.half_life_s, self._out_for_good
+        scored = ((n, self.nodes[n]) for n in self.nodes.keys() - out)
+        return frozenset(out).union(
+            n for n, r in scored if r.fixed + r.score * 2.0 ** (-max(0.0, now - r.t) / half_life) >= threshold
+        )
 
     def table(self, now: float) -> list[dict[str, Any]]:
         """Rows for ``supervise nodes``: worst first."""

@@ -42,9 +42,12 @@ class World:
     days: float = 54.0
     seed: int = 1
     hang_fraction: float = 0.2  # faults that stop progress without killing a process (besides GSP, NCCL watchdog)
-    bad_node_p: float = 0.5  # a hardware fault leaves its node broken with this probability ...
+    # A fault of a hardware kind (evidence.Symptom.node_at_fault: a faulty GPU, HBM, SRAM, GSP, NIC, thermal
+    # part, an SDC) leaves its node broken with this probability (issue 13's naive baseline: "no exclusion, so a
+    # bad node recurs"; Llama 3 counts root-caused faulty components, which stay faulty until replaced or reset) ...
+    bad_node_p: float = 1.0
     recur_mean_s: float = 4 * 3600.0  # ... and a broken node in use fails again after this long on average
-    site_drain_after: int = 3  # the site's own health checks take a node out after this many faults on it
+    site_drain_after: int = 3  # until a person or the site's health checks take it out, after this many faults
 
     @property
     def nodes(self) -> int:
@@ -157,8 +160,9 @@ class _Campaign:
         self.needed = world.nodes
         self.alloc = [node_name(i) for i in range(self.needed + strategy.spares)]
         self.fresh = len(self.alloc)
+        self.alloc_set, self.alloc_tuple = set(self.alloc), tuple(self.alloc)
         self.running = self.alloc[: self.needed]
-        self.running_set = set(self.running)
+        self.off = set(self.alloc[self.needed :])  # the allocation's nodes not running (few: spares, left out)
         self.broken: dict[str, str] = {}  # node -> kind of the fault that broke it
         self.faults_on: dict[str, int] = {}  # node -> faults seen on it (the site drains repeat offenders)
         self.history = policy.History()
@@ -184,19 +188,33 @@ class _Campaign:
         assert advice.interval_s is not None
         return max(advice.interval_s, self.s.write_s)  # one write in flight at a time
 
-    def set_running(self, nodes: Sequence[str]) -> None:
-        self.running = list(nodes[: self.needed])
-        self.running_set = set(self.running)
+    def is_running(self, node: str) -> bool:
+        return node in self.alloc_set and node not in self.off
+
+    def set_running(self, nodes: Sequence[str], left_out: Sequence[str] | None = None) -> None:
+        """Run on the first ``needed`` of ``nodes`` (the allocation's in order); ``left_out``: the allocation's nodes
+        not in ``nodes``, when the caller knows them (a 16k-node set rebuilt on every fault made a 131,072-GPU
+        simulation slow)."""
+        running = list(nodes[: self.needed])
+        if running == self.running:
+            return
+        self.running = running
+        if left_out is None:
+            self.off = self.alloc_set.difference(running)
+        else:
+            self.off = set(left_out).union(nodes[self.needed :])
 
     def new_allocation(self, exclude: Sequence[str]) -> None:
         """A requeue: Slurm gives back the same nodes minus the excluded ones, topped up with others."""
-        gone = set(exclude)
-        keep = [n for n in self.alloc if n not in gone]
+        gone = set(exclude).intersection(self.alloc) if exclude else set()
+        keep = [n for n in self.alloc if n not in gone] if gone else list(self.alloc)
         while len(keep) < self.needed + self.s.spares:
             keep.append(node_name(self.fresh))
             self.fresh += 1
-        self.alloc = keep
-        self.set_running(keep)
+        if keep != self.alloc:
+            self.alloc, self.alloc_set, self.alloc_tuple = keep, set(keep), tuple(keep)
+            self.running = []  # the set below recomputes which nodes are off
+        self.set_running(keep, left_out=())
         self.restarts_here = 0
         self.out.requeues += 1
 
@@ -210,7 +228,7 @@ class _Campaign:
                 self.ledger.strike(node, self.ledger.config.weights["hardware"], self.t, "preflight")
             if found:
                 excluded = self.ledger.excluded_nodes(self.t)
-                spares = iter([n for n in self.alloc if n not in self.running_set and n not in excluded])
+                spares = iter([n for n in self.alloc if n in self.off and n not in excluded])
                 self.set_running([next(spares, n) if n in found else n for n in self.running])
             if self.rec is not None:
                 self.rec.preflight(self.t, self.s.preflight_s)
@@ -230,7 +248,7 @@ class _Campaign:
 
     def place(self, fault: Fault) -> str:
         """The trace's node if the job runs there, else the running node it stands for."""
-        if fault.node in self.running_set:
+        if self.is_running(fault.node):
             return fault.node
         return self.running[zlib.crc32(fault.node.encode()) % len(self.running)]
 
@@ -262,7 +280,7 @@ class _Campaign:
         if self.committed:
             self.history = self.history.progress(self.committed)
         allocation = policy.Allocation(
-            nodes=tuple(self.alloc), needed=self.needed, excluded=self.ledger.excluded_nodes(self.t),
+            nodes=self.alloc_tuple, needed=self.needed, excluded=self.ledger.excluded_nodes(self.t),
             step_running=how == sim_evidence.HANG, restarts_here=self.restarts_here,
         )  # fmt: skip
         decision = policy.decide(interruption, self.history, allocation, self.s.policy_config, now=self.t)
@@ -280,7 +298,8 @@ class _Campaign:
             found = [node] if self.broken.pop(node, None) else []
             self.requeue(sorted(self.ledger.excluded_nodes(self.t)) + found, cls, interruption.blamed_nodes, last_step)
         elif policy.RESTART_IN_ALLOCATION in actions:
-            self.set_running(list(actions[policy.RESTART_IN_ALLOCATION].params["nodes"]))
+            params = actions[policy.RESTART_IN_ALLOCATION].params
+            self.set_running(params["nodes"], left_out=params["exclude"])
             self.restarts_here += 1
             self.out.relaunches += 1
         else:  # REQUEUE / AWAIT_REQUEUE
@@ -304,14 +323,14 @@ def simulate(world: World, strategy: Strategy, faults: Sequence[Fault], recorder
         up = c.t
         interval = c.interval()
         c.out.intervals.append(interval)
-        # a broken node in use fails again after an exponential time (memoryless: drawn afresh each run)
+        # a broken node in use fails again after an exponential time (memoryless: drawn afresh each run); the
+        # first of k such nodes fails after an exponential time of k times the rate, each equally likely to be it
         rng = random.Random(zlib.crc32(f"{world.seed}:recur:{up}".encode()))
         t_recur, recur_node = math.inf, ""
-        for node in sorted(c.broken):
-            if node in c.running_set:
-                t = up + rng.expovariate(1.0 / world.recur_mean_s)
-                if t < t_recur:
-                    t_recur, recur_node = t, node
+        live = sorted((c.broken.keys() & c.alloc_set) - c.off)
+        if live:
+            t_recur = up + rng.expovariate(len(live) / world.recur_mean_s)
+            recur_node = live[rng.randrange(len(live))]
         t_trace = max(faults[i].t, up) if i < len(faults) else math.inf
         t_end = min(t_trace, t_recur, horizon)
         seg = segment(t_end - up, interval, strategy.stall_s, strategy.write_s, final=t_end >= horizon)

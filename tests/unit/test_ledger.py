@@ -118,3 +118,21 @@ def test_hardware_strikes_never_fade_until_an_operator_forgives_the_node() -> No
     for bad in ({"sticky": ["nonsense"]}, {"sticky": "hardware"}):
         with pytest.raises(ValueError, match="ledger.sticky"):
             LedgerConfig.from_mapping(bad)
+
+
+@given(
+    strikes=st.lists(st.tuples(st.floats(0, 1e6), st.sampled_from(["n1", "n2", "n3"]), st.floats(0, 3),
+                               st.sampled_from(["hardware", "hang", "node_failure"]), st.booleans()), max_size=30),
+    now=st.floats(0, 3e6),
+)  # fmt: skip
+def test_excluded_nodes_is_exactly_the_nodes_scored_at_the_threshold(strikes, now):
+    """excluded_nodes skips scoring nodes out for good (sticky strikes at the threshold, kept as strikes and
+    forgiving happen, in any order): it must still be the plain definition."""
+    ledger = Ledger(LedgerConfig(H))
+    for t, node, w, reason, forgive in strikes:
+        if forgive:
+            ledger.forgive(node, t)
+        else:
+            ledger.strike(node, w, t, reason)
+    expected = {n for n in ledger.nodes if ledger.score(n, now) >= ledger.config.threshold}
+    assert ledger.excluded_nodes(now) == expected

@@ -203,3 +203,14 @@ def test_policy_and_ledger_come_from_a_config_file(tmp_path, capsys) -> None:  #
     assert doc["supervised"]["relaunches"] == 0 and doc["supervised"]["requeues"] > 0  # every fault requeues
     conf.write_text("[ledger]\nhalf_life_s = -1\n")
     assert cli.main(["simulate", "--config", str(conf)]) == 3  # a configuration error, as for submit
+
+
+def test_naive_requeue_meets_a_hardware_faults_node_again_until_the_site_takes_it_out() -> None:
+    """Issue 13's baseline (a): no exclusion, so a bad node recurs. With the default world one faulty GPU comes
+    back on the same node until the site drains it (its third fault); this supervisor excludes it at once."""
+    world = engine.World(gpus=64, days=10.0)
+    faults = [Fault(3600.0, "gpu", "n00002")]
+    naive = engine.simulate(world, engine.naive(), faults)
+    assert naive.interruptions == {"gpu": world.site_drain_after} and naive.recurrences == world.site_drain_after - 1
+    sup = engine.simulate(world, engine.supervised(), faults)
+    assert sup.interruptions == {"hardware": 1} and sup.recurrences == 0

@@ -108,3 +108,13 @@ def test_a_rank_killed_from_outside_is_blamed_on_its_own_node_not_the_first():
     got = classify(found)
     assert got.cls == "unknown" and got.blamed_nodes == ()
     assert got.evidence[0].startswith("rank 1 on node2 was killed by SIGKILL")
+
+
+def test_address_book_full_names_win_over_short_ones_and_shared_addresses_name_nobody():
+    from supervisor.decisions.tasklog import address_book
+
+    book = address_book(["a.x", "a", "b.y.z"], {"c": "10.0.0.3", "d": "10.0.0.4", "e": "10.0.0.4", "f": "127.0.0.1"})
+    assert book["a"] == "a" and book["a.x"] == "a.x" and book["b"] == "b.y.z" and book["b.y.z"] == "b.y.z"
+    assert book["10.0.0.3"] == "c" and "10.0.0.4" not in book and "127.0.0.1" not in book
+    plain = address_book([f"n{i:05d}" for i in range(16_384)])  # no dotted names: no short-name pass
+    assert len(plain) == 16_384 and plain["n00042"] == "n00042"
