@@ -252,7 +252,9 @@ def build_targets(tmp: Path) -> list[Target]:
 
     seed_buf = mmap.mmap(-1, slot.SLOT_SIZE)
     writer = slot.SlotWriter(seed_buf, pid=os.getpid(), rank=0, local_rank=0, world_size=1)
+    writer.enable_waits()  # the wait ring in the seed: the own-time derivation is fuzzed too
     for i in range(3):
+        writer.add_wait(1000 * i)
         writer.beat(i, 1.0)
     seed_slot = bytes(seed_buf[:slot.SLOT_SIZE])
 
