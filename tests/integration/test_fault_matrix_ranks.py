@@ -176,20 +176,23 @@ def test_every_agent_silenced_at_once_blames_no_node_and_relaunches(tmp_path):
 
 
 def test_a_persistent_straggler_is_flagged_and_its_node_struck(tmp_path):
-    """Rank 2's forward pass takes 0.4 s longer (a slow GPU); the peers wait for it in DDP's gradient all-reduce,
-    so every rank steps at its pace. The program calls ``client.watch_ddp(model)`` once: each rank's own time
-    (step time less that wait) names rank 2; an L2 alert and a strike on its node, and training goes on."""
+    """From step 25 on, rank 2's forward pass takes 0.4 s longer (a slow GPU); the peers wait for it in DDP's
+    gradient all-reduce, so every rank steps at its pace. The program calls ``client.watch_ddp(model)`` once:
+    each rank's own time (step time less that wait) names rank 2; an L2 alert and a strike on its node, and
+    training goes on. Steps 1-24 (three ranks on the loaded machine, nobody slow) are the control: no straggler."""
     config = "[run]\nsummary_interval_s = 0.25\n[detect]\nstraggler_consecutive = 2\nstraggler_interval_s = 2\n"
-    camp = submit_program(tmp_path, "--client", "--slow-rank", "2", "--slow-s", "0.4", steps=200, nodes=3,
-                          config=config)  # fmt: skip
+    camp = submit_program(tmp_path, "--client", "--slow-rank", "2", "--slow-s", "0.4", "--slow-from-step", "25",
+                          steps=200, nodes=3, config=config)  # fmt: skip
     try:
-        wait_printed(camp, 1, 1)
+        wait_printed(camp, 1, 24)
         t0 = time.time()
-        wait_printed(camp, 1, 5)
-        # The own-time EWMA is there from the second step; then straggler_consecutive checks
+        assert not [e for e in camp.of_type("detection") if e["kind"] == "straggler"]  # >= 7 s of checks so far
+        measured = [r["rank"] for r in camp.live().get("ranks", []) if r.get("own_s")]
+        assert sorted(measured) == [0, 1, 2], camp.live()  # every rank reports its own time
+        # The slow steps' own times fill the EWMA within a few steps; then straggler_consecutive checks
         # straggler_interval_s apart, plus the loop's passes, on a machine whose steps may run 3x slow.
         found = wait_for("a straggler detection", lambda: [e for e in camp.of_type("detection")
-                                                           if e["kind"] == "straggler"], 3 * 2 * 2 + 15)[0]  # fmt: skip
+                                                           if e["kind"] == "straggler"], 3 * 2 * 2 + 20)[0]  # fmt: skip
         assert found["ranks"] == [2] and found["metric"] == "own_ewma_s", found
         assert "own time per step" in found["evidence"][0], found["evidence"]
         strike = wait_for("the strike", lambda: [e for e in camp.of_type("action")

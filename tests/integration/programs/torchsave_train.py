@@ -49,6 +49,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slow-rank", type=int, default=-1,
                    help="this rank's forward pass takes --slow-s longer (a slow GPU: the peers wait for it)")
     p.add_argument("--slow-s", type=float, default=0.0)
+    p.add_argument("--slow-from-step", type=int, default=0, help="the slow rank is slow from this step on")
     p.add_argument("--spike-at-step", type=int, default=0, help="from here, 3 steps' losses are 1e6x (not NaN)")
     return p.parse_args()
 
@@ -119,7 +120,7 @@ def main() -> int:
     for step in range(start + 1, args.steps + 1):
         x = torch.randn(32, 16, generator=gen)
         out = model(x)
-        if rank == args.slow_rank:
+        if rank == args.slow_rank and step >= args.slow_from_step:
             time.sleep(args.slow_s)  # slower compute on this rank only
         loss = ((out - x.sum(dim=1, keepdim=True).sin()) ** 2).mean()
         opt.zero_grad()
