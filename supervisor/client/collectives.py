@@ -53,7 +53,9 @@ def watch_ddp(model: Any, hook: Callable[[Any, Any], Any] | None = None, state: 
     or when DDP refused it (a warning says why; training goes on without own times)."""
     if not _api.is_supervised():
         return False
-    if not hasattr(model, "register_comm_hook"):
+    from torch.nn.parallel import DistributedDataParallel  # torch only here, when asked for
+
+    if not isinstance(model, DistributedDataParallel):  # FSDP's comm hooks take (state, grad): not ours to wrap
         _api._warn_once("watch_ddp", f"watch_ddp needs a DistributedDataParallel model, got {type(model).__name__}",
                         "pass the DDP-wrapped model, or time your collectives with client.waiting()")  # fmt: skip
         return False

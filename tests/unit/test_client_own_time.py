@@ -169,6 +169,14 @@ def slot_dir(tmp_path: Path, env: pytest.MonkeyPatch) -> Path:
     return d
 
 
+@pytest.fixture
+def fake_ddp(monkeypatch: pytest.MonkeyPatch) -> type:
+    """A stand-in that passes watch_ddp's isinstance check (torch is there; DDP itself needs a process group)."""
+    parallel = pytest.importorskip("torch.nn.parallel")
+    monkeypatch.setattr(parallel, "DistributedDataParallel", FakeDDP)
+    return FakeDDP
+
+
 class FakeDDP:
     def __init__(self, refuse: str = "") -> None:
         self.refuse = refuse
@@ -187,7 +195,7 @@ def test_unsupervised_watch_ddp_changes_nothing(env: pytest.MonkeyPatch) -> None
         pass
 
 
-def test_watch_ddp_wraps_the_users_hook_and_claims_the_wait_ring(slot_dir: Path,
+def test_watch_ddp_wraps_the_users_hook_and_claims_the_wait_ring(slot_dir: Path, fake_ddp: type,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     model = FakeDDP()
     mine = FakeFuture()
@@ -204,11 +212,15 @@ def test_watch_ddp_wraps_the_users_hook_and_claims_the_wait_ring(slot_dir: Path,
     assert rec is not None and rec.rank_flags & S.RANK_FLAG_WAITS
     (own,) = rec.recent_own_ns
     assert 0 < own <= rec.recent_iter_ns[-1] - 2_000_000
-    # DDP refusing (a hook is already registered) or no DDP model: a warning, training goes on, False.
+    # DDP refusing (a hook is already registered) or no DDP model (FSDP's hooks take a gradient, not a bucket):
+    # a warning, training goes on, False.
     assert client.watch_ddp(FakeDDP("register_comm_hook can only be called once")) is False
-    assert client.watch_ddp(object()) is False
     err = capsys.readouterr().err
-    assert err.count("supervisor.client: warning") == 1 and "only be called once" in err  # warned once per kind
+    assert err.count("supervisor.client: warning") == 1 and "only be called once" in err
+    api._warned.clear()
+    not_ddp = type("FullyShardedDataParallel", (), {"register_comm_hook": FakeDDP.register_comm_hook})()
+    assert client.watch_ddp(not_ddp) is False
+    assert "needs a DistributedDataParallel model, got FullyShardedDataParallel" in capsys.readouterr().err
 
 
 def test_waiting_counts_the_block_as_wait(slot_dir: Path) -> None:
