@@ -71,6 +71,9 @@ def interval_text(a: dict[str, Any]) -> str:
     delta = "-" if a.get("delta_s") is None else f"{a['delta_s']:.2f} s"
     restart = "-" if a.get("restart_s") is None else f"{a['restart_s']:.0f} s"
     mtbf = "-" if a.get("mtbf_s") is None else f"{a['mtbf_s'] / 3600:.1f} h"
+    if a.get("mode") == "auto" and a.get("delta_s") is None:
+        return (f"{a['interval_s']:.0f} s after the first step (auto: a first checkpoint, to measure the stall; "
+                f"restart {restart}, MTBF {mtbf} {a.get('mtbf_source')})")
     return (f"{a['interval_s']:.0f} s ({a.get('mode')}; stall {delta}, restart {restart}, MTBF {mtbf} "
             f"{a.get('mtbf_source')}; predicted goodput {pct(a.get('predicted_goodput'))}, "
             f"best {pct(a.get('optimum_goodput'))})")

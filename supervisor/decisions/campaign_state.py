@@ -136,9 +136,10 @@ class Accounting:
                 "ettr": round(total["productive"] / wall, 4) if wall > 0 else None,
                 "badput_s": goodput.to_seconds({k: total[k] for k in goodput.BADPUT}),
                 "ideal_step_s": book["ideal_step_s"],
-                "before_first_launch_s": goodput.to_seconds(book["pre_launch_ms"]),
-                "by_class": {
-                    cls: {"interruptions": entry["count"], "badput_s": goodput.to_seconds(entry["buckets_ms"]),
+                "before_first_launch_s": goodput.to_seconds(_every_bucket(book["pre_launch_ms"])),
+                "by_class": {  # every badput bucket, zeros included (the contract: nothing to guess)
+                    cls: {"interruptions": entry["count"],
+                          "badput_s": goodput.to_seconds(_every_bucket(entry["buckets_ms"])),
                           "total_s": sum(entry["buckets_ms"].values()) / 1000}
                     for cls, entry in sorted(book["by_class"].items())
                 },  # fmt: skip
@@ -149,6 +150,10 @@ class Accounting:
 LEDGER_EVENTS = frozenset({ev.CAMPAIGN_STARTED, ev.ATTEMPT_STARTED, ev.STEP_LAUNCHED, ev.INTERRUPTION,
                            ev.ATTEMPT_ENDED, ev.CAMPAIGN_ENDED, ev.STEP_PROGRESS, ev.CHECKPOINT_STALL,
                            ev.CHECKPOINT_COMMITTED, goodput.PREFLIGHT})  # fmt: skip
+
+
+def _every_bucket(ms: Mapping[str, int]) -> dict[str, int]:
+    return {k: ms.get(k, 0) for k in goodput.BADPUT}
 
 
 def _row_goodput(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -99,7 +99,7 @@ def _check(delta_s: float, mtbf_s: float) -> None:
 class Advice:
     """The interval to ask the ranks for, with everything it was computed from (for ``report`` and ``status``)."""
 
-    interval_s: float | None  # None: do not ask (setting "off", or no stall measured yet under "auto")
+    interval_s: float | None  # None: do not ask (setting "off"); FIRST_ASK_S under "auto" before a stall
     mode: str  # "auto" | "fixed" | "off"
     delta_s: float | None
     restart_s: float | None
@@ -110,6 +110,13 @@ class Advice:
 
     def to_dict(self) -> dict[str, object]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+# Under "auto", before any checkpoint stall was measured: ask a first checkpoint this long after a launch's first
+# step, so the stall is measured (and the run has a restart point) early instead of never (a program that leaves
+# checkpoints to "auto" would otherwise never save). Five minutes: past the warm-up (compilation, the data
+# loader's fill), short next to any MTBF, and one extra stall per campaign at most once it is measured.
+FIRST_ASK_S = 300.0
 
 
 def observed_mtbf_s(interruption_times: Iterable[float], observed_s: float) -> float | None:
@@ -147,8 +154,8 @@ def advise(
     if setting == OFF:
         return Advice(None, "off", delta_s, restart_s, mtbf, source, None, _optimum(delta_s, restart, mtbf))
     if setting == AUTO:
-        if delta_s is None:
-            return Advice(None, "auto", None, restart_s, mtbf, source, None, None)
+        if delta_s is None:  # a first checkpoint, to measure the stall
+            return Advice(FIRST_ASK_S, "auto", None, restart_s, mtbf, source, None, None)
         interval = max(1.0, daly_interval(delta_s, mtbf))
         return Advice(interval, "auto", delta_s, restart_s, mtbf, source,
                       goodput_first_order(interval, delta_s, restart, mtbf), best_goodput(delta_s, restart, mtbf))  # fmt: skip

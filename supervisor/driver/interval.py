@@ -2,7 +2,8 @@
 
 Under ``"auto"`` the interval is Daly's, from the checkpoint stall the clients measured (``checkpoint_stall``
 events), the restart cost and this campaign's interruption rate, else the configured or site prior MTBF
-(``decisions.checkpoint_interval.advise_from_journal``, recomputed every ``ADVICE_S``). When that much time has
+(``decisions.checkpoint_interval.advise_from_journal``, recomputed every ``ADVICE_S``); before any stall was
+measured, a first checkpoint is asked ``FIRST_ASK_S`` after the launch's first step, to measure it. When that much time has
 passed since the launch's last checkpoint (or its first step), every rank is asked through the checkpoint-request
 path (``CheckpointRequest``: the slot's FLAG_CHECKPOINT with a new request number), so ``client.should_checkpoint()``
 answers True until its ``phase("checkpoint")`` block completes. The advice is journaled (``checkpoint_interval``)
@@ -67,13 +68,17 @@ class IntervalAsker:
         if self.request is None and ci.due(advice, now - self.anchor):
             self.request = CheckpointRequest(self.channel, lambda: self.ranks, self.flag)
             step = min(r.step for r in self.ranks)
-            self.record(ev.checkpoint_requested(now, f"interval {advice.interval_s:.0f} s ({advice.mode})", step))
+            first = advice.mode == "auto" and advice.delta_s is None
+            why = "auto: a first checkpoint, to measure the stall" if first else advice.mode
+            self.record(ev.checkpoint_requested(now, f"interval {advice.interval_s:.0f} s ({why})", step))
         if self.request is not None:
             self.request.deliver()
 
 
 def _changed(old: ci.Advice | None, new: ci.Advice) -> bool:
     if old is None or old.mtbf_source != new.mtbf_source or (old.interval_s is None) != (new.interval_s is None):
+        return True
+    if (old.delta_s is None) != (new.delta_s is None):  # the first stall measured: the advice's basis changed
         return True
     if old.interval_s is None or new.interval_s is None:
         return False

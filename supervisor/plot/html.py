@@ -8,7 +8,7 @@ import math
 from datetime import datetime, timezone
 from typing import Any
 
-from supervisor.plot.timeline import Timeline, colour, end_of, place_labels, thinned
+from supervisor.plot.timeline import Timeline, colour, duration, end_of, place_labels, thinned
 
 _W, _LEFT, _RIGHT = 1100, 120, 30
 _STYLE = "font-family:DejaVu Sans,Arial,sans-serif;margin:16px;color:#222"
@@ -123,7 +123,7 @@ def _bar(parts: list[tuple[str, float]], wall: float, y: float) -> str:
         x += w
     lx, ly = float(_LEFT), y + 40
     for name, seconds in parts:
-        text = f"{name} {seconds / wall:.1%}"
+        text = f"{name} {seconds / wall:.1%} ({duration(seconds)})"
         if lx + 24 + 7.5 * len(text) > _W - _RIGHT:
             lx, ly = float(_LEFT), ly + 18
         out.append(f'<rect x="{lx:.1f}" y="{ly - 10}" width="12" height="12" fill="{colour(name)}"/>'
@@ -134,8 +134,9 @@ def _bar(parts: list[tuple[str, float]], wall: float, y: float) -> str:
 
 def _page(title: str, header: str, width: int, height: float, body: str) -> str:
     return (f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{_esc(title)}</title></head>'
-            f'<body style="{_STYLE}">{header}\n<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
-            f'height="{height:.0f}" viewBox="0 0 {width} {height:.0f}">{body}</svg></body></html>\n')  # fmt: skip
+            f'<body style="{_STYLE}">{header}\n<svg xmlns="http://www.w3.org/2000/svg" width="100%" '
+            f'style="max-width:{width}px;height:auto" viewBox="0 0 {width} {height:.0f}">{body}</svg></body></html>\n')
+    # width 100% of the window up to its own: a narrow window scales the picture instead of cutting its right side
 
 
 def comparison(doc: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from supervisor.plot.timeline import BADPUT_COLOURS, Timeline, colour, end_of, place_labels, thinned
+from supervisor.plot.timeline import duration as _duration
 
 
 def _pyplot() -> Any:
@@ -22,14 +23,6 @@ def _pyplot() -> Any:
 
 def _date(t: float) -> datetime:
     return datetime.fromtimestamp(t, tz=timezone.utc).replace(tzinfo=None)
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 7200:
-        return f"{seconds / 3600:.1f} h"
-    if seconds >= 120:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds:.1f} s"
 
 
 def timeline(tl: Timeline, path: str) -> None:
@@ -106,7 +99,9 @@ def timeline(tl: Timeline, path: str) -> None:
     lanes.set_ylabel(lanes_title)
     locator = mdates.AutoDateLocator(minticks=4, maxticks=10)
     lanes.xaxis.set_major_locator(locator)
-    lanes.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    concise = mdates.ConciseDateFormatter(locator)
+    concise.formats[5] = "%H:%M:%S"  # ticks seconds apart: the clock time, not a bare "30" next to "11:41"
+    lanes.xaxis.set_major_formatter(concise)
     lanes.set_xlabel("wall clock (UTC)")
 
     _split_bar(bar, tl.goodput, tl.wall_s)

@@ -160,6 +160,13 @@ def build(events: Iterable[Mapping[str, Any]], now: float, goodput: Mapping[str,
     return tl
 
 
+def duration(seconds: float) -> str:
+    """A length of wall clock for a label: seconds, minutes or hours."""
+    if seconds >= 7200:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 120 else f"{seconds:.1f} s"
+
+
 def end_of(span: Span, tl: Timeline) -> float:
     return span.end if span.end is not None else tl.t1
 

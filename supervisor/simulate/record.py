@@ -7,7 +7,8 @@ writes: ``attempt_started`` / ``attempt_ended`` per Slurm run, ``preflight`` (wi
 ``step_launched`` (with ``resume_step``), ``step_progress`` (the first step after the restart, the last step
 before a fault), ``checkpoint_stall`` per checkpoint phase, ``checkpoint_committed`` once written,
 ``detection`` for hangs (its ``duration_s`` is the detection latency), ``interruption`` (class, blamed nodes,
-``last_step``), and ``campaign_ended`` (state ``completed``) at the end of the simulated horizon.
+``last_step``), and at the end of the simulated horizon a completion as the loop writes one (``interruption``
+``completed``, ``attempt_ended``, ``campaign_ended`` with state ``completed``).
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ class Recorder:
         self.sink(ev.attempt_started(self._at(t), JOB, self.restart, nodes, None))
 
     def finished(self, t: float, last_step: int) -> None:
-        """The horizon: training ends there (its state is kept, as a completed campaign's)."""
+        """The horizon: training ends there (its state is kept, as a completed campaign's), written as the loop
+        writes a completion: the launch's interruption (``completed``), the Slurm run's end, the campaign's."""
         self.sink(ev.step_progress(self._at(t), self.launch, last_step, self._at(t), 1))
+        self.sink({**ev.interruption_event(self._at(t), "completed", (), 0.95, ("end of the simulated horizon",)),
+                   "last_step": last_step, "launch": self.launch})  # fmt: skip
+        self.sink(ev.attempt_ended(self._at(t), JOB, "completed", (), (), last_step))
         self.sink(ev.campaign_ended(self._at(t), "completed", "end of the simulated horizon"))

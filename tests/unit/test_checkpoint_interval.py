@@ -60,7 +60,8 @@ def test_advice_prefers_observed_then_configured_then_site_prior() -> None:
 
 def test_advice_modes() -> None:
     assert ci.advise("off", delta_s=1.0, restart_s=60.0, nodes=4).interval_s is None
-    assert ci.advise("auto", delta_s=None, restart_s=None, nodes=4).interval_s is None  # nothing measured yet
+    first = ci.advise("auto", delta_s=None, restart_s=None, nodes=4)  # nothing measured yet: measure it early
+    assert first.interval_s == ci.FIRST_ASK_S and first.mode == "auto" and first.predicted_goodput is None
     fixed = ci.advise(1800, delta_s=30.0, restart_s=300.0, nodes=4, prior_mtbf_s=M)
     assert fixed.mode == "fixed" and fixed.interval_s == 1800.0
     assert fixed.predicted_goodput is not None and fixed.optimum_goodput is not None

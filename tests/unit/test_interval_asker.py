@@ -76,18 +76,46 @@ def test_auto_asks_at_dalys_interval_from_the_measured_stall_and_the_site_prior(
     assert len(flag_sends(channel)) == sends + 2
 
 
-def test_auto_waits_for_a_measured_stall_and_off_never_asks() -> None:
+def test_auto_asks_a_first_checkpoint_early_to_measure_the_stall_and_off_never_asks() -> None:
+    """Before any stall was measured, "auto" asks one checkpoint FIRST_ASK_S after the launch's first step (a
+    program that leaves checkpoints to "auto" would otherwise never save); once the ranks' checkpoint time
+    grew and the loop journaled the stall, Daly's interval from it takes over."""
     history: list[dict] = []
-    now, channel = [0.0], FakeChannel(JOB)
+    now, channel = [1000.0], FakeChannel(JOB)
     a = asker("auto", history, now, channel)
-    for t in (0.0, 1e5, 2e5):
-        now[0] = t
-        a.observe(live())
-    assert flag_sends(channel) == [] and history[-1]["interval_s"] is None
-    assert "waiting for a measured checkpoint stall" in render_text(fold(history, now=0.0))
+    a.observe(live())  # the first step
+    first = history[-1]
+    assert first["type"] == ev.CHECKPOINT_INTERVAL and first["interval_s"] == ci.FIRST_ASK_S
+    assert first["delta_s"] is None and flag_sends(channel) == []
+    text = render_text(fold(history, now=now[0]))
+    assert "checkpoint interval: 300 s after the first step (auto: a first checkpoint, to measure the stall" in text
+    now[0] = 1000.0 + ci.FIRST_ASK_S - 1
+    a.observe(live())
+    assert flag_sends(channel) == []
+    now[0] = 1000.0 + ci.FIRST_ASK_S
+    a.observe(live())
+    assert sorted((n, r) for n, r, _ in flag_sends(channel)) == [("n1", 0), ("n2", 1)]
+    assert history[-1]["type"] == ev.CHECKPOINT_REQUESTED and "to measure the stall" in history[-1]["reason"]
+    # the ranks save (their checkpoint time grows) and the loop journals the measured stall: the advice that
+    # follows is Daly's for it, journaled although the interval may not have moved by 5 %
+    now[0] += 3
+    a.observe(live(ckpt_ms=2000))
+    history.append(ev.checkpoint_stall(now[0], 1, 10, 2.0, now[0], 2))
+    sends = len(flag_sends(channel))
+    now[0] += 61  # the advice is recomputed every minute
+    a.observe(live(ckpt_ms=2000))
+    advice = [e for e in history if e["type"] == ev.CHECKPOINT_INTERVAL][-1]
+    assert advice["delta_s"] == 2.0 and advice["interval_s"] == pytest.approx(
+        ci.daly_interval(2.0, ci.site_prior_mtbf_s(2048)), abs=1e-3)
+    assert len(flag_sends(channel)) == sends  # not due: the clock restarted at the checkpoint
     off = asker("off", history, now, channel)
     off.observe(live())
-    assert flag_sends(channel) == []
+    now[0] += 1e6
+    off.observe(live())
+    assert len(flag_sends(channel)) == sends
+    # a journal from before this rule (auto, no interval) still reads
+    assert "waiting for a measured checkpoint stall" in render_text(fold(
+        [ev.checkpoint_interval(0.0, "auto", {"interval_s": None, "mode": "auto"})], now=0.0))
 
 
 def test_a_fixed_interval_and_the_observed_mtbf() -> None:

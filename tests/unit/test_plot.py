@@ -67,7 +67,8 @@ def test_html_is_self_contained_and_draws_everything(tmp_path) -> None:  # type:
     assert len(lanes) == 6  # three launches on two nodes each
     assert len(svg.findall(f"{SVG}polyline")) == 1
     assert any(t.startswith("productive") for t in texts)
-    width = float(svg.get("width") or 0)
+    assert svg.get("width") == "100%"  # scales down in a narrow window instead of cutting the right side
+    width = float(svg.get("viewBox", "0 0 0 0").split()[2])
     for t in svg.iter(f"{SVG}text"):  # labels stay inside the picture
         assert 0 <= float(t.get("x") or 0) <= width
 

@@ -51,7 +51,7 @@ def test_goodput_accounts_every_second():
     bad = g["badput_s"]
     assert bad["queue"] == 30.0  # attempt_ended -> next attempt_started
     assert bad["restart"] == 10.0 + 2.0  # a Slurm run's start to its first launch
-    assert g["before_first_launch_s"] == {"restart": 10.0}
+    assert {k: v for k, v in g["before_first_launch_s"].items() if v} == {"restart": 10.0}
     assert bad["teardown"] == 4.0  # the hang's decision to the relaunch
     assert bad["detection"] == 6.0
     # launch 1 stepped from 10 s to 54 s (60 minus the 6 s hang detection) up to step 45 and was resumed from
@@ -59,9 +59,10 @@ def test_goodput_accounts_every_second():
     assert bad["lost_work"] == round(44 * 15 / 45, 3)
     assert g["productive_s"] + sum(bad.values()) == g["wall_s"]
     assert 0 < g["ettr"] < 1
-    assert g["by_class"]["hang"] == {"interruptions": 1, "total_s": 24.667,
-                                     "badput_s": {"lost_work": 14.667, "detection": 6.0, "teardown": 4.0}}
-    assert g["by_class"]["node_failure"]["badput_s"] == {"queue": 30.0, "restart": 2.0}
+    hang = g["by_class"]["hang"]
+    assert (hang["interruptions"], hang["total_s"]) == (1, 24.667)
+    assert {k: v for k, v in hang["badput_s"].items() if v} == {"lost_work": 14.667, "detection": 6.0, "teardown": 4.0}
+    assert {k: v for k, v in g["by_class"]["node_failure"]["badput_s"].items() if v} == {"queue": 30.0, "restart": 2.0}
 
 
 def test_running_campaign_is_accounted_up_to_now():

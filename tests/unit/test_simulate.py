@@ -183,6 +183,7 @@ def test_the_recorded_journal_folds_to_the_same_accounting() -> None:
     assert g["badput_s"]["checkpoint"] == pytest.approx(out.buckets["checkpoint"], abs=out.checkpoints * 1.0 + 1)
     assert g["badput_s"]["queue"] == pytest.approx(out.buckets["queue"])
     interrupted = [a["outcome"]["class"] for a in doc["attempts"] if a["outcome"]]
+    assert interrupted.pop() == "completed" and doc["state"] == "completed"  # the horizon, written as a completion
     assert sorted(set(interrupted)) == sorted(out.interruptions)
     assert len(interrupted) == sum(out.interruptions.values())
 
