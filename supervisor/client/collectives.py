@@ -46,6 +46,18 @@ def _timed(inner: Callable[[Any, Any], Any], mono: Callable[[], int] = time.mono
     return timed_hook
 
 
+def _allreduce_as_builtin(process_group: Any, bucket: Any) -> Any:
+    """DDP's default gradient averaging as its built-in C++ hook computes it: scale by 1/size, then sum. Bitwise
+    the same gradients (torch's Python ``allreduce_hook`` divides instead, which differs in the last bit for a
+    world size that is not a power of two), so a supervised run matches an unsupervised one exactly."""
+    import torch.distributed as dist
+
+    group: Any = process_group if process_group is not None else dist.group.WORLD
+    tensor = bucket.buffer()
+    tensor.mul_(1.0 / group.size())
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
 def watch_ddp(model: Any, hook: Callable[[Any, Any], Any] | None = None, state: Any = None) -> bool:
     """Measure this rank's collective waits in a ``DistributedDataParallel`` model's backward pass. Call once,
     before training. ``hook``/``state``: your own comm hook and its state, if you use one (it is wrapped; DDP
@@ -60,9 +72,7 @@ def watch_ddp(model: Any, hook: Callable[[Any, Any], Any] | None = None, state: 
                         "pass the DDP-wrapped model, or time your collectives with client.waiting()")  # fmt: skip
         return False
     if hook is None:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        hook, state = allreduce_hook, getattr(model, "process_group", None)
+        hook, state = _allreduce_as_builtin, getattr(model, "process_group", None)
     try:
         model.register_comm_hook(state, _timed(hook))
     except (RuntimeError, TypeError, ValueError) as exc:
