@@ -8,7 +8,11 @@ this launch, ``--nnodes`` of this launch and ``--max-restarts=0`` (restarts belo
 
 Per task (from srun's layout): ``RANK=$SLURM_PROCID``, ``LOCAL_RANK=$SLURM_LOCALID``, ``NODE_RANK=$SLURM_NODEID``,
 exported by a fixed shell text before ``exec`` of the user's program, ``/bin/sh -c TEXT sh ARGV...``: the user's
-argv stays separate argv entries, never shell text, and the ``exec`` keeps the task's pid.
+argv stays separate argv entries, never shell text, and the ``exec`` keeps the task's pid. When the ranks were
+moved (``placed``: SLURM_HOSTFILE puts ``tasks_per_node`` consecutive ranks on each node, rank 0's node first)
+``NODE_RANK`` is ``RANK // LOCAL_WORLD_SIZE``, the node's place in rank order, because ``SLURM_NODEID`` is its
+place in Slurm's sorted node list, which the hostfile does not change. For torchrun's static rendezvous (the only
+one that reads ``--node-rank``) ``PET_NODE_RANK`` is exported the same way.
 
 A variable the user set (in the environment ``supervise`` runs in) is never overridden. Pure core (``plan``,
 ``shim``, ``choose_port``); the edge (``pick_port``) only tries a bind on this host.
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 
 # Per task: the variable and the srun variable it copies.
 PER_TASK = (("RANK", "SLURM_PROCID"), ("LOCAL_RANK", "SLURM_LOCALID"), ("NODE_RANK", "SLURM_NODEID"))
+_NODE_RANK_FLAG = (("PET_NODE_RANK", "SLURM_NODEID"),)  # torchrun's --node-rank, as NODE_RANK
 LAUNCH_WIDE = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 TORCHRUN = ("PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_NNODES", "PET_MAX_RESTARTS")
 
@@ -35,20 +40,35 @@ PORT_TRIES = 64
 
 @dataclass(frozen=True)
 class DistEnv:
-    """What one launch exports: ``env`` for srun's environment, ``per_task`` names the shim exports."""
+    """What one launch exports: ``env`` for srun's environment, ``per_task`` names the shim exports;
+    ``placed``: tasks per node when a hostfile places the ranks (NODE_RANK from RANK), else 0."""
 
     env: dict[str, str] = field(default_factory=dict)
     per_task: tuple[str, ...] = ()
+    placed: int = 0
 
     def wrap(self, command: Sequence[str]) -> list[str]:
-        return shim(self.per_task, command)
+        return shim(self.per_task, command, self.placed)
+
+
+def static_rendezvous(command: Sequence[str], user_env: Mapping[str, str]) -> bool:
+    """Whether torchrun in ``command`` is asked for the static rendezvous (``--rdzv-backend=static``, or
+    ``PET_RDZV_BACKEND=static`` set by the user): the only backend that reads ``--node-rank``."""
+    flags = ("--rdzv-backend", "--rdzv_backend")
+    for i, arg in enumerate(command):
+        name, eq, value = arg.partition("=")
+        if name in flags and (value if eq else (command[i + 1] if i + 1 < len(command) else "")) == "static":
+            return True
+    return user_env.get("PET_RDZV_BACKEND") == "static"
 
 
 def plan(
     nodes: Sequence[str], tasks_per_node: int, addresses: Mapping[str, str], port: int,
-    user_env: Mapping[str, str], run_id: str,
+    user_env: Mapping[str, str], run_id: str, *, placed: bool = False, node_rank_flag: bool = False,
 ) -> DistEnv:  # fmt: skip
-    """The launch's variables, leaving out every one ``user_env`` already has (the user's choice wins)."""
+    """The launch's variables, leaving out every one ``user_env`` already has (the user's choice wins).
+    ``placed``: a hostfile puts the ranks in ``nodes`` order (moved ranks); ``node_rank_flag``: also export
+    torchrun's ``PET_NODE_RANK`` (its static rendezvous, ``static_rendezvous``)."""
     if not nodes or tasks_per_node < 1:
         raise ValueError("a launch has at least one node and one task per node")
     addr = addresses.get(nodes[0]) or nodes[0]
@@ -65,17 +85,21 @@ def plan(
         "PET_MAX_RESTARTS": "0",
     }  # fmt: skip
     env = {k: v for k, v in wanted.items() if k not in user_env}
-    per_task = tuple(name for name, _ in PER_TASK if name not in user_env)
-    return DistEnv(env, per_task)
+    per_task = tuple(name for name, _ in (*PER_TASK, *(_NODE_RANK_FLAG if node_rank_flag else ())) if name not in user_env)
+    return DistEnv(env, per_task, tasks_per_node if placed else 0)
 
 
-def shim(per_task: Sequence[str], command: Sequence[str]) -> list[str]:
+def shim(per_task: Sequence[str], command: Sequence[str], placed: int = 0) -> list[str]:
     """``command`` run by ``/bin/sh -c`` after exporting ``per_task`` from srun's variables; the shell text is
-    fixed (built from the constant table), ``command`` follows as separate argv entries (``"$@"``)."""
+    fixed (built from the constant tables and the integer ``placed``), ``command`` follows as separate argv
+    entries (``"$@"``). ``placed`` > 0: the node rank is ``SLURM_PROCID / placed`` (a hostfile's block layout)."""
     if not per_task:
         return list(command)
-    source = dict(PER_TASK)
-    exports = " ".join(f'{name}="${source[name]}"' for name in per_task)  # names from PER_TASK only
+    source = {name: f'"${var}"' for name, var in (*PER_TASK, *_NODE_RANK_FLAG)}
+    if placed > 0:
+        node_rank = f'"$((SLURM_PROCID / {int(placed)}))"'
+        source.update(NODE_RANK=node_rank, PET_NODE_RANK=node_rank)
+    exports = " ".join(f"{name}={source[name]}" for name in per_task)  # names from the tables only
     return ["/bin/sh", "-c", f'export {exports}; exec "$@"', "sh", *command]
 
 

@@ -420,7 +420,7 @@ class Supervisor:
         nodes = launcher.step_nodes(self.layout, excluded, self.rank_shift)  # in rank order
         in_order = tuple(n for n in self.layout.nodes if n in set(nodes))
         moved = nodes != in_order
-        dist = self._dist_env(nodes)  # MASTER_ADDR: rank 0's node, moved or not
+        dist = self._dist_env(nodes, moved)  # MASTER_ADDR: rank 0's node, moved or not
         argv = launcher.train_argv(self.layout, dist.wrap(self.spec.command), self.launches, excluded,
                                    self.config.run.srun_args, nodelist=() if moved else nodes,
                                    arbitrary=moved)  # fmt: skip
@@ -443,7 +443,7 @@ class Supervisor:
         proc = self.start_step(argv, env, log_path, self.spec.cwd)
         return Launch(self.launches, name, proc, log_path, time.monotonic(), nodes)
 
-    def _dist_env(self, nodes: tuple[str, ...]) -> distenv.DistEnv:
+    def _dist_env(self, nodes: tuple[str, ...], moved: bool = False) -> distenv.DistEnv:
         """torch's env:// variables (and torchrun's defaults) for this launch; the user's own win."""
         user = os.environ
         master = user.get("MASTER_ADDR") or self.node_addresses.get(nodes[0]) or nodes[0]
@@ -451,4 +451,5 @@ class Supervisor:
             master, self.master_ports)
         self.master_ports.append(port)
         run_id = f"{self.job_id or 'job'}-{self.env.restart_count}-{self.launches}"
-        return distenv.plan(nodes, self.layout.tasks_per_node, self.node_addresses, port, user, run_id)
+        return distenv.plan(nodes, self.layout.tasks_per_node, self.node_addresses, port, user, run_id, placed=moved,
+                            node_rank_flag=distenv.static_rendezvous(self.spec.command, user))

@@ -1,7 +1,8 @@
 """A program that never calls the client (here a POSIX shell script: any binary) is supervised by what can be
 seen without heartbeats, as the README promises: its ranks' process state (found in /proc by the node agents; a
 stopped rank is a hang), srun's exit codes and its log lines (an exit with an error is an application error and
-is relaunched), and a clean exit completes the campaign. It also gets the launch's distributed environment."""
+is relaunched, with the ranks moved), and a clean exit completes the campaign. It also gets the launch's
+distributed environment, NODE_RANK following the hostfile when the ranks were moved."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ PROGRAM = """#!/bin/sh
 # never calls the client; each rank waits for the test to say how it ends, per launch (by its MASTER_PORT)
 f="$1/exit-$MASTER_PORT-$RANK"
 echo "rank $RANK of $WORLD_SIZE up, master $MASTER_ADDR:$MASTER_PORT, local rank $LOCAL_RANK"
+echo "rank $RANK on $SLURMD_NODENAME node rank $NODE_RANK"
 while [ ! -e "$f" ]; do sleep 0.2; done
 code=$(cat "$f")
 # (srun ends the step at the first bad exit and may drop a dying task's last lines: give them a second)
@@ -67,5 +69,12 @@ def test_a_program_without_the_client_is_supervised_by_process_state_exit_codes_
         assert third["class"] == "completed"
         logs = camp.logs()
         assert "1: fatal: input shard 1 is corrupt" in logs and "rank 1 of 2 up, master 127.0.0.1:" in logs
+        # the app error kept to one node and rank: launch 3 moved the ranks (rank 0 on the other node, placed by
+        # SLURM_HOSTFILE with --distribution=arbitrary); NODE_RANK follows the placement, not Slurm's node order
+        moved = launches(camp)[2]["rank_nodes"]
+        assert moved == launches(camp)[1]["nodes"][::-1], launches(camp)
+        third_log = next(camp.root.glob("logs/*/train-3.log")).read_text()
+        for rank, node in enumerate(moved):
+            assert f"rank {rank} on {node} node rank {rank}" in third_log, third_log
     finally:
         cancel(camp.job_id)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.driver import distenv
+from supervisor.driver import distenv, launcher
 
 
 def test_a_launch_gets_master_world_and_torchrun_defaults() -> None:
@@ -58,6 +58,54 @@ def test_the_shim_exports_srun_layout_and_passes_argv_untouched(tmp_path: Path) 
     assert out["env"] == {"RANK": "5", "LOCAL_RANK": "1", "NODE_RANK": "2"}
     assert out["pid"] == proc.pid
     assert not (tmp_path / "x").exists()
+
+
+def _run_shim(argv: list[str], env: dict[str, str]) -> dict[str, str]:
+    code = "import json, os; print(json.dumps({k: os.environ.get(k) for k in ('RANK', 'NODE_RANK', 'PET_NODE_RANK')}))"
+    out = subprocess.run([*argv, sys.executable, "-c", code], env={**env, "PATH": "/usr/bin:/bin"}, text=True,
+                         stdout=subprocess.PIPE, check=True, timeout=30).stdout  # fmt: skip
+    return json.loads(out)
+
+
+def test_moved_ranks_get_the_node_rank_of_the_hostfile_not_slurms_node_order() -> None:
+    """Ranks moved by one node (rank 0 on n3): SLURM_HOSTFILE puts ranks 0,1 on n3 and 2,3 on n1, but Slurm
+    numbers the step's nodes in its own order (n1 = SLURM_NODEID 0). NODE_RANK (and torchrun's --node-rank,
+    for its static rendezvous) must follow the hostfile, as RANK // LOCAL_WORLD_SIZE, so node rank 0 is
+    MASTER_ADDR's node."""
+    nodes, tpn = ("n3", "n1"), 2
+    hostfile = launcher.hostfile_text(nodes, tpn).split()
+    d = distenv.plan(nodes, tpn, {"n3": "10.0.0.3", "n1": "10.0.0.1"}, 23456, {}, "r", placed=True, node_rank_flag=True)
+    assert d.env["MASTER_ADDR"] == "10.0.0.3"
+    slurm_node_id = {n: i for i, n in enumerate(sorted(nodes))}  # what srun sets: n1 -> 0, n3 -> 1
+    for rank, node in enumerate(hostfile):
+        env = _run_shim(d.wrap([]), {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank % tpn),
+                                     "SLURM_NODEID": str(slurm_node_id[node])})  # fmt: skip
+        assert env["RANK"] == str(rank)
+        assert env["NODE_RANK"] == env["PET_NODE_RANK"] == str(nodes.index(node)) == str(rank // tpn)
+
+
+def test_in_place_ranks_keep_srun_node_id_and_torchrun_node_rank_only_for_the_static_rendezvous() -> None:
+    plain = distenv.plan(("n1", "n2"), 1, {}, 23456, {}, "r")
+    assert plain.placed == 0 and "PET_NODE_RANK" not in plain.per_task  # c10d ignores --node-rank (and warns)
+    env = _run_shim(plain.wrap([]), {"SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"})
+    assert (env["NODE_RANK"], env["PET_NODE_RANK"]) == ("1", None)
+    static = distenv.plan(("n1", "n2"), 1, {}, 23456, {}, "r", node_rank_flag=True)
+    assert _run_shim(static.wrap([]), {"SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"}
+                     )["PET_NODE_RANK"] == "1"  # fmt: skip
+    user = distenv.plan(("n1", "n2"), 1, {}, 23456, {"PET_NODE_RANK": "0"}, "r", node_rank_flag=True)
+    assert "PET_NODE_RANK" not in user.per_task
+
+
+@pytest.mark.parametrize(("command", "user", "static"), [
+    (["torchrun", "--rdzv-backend=static", "t.py"], {}, True),
+    (["torchrun", "--rdzv_backend", "static", "t.py"], {}, True),
+    (["torchrun", "--nproc-per-node=2", "t.py"], {"PET_RDZV_BACKEND": "static"}, True),
+    (["torchrun", "--rdzv-backend=c10d", "t.py"], {}, False),
+    (["torchrun", "t.py", "--rdzv-backend"], {}, False),
+    (["python", "t.py"], {}, False),
+])  # fmt: skip
+def test_static_rendezvous_is_read_from_torchruns_flag_or_the_users_environment(command, user, static) -> None:
+    assert distenv.static_rendezvous(command, user) is static
 
 
 def test_no_shim_when_the_user_set_every_per_task_variable() -> None:
