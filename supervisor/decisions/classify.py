@@ -343,8 +343,11 @@ def _log_findings(e: Evidence, signatures: Sequence[LogSignature]) -> list[Findi
 
 def _infrastructure_findings(e: Evidence) -> list[Finding]:
     found = []
+    # A bad node outside this launch's nodes did not end it: a node lost earlier and replaced by a spare stays
+    # DOWN in the allocation (every later ending would be blamed on it), a spare lost meanwhile interrupts nothing.
+    launch_nodes = set(e.allocation_nodes)
     for node, state in sorted(e.node_states.items()):
-        if node_state_is_bad(state):
+        if node_state_is_bad(state) and (not launch_nodes or node in launch_nodes):
             found.append(Finding(ev.NODE_FAILURE, 0.9, f"Slurm node {node} is {state}", (node,)))
     for node, problems in sorted(e.gpu_faults.items()):
         for problem in problems:

@@ -68,6 +68,24 @@ def test_a_dead_node_explains_its_peers_comm_errors_and_the_stall():
     assert result.cls == ev.NODE_FAILURE and result.blamed_nodes == ("node2",)
 
 
+def test_a_down_node_outside_the_launch_does_not_end_it():
+    """A node lost earlier and replaced by a spare stays DOWN in the allocation: the next launch's clean end is
+    a completion, its crash the program's, not a node failure blamed on the excluded node (seen on the local
+    cluster: every later launch was 'node_failure: Slurm node node2 is DOWN', relaunched until the budget ran
+    out). A bad node of the launch itself still is a node failure."""
+    states = {"node1": "MIXED", "node2": "DOWN+NOT_RESPONDING", "node3": "MIXED"}
+    clean = (RankExit("node1", 0, 0), RankExit("node3", 1, 0))
+    done = classify(Evidence(node_states=states, allocation_nodes=("node1", "node3"), rank_exits=clean))
+    assert done.cls == ev.COMPLETED and done.blamed_nodes == ()
+    crash = classify(Evidence(node_states=states, allocation_nodes=("node1", "node3"),
+                              rank_exits=(RankExit("node3", 1, 3),)))  # fmt: skip
+    assert crash.cls == ev.APP_ERROR and "node2" not in crash.blamed_nodes
+    inside = classify(Evidence(node_states=states, allocation_nodes=("node1", "node2"), rank_exits=clean))
+    assert inside.cls == ev.NODE_FAILURE and inside.blamed_nodes == ("node2",)
+    unknown = classify(Evidence(node_states=states, rank_exits=clean))  # the launch's nodes unknown: as before
+    assert unknown.cls == ev.NODE_FAILURE
+
+
 def test_launch_failure_on_a_dead_node_blames_it():
     line = LogLine("srun: error: Task launch for StepId=12.0 failed on node node2: Communication connection failure")
     result = classify(Evidence(log_lines=(line,)))
