@@ -40,6 +40,10 @@ def render_text(report: dict[str, Any]) -> str:
             lines.append(f"launch {i}: {len(stacks['saved'])} stack dump(s) saved before the kill")
         for miss in stacks.get("without_stack", []):
             lines.append(f"launch {i}: no stack for rank {miss['rank']} on {miss['node']}: {miss['why']}")
+        restarts = a.get("torchrun_restarts") or {}
+        if restarts:
+            by_node = ", ".join(f"{node} x{n}" for node, n in sorted(restarts.items()))
+            lines.append(f"launch {i}: torchrun restarted its workers {sum(restarts.values())} time(s) ({by_node})")
     g = report["goodput"]
     lines.append(f"excluded nodes: {', '.join(report['excluded_nodes']) or 'none'}")
     ck = report["checkpoints"]["latest_valid"]

@@ -86,6 +86,8 @@ class Accounting:
             self.launches.append(self.current)
             self.excluded.update(e.get("excluded", []))
         elif kind == ev.INTERRUPTION:
+            if e.get("torchrun_restarts") and self.current is not None:  # torchrun's own, inside the launch
+                self.current["torchrun_restarts"] = dict(e["torchrun_restarts"])
             self._close(e.get("class", "unknown"), t, e.get("blamed_nodes", []), e.get("evidence", []),
                         e.get("last_step"))  # fmt: skip
         elif kind == ev.STACKS and self.launches:
@@ -127,6 +129,7 @@ class Accounting:
             "state": self.state,
             "reason": self.reason,
             "attempts": launches,
+            "torchrun_restarts": sum(n for a in launches for n in (a.get("torchrun_restarts") or {}).values()),
             "excluded_nodes": sorted(self.excluded),
             "checkpoints": {"latest_valid": self.latest_ckpt, "quarantined": list(self.quarantined)},
             "checkpoint_interval": self.interval,

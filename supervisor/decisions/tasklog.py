@@ -204,3 +204,28 @@ def torchrun_worker_exits(lines: Iterable[str]) -> tuple[WorkerExit, ...]:
                 out[rank] = (task in in_root, WorkerExit(task, rank, int(c.group(1))))
     ordered = sorted(out.values(), key=lambda e: not e[0])  # stable: root causes first, in log order
     return tuple(w for _, w in ordered)
+
+
+# torchrun's error line each time a worker group of its node fails (torch.distributed.elastic.multiprocessing):
+# "E1203 08:04:14.767000 20095 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9)
+# local_rank: 1 (pid: 20188) of binary: /venv/bin/python3". With --max-restarts > 0 torchrun then restarts the
+# group if it has restarts left; after its last one it gives up and prints its failure summary (Root Cause).
+_ELASTIC_GROUP_FAILED = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of (?:binary|fn)")
+
+
+def torchrun_restarts(lines: Iterable[str]) -> dict[int, int]:
+    """srun task (a node's torchrun) -> how many times that torchrun restarted its workers after a failure:
+    its group failures, less the last one when it then gave up (printed its failure summary). Restarts for a
+    peer's membership change are not failures (torchrun does not count them either) and are not logged."""
+    failures: dict[int, int] = {}
+    gave_up: set[int] = set()
+    for line in lines:
+        task, text = split_label(line)
+        if task is None:
+            continue
+        if _ELASTIC_GROUP_FAILED.search(text):
+            failures[task] = failures.get(task, 0) + 1
+        elif _ELASTIC_ROOT.match(text) and failures.get(task):
+            gave_up.add(task)
+    out = {task: n - (task in gave_up) for task, n in failures.items()}
+    return {task: n for task, n in sorted(out.items()) if n > 0}

@@ -62,6 +62,26 @@ def static_rendezvous(command: Sequence[str], user_env: Mapping[str, str]) -> bo
     return user_env.get("PET_RDZV_BACKEND") == "static"
 
 
+LAUNCHER_NAMES = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+
+
+def torchrun_restarts_on(command: Sequence[str], user_env: Mapping[str, str]) -> bool:
+    """Whether ``command`` runs torchrun with its own restarts turned on: ``--max-restarts N`` (or
+    ``--max_restarts``) with N > 0, else the user's ``PET_MAX_RESTARTS`` > 0 (the supervisor's default is 0)."""
+    if not any(a.rsplit("/", 1)[-1] in LAUNCHER_NAMES for a in command):
+        return False
+    flags = ("--max-restarts", "--max_restarts")
+    value = user_env.get("PET_MAX_RESTARTS", "0")
+    for i, arg in enumerate(command):
+        name, eq, given = arg.partition("=")
+        if name in flags:
+            value = given if eq else (command[i + 1] if i + 1 < len(command) else "0")
+            break
+        if not arg.startswith("-") and i > 0 and command[i - 1] not in flags and arg.endswith(".py"):
+            break  # the training script: what follows are its own arguments
+    return value.strip().isdigit() and int(value) > 0
+
+
 def plan(
     nodes: Sequence[str], tasks_per_node: int, addresses: Mapping[str, str], port: int,
     user_env: Mapping[str, str], run_id: str, *, placed: bool = False, node_rank_flag: bool = False,

@@ -72,6 +72,22 @@ def tail(path: Path, max_bytes: int = 65536) -> list[str]:
         return []
 
 
+def torchrun_restarts(path: Path, step_nodes: Sequence[str], tasks_per_node: int = 1) -> dict[str, int]:
+    """node -> restarts of its workers by torchrun itself during the launch (``--max-restarts`` > 0), read from
+    the whole launch log (a restart early in a long launch is not in the tail); {} when there were none."""
+    try:
+        with open(path, errors="replace") as f:
+            by_task = tasklog.torchrun_restarts(f)
+    except OSError:
+        return {}
+    nodes = tasklog.task_nodes(step_nodes, tasks_per_node) if step_nodes else ()
+    out: dict[str, int] = {}
+    for task, n in by_task.items():
+        node = nodes[task] if task < len(nodes) else f"task {task}"
+        out[node] = out.get(node, 0) + n
+    return out
+
+
 def rank_exits(ranks: Sequence[Any]) -> tuple[cl.RankExit, ...]:
     """How each rank process of the launch ended, from the agents' reports (heartbeat rank views)."""
     return tuple(

@@ -46,6 +46,7 @@ class Launch:
     log_path: Path
     started: float
     nodes: tuple[str, ...]
+    worker_restarts: bool = False  # torchrun may restart its workers inside the launch (--max-restarts > 0)
 
 
 def agent_argv(

@@ -318,7 +318,9 @@ class Supervisor:
                 restarts_here=max(0, self.launches - 1), signatures=self.signatures,
                 slurm_kills_on_node_failure=not self._no_kill(), min_needed=self.config.run.min_nodes or None,
             )  # fmt: skip
-            self.record({**interruption.to_event(self.clock()), "launch": launch.number, "last_step": last_step(found)})
+            restarts = evidence.torchrun_restarts(launch.log_path, launch.nodes, self.layout.tasks_per_node)
+            self.record({**interruption.to_event(self.clock()), "launch": launch.number, "last_step": last_step(found),
+                         **({"torchrun_restarts": restarts} if restarts else {})})  # torchrun's own, docs/launch.md
             outcome = self.actuators.carry_out(Situation(launch, interruption, decision, found, state.history))
             self._final_progress(launch)  # a checkpoint saved on the way out (preemption, time limit, cancel)
             if interruption.cls == ev.NUMERICAL:  # the launch is gone now: no checkpoint can appear after this
@@ -441,7 +443,8 @@ class Supervisor:
         self.checkpoints.launched(resume_step)
         self.watcher.forget_ranks()
         proc = self.start_step(argv, env, log_path, self.spec.cwd)
-        return Launch(self.launches, name, proc, log_path, time.monotonic(), nodes)
+        return Launch(self.launches, name, proc, log_path, time.monotonic(), nodes,
+                      worker_restarts=distenv.torchrun_restarts_on(self.spec.command, os.environ))
 
     def _dist_env(self, nodes: tuple[str, ...], moved: bool = False) -> distenv.DistEnv:
         """torch's env:// variables (and torchrun's defaults) for this launch; the user's own win."""

@@ -45,6 +45,13 @@ STOP_CHECK_S = 1.0  # how often the campaign directory is looked at for a user's
 EXIT_SETTLE_S = 0.6  # after srun exits: time for the agents to report how each rank ended
 
 
+def back_again(pending: list[DetectionEvent], ranks: Any) -> list[DetectionEvent]:
+    """``pending`` without the exits of ranks that run again (a live process under the same rank: torchrun
+    restarted its workers inside the launch, ``--max-restarts`` > 0; counted from its log at the launch's end)."""
+    alive = {r.rank for r in ranks if r.state not in procstate.ENDED}
+    return [d for d in pending if not (d.kind == RANK_EXITED and d.ranks and set(d.ranks) <= alive)]
+
+
 class Watcher:
     def __init__(
         self,
@@ -139,6 +146,9 @@ class Watcher:
                 return WatchResult("detection", detections=tuple(pending + held + faults))
             if held and not (self.nodeloss is not None and self.nodeloss.undecided):
                 return WatchResult("detection", detections=tuple(pending + held))
+            if pending and launch.worker_restarts:  # torchrun restarted them: new processes under the same ranks
+                pending = back_again(pending, self.live(launch).ranks)
+                exited_since = exited_since if any(d.kind == RANK_EXITED for d in pending) else None
             if exited_since is not None and now - exited_since > self.exit_grace(launch, pending) \
                     and (now - exited_since > ALL_EXITED_GRACE_S or not self.all_ranks_ended(launch)):  # fmt: skip
                 return WatchResult("detection", detections=tuple(pending + self.verdict_on_silent_nodes(launch)))
@@ -168,6 +178,8 @@ class Watcher:
     def exit_grace(self, launch: Launch, pending: list[DetectionEvent]) -> float:
         """How long srun may outlive exited ranks: EXIT_GRACE_S after a crash; after normal exits (code 0 or
         atexit ran) the peers are finishing too and get the detector's finish allowance."""
+        if launch.worker_restarts:  # torchrun stops the group's other workers and rendezvous again first
+            return ALL_EXITED_GRACE_S
         exited = {r for d in pending if d.kind == RANK_EXITED for r in d.ranks}
         views = [r for r in self.live(launch).ranks if r.rank in exited]
         if views and len({r.rank for r in views}) == len(exited) and all(map(finished_normally, views)):

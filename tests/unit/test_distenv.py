@@ -108,6 +108,19 @@ def test_static_rendezvous_is_read_from_torchruns_flag_or_the_users_environment(
     assert distenv.static_rendezvous(command, user) is static
 
 
+@pytest.mark.parametrize(("command", "user", "on"), [
+    (["torchrun", "--nproc-per-node=2", "t.py"], {}, False),  # the supervisor's PET_MAX_RESTARTS=0
+    (["torchrun", "--max-restarts=2", "t.py"], {}, True),
+    (["python", "-m", "torch.distributed.run", "--max_restarts", "1", "t.py"], {}, True),
+    (["torchrun", "--max-restarts=0", "t.py"], {"PET_MAX_RESTARTS": "3"}, False),  # the flag wins
+    (["torchrun", "t.py"], {"PET_MAX_RESTARTS": "3"}, True),
+    (["torchrun", "t.py", "--max-restarts=5"], {}, False),  # the script's own argument
+    (["python", "t.py", "--max-restarts=5"], {}, False),  # not torchrun
+])  # fmt: skip
+def test_torchruns_own_restarts_are_read_from_its_flag_or_the_users_environment(command, user, on) -> None:
+    assert distenv.torchrun_restarts_on(command, user) is on
+
+
 def test_no_shim_when_the_user_set_every_per_task_variable() -> None:
     assert distenv.shim((), ["python", "train.py"]) == ["python", "train.py"]
 

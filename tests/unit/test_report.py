@@ -111,3 +111,16 @@ def test_a_completing_job_whose_end_moved_earlier_is_a_cancel():
     assert job_state_of(preempted, scheduled_end=4600) == "COMPLETING"
     running = SimpleNamespace(base_state="RUNNING", state="RUNNING", end_time=4600, preempt_time=None)
     assert job_state_of(running, scheduled_end=4600) == "RUNNING"
+
+
+def test_torchruns_own_restarts_are_counted_per_launch_and_in_total():
+    events = campaign()
+    events[5] = {**events[5], "torchrun_restarts": {"n2": 2}}  # the hang's launch: torchrun restarted twice first
+    events[13] = {**events[13], "torchrun_restarts": {"n1": 1, "n3": 1}}
+    report = fold(events, now=5000.0)
+    assert [a.get("torchrun_restarts") for a in report["attempts"]] == [{"n2": 2}, None, {"n1": 1, "n3": 1}]
+    assert report["torchrun_restarts"] == 4
+    text = render_text(report)
+    assert "launch 1: torchrun restarted its workers 2 time(s) (n2 x2)" in text
+    assert "launch 3: torchrun restarted its workers 2 time(s) (n1 x1, n3 x1)" in text
+    assert fold(campaign(), now=5000.0)["torchrun_restarts"] == 0

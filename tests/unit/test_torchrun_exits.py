@@ -5,7 +5,7 @@ torch 2.13's torchrun printed on the local cluster (tests/integration/test_launc
 
 from __future__ import annotations
 
-from supervisor.decisions.tasklog import WorkerExit, torchrun_worker_exits
+from supervisor.decisions.tasklog import WorkerExit, torchrun_restarts, torchrun_worker_exits
 from supervisor.driver import evidence
 
 LOG = """\
@@ -79,3 +79,51 @@ def test_a_killed_worker_is_classified_as_a_killed_rank_is_under_plain_srun_not_
     got = classify(found)
     assert got.cls != ev.COMM_ERROR and got.blamed_nodes == ()
     assert got.evidence[0] == "rank 3 on node2 was killed by SIGKILL (OOM killer or an outside kill)"
+
+
+# torchrun --max-restarts=1 on 2 nodes: node2's worker (rank 3) killed; its torchrun logs the group failure and
+# restarts (node1's torchrun restarts too, for the membership change: not a failure, not logged); later rank 0
+# fails on node1: node1 restarts its group; a second kill on node2 exhausts its one restart: it gives up.
+RESTARTS = """\
+1: E1203 11:20:00.100000 20095 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 20188) of binary: /venv/bin/python3
+0: step=31 loss=0.5
+0: E1203 11:21:00.100000 20001 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 20301) of binary: /venv/bin/python3
+1: E1203 11:22:00.100000 20095 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 20399) of binary: /venv/bin/python3
+1: torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+1: Root Cause (first observed failure):
+1: [0]:
+1:   rank      : 3 (local_rank: 1)
+1:   exitcode  : -9 (pid: 20399)  (SIGKILL)
+srun: error: node2: task 1: Exited with exit code 1
+""".splitlines()
+
+
+def test_torchruns_own_restarts_are_its_group_failures_less_the_one_it_gave_up_on():
+    assert torchrun_restarts(RESTARTS) == {0: 1, 1: 1}
+    assert torchrun_restarts(LOG) == {}  # --max-restarts=0: one failure, then the summary
+    assert torchrun_restarts(RESTARTS[:1]) == {1: 1}  # restarted, the launch went on (or was killed later)
+    assert torchrun_restarts([line.partition(": ")[2] for line in RESTARTS]) == {}  # not a task's line
+
+
+def test_torchrun_restarts_are_counted_per_node_from_the_whole_launch_log(tmp_path):
+    log = tmp_path / "train-1.log"
+    filler = ["0: step=1 loss=1"] * 5000  # the first restart is far from the tail the evidence reads
+    log.write_text("\n".join(RESTARTS[:1] + filler + RESTARTS[1:]) + "\n")
+    assert torchrun_restarts(evidence.tail(log)) == {0: 1}
+    assert evidence.torchrun_restarts(log, ("node3", "node1")) == {"node3": 1, "node1": 1}
+    assert evidence.torchrun_restarts(tmp_path / "missing.log", ("node1",)) == {}
+
+
+def test_a_rank_that_runs_again_under_torchrun_is_no_longer_a_pending_exit():
+    """torchrun --max-restarts > 0: the worker killed and its peers stopped come back as new processes under the
+    same ranks; their exits stop counting (the launch goes on), an exit without a new process still counts."""
+    from fakes import rank_view
+
+    from supervisor.decisions.detect import RANK_EXITED, DetectionEvent
+    from supervisor.driver.watch import back_again
+
+    pending = [DetectionEvent(RANK_EXITED, (3,), ("node2",)), DetectionEvent(RANK_EXITED, (1,), ("node1",))]
+    ranks = [rank_view("node2", 3, 100, state="gone"), rank_view("node2", 3, 200),  # old pid gone, new one runs
+             rank_view("node1", 1, 101, state="gone")]  # fmt: skip
+    assert back_again(pending, ranks) == pending[1:]
+    assert back_again(pending, [rank_view("node2", 3, 100, state="gone")]) == pending
