@@ -57,6 +57,12 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _is_srun(pid: int) -> bool:
+    """srun itself, called by name (``srun ...``) or by path: Slurm 24.11's client wrapper in the chroot execs
+    ``/usr/bin/srun`` (docs/local-cluster.md)."""
+    return _cmdline(pid).split(" ", 1)[0].rsplit("/", 1)[-1] == "srun"
+
+
 def _pids_with(*needles: str) -> list[int]:
     out = []
     for entry in os.listdir("/proc"):
@@ -69,12 +75,12 @@ def _pids_with(*needles: str) -> list[int]:
 
 def agent_pids(camp: Campaign) -> list[int]:
     """The node agents of the campaign (python -m supervisor.agent --campaign ROOT), not their srun."""
-    return [p for p in _pids_with("supervisor.agent", str(camp.root)) if not _cmdline(p).startswith("srun")]
+    return [p for p in _pids_with("supervisor.agent", str(camp.root)) if not _is_srun(p)]
 
 
 def ranks_pids(camp: Campaign) -> list[int]:
     """The campaign's live training ranks (not srun)."""
-    return [p for p in _pids_with(str(PROGRAM), str(camp.ckpt)) if not _cmdline(p).startswith("srun")]
+    return [p for p in _pids_with(str(PROGRAM), str(camp.ckpt)) if not _is_srun(p)]
 
 
 def supervisor_pid(camp: Campaign) -> int | None:

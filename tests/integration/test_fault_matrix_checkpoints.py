@@ -79,7 +79,7 @@ def test_torn_newest_then_bit_flipped_newest_each_resume_from_the_one_before(tmp
         cancel(camp.job_id)
 
 
-def test_checkpoint_filesystem_full_during_a_save(tmp_path):
+def test_checkpoint_filesystem_full_during_a_save(tmp_path, slurm_cluster):
     """The checkpoint directory is a 384 KiB tmpfs: the third ~150 KiB save fails half-written (torch: "unexpected
     pos"), the rank exits 1. The supervisor restarts it from the newest checkpoint that is whole; the operator
     grows the filesystem meanwhile and the campaign completes."""
@@ -88,6 +88,13 @@ def test_checkpoint_filesystem_full_during_a_save(tmp_path):
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=384k,mode=0700", "tmpfs", str(small)],
                              capture_output=True, text=True)  # fmt: skip
     assert mounted.returncode == 0, f"mounting a small tmpfs needs root: {mounted.stderr}"
+    # Slurm 24.11 in a chroot (docs/local-cluster.md): its /tmp is a private bind mount of the host's, so a mount
+    # made on the host afterwards is not seen by the jobs; bind the same tmpfs at the same path inside as well
+    # (without it the ranks wrote to the directory underneath, the disk never filled and the row passed nothing).
+    chroot = getattr(slurm_cluster, "chroot", None)
+    inner = chroot.root / str(small).lstrip("/") if chroot is not None else None
+    if inner is not None:
+        subprocess.run(["mount", "--bind", str(small), str(inner)], check=True)
     try:
         camp = submit_program(tmp_path, "--hidden", "2048", steps=50, ckpt=small / "ckpt")
         try:
@@ -104,5 +111,7 @@ def test_checkpoint_filesystem_full_during_a_save(tmp_path):
         finally:
             cancel(camp.job_id)
     finally:
-        wait_for("the job to let go of the tmpfs",
-                 lambda: subprocess.run(["umount", str(small)], capture_output=True).returncode == 0, 60)  # fmt: skip
+        for path in ([inner] if inner is not None else []) + [small]:
+            wait_for("the job to let go of the tmpfs",
+                     lambda path=path: subprocess.run(["umount", str(path)], capture_output=True).returncode == 0,
+                     60)  # fmt: skip
