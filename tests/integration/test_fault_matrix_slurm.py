@@ -66,10 +66,18 @@ def test_time_limit_on_a_loaded_machine_checkpoints_then_requeues_without_blame(
                               config="[submit]\nsignal_lead_s = 45\n[run]\ncheckpoint_grace_s = 30\n")  # fmt: skip
         try:
             row = Row(camp, 0)
-            got = row.check("timeout", [], "requeue", )
+            got = row.check("timeout", [], "requeue")
             saved = newest_valid(camp.ckpt)
-            assert saved is not None, "the ranks did not save before the requeue"
-            assert camp.of_type("checkpoint_committed") and not camp.of_type("checkpoint_missed")
+            asked = camp.of_type("checkpoint_requested")[0]["t"]
+            stepped = [e for e in camp.of_type("step_progress") if e["launch"] == 1 and e["step_t"] < asked]
+            if saved is None and not stepped:
+                # No rank had made a first step when the request came (seen at load 11 on the 2 cores: start-up
+                # took longer than the 15 s --time=1 leaves): nothing to save, the miss is journaled, the next
+                # run starts from the beginning.
+                assert camp.of_type("checkpoint_missed"), "a checkpoint that could not be saved is journaled"
+            else:
+                assert saved is not None, "the ranks did not save before the requeue"
+                assert camp.of_type("checkpoint_committed") and not camp.of_type("checkpoint_missed")
             resumed = row.resumed_from(saved, timeout=200)
             record_time("time limit (loaded)", resumed_s=resumed - got["t"])
             assert camp.of_type("attempt_started")[1]["restart"] == 1
