@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from campaign_tools import Campaign, events, launches, live_rank, supervise, wait_for
+from campaign_tools import Campaign, events, live_rank, supervise, wait_for
 
 from supervisor.checkpoint.store import CheckpointStore
 from supervisor.decisions.tasklog import strip_label
@@ -132,9 +132,21 @@ class Row:
         return got
 
     def relaunch(self, timeout: float = RELAUNCH_TIMEOUT) -> dict[str, Any]:
-        """The step_launched event that followed this interruption."""
-        t = self.interruption()["t"]
-        return wait_for("the relaunch", lambda: next((e for e in launches(self.camp) if e["t"] >= t), None), timeout)
+        """The step_launched event that followed this interruption in the journal. By journal order, not time: an
+        interruption inferred for a dead supervisor's run carries that run's last event time, which can be the
+        time of its own launch (killed before it journaled anything else)."""
+        self.interruption()
+
+        def after() -> dict[str, Any] | None:
+            seen = -1
+            for e in self.camp.events():
+                if e["type"] == "interruption":
+                    seen += 1
+                elif e["type"] == "step_launched" and seen >= self.index:
+                    return e
+            return None
+
+        return wait_for("the relaunch", after, timeout)
 
     def resumed_from(self, expected: tuple[str, int] | None, timeout: float = RELAUNCH_TIMEOUT) -> float:
         """The relaunch was told to resume from ``expected`` (the newest checkpoint valid before the fault) and
