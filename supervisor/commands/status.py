@@ -75,14 +75,17 @@ def render_table(doc: dict[str, Any]) -> str:
     shown = len(doc["ranks"])
     if shown < doc.get("ranks_total", shown):
         lines.append(f"showing the {shown} worst ranks")
-    header = f"{'RANK':>6} {'NODE':<12} {'PID':>8} {'STEP':>10} {'PHASE':<10} {'STEPS/S':>8} {'BEAT AGE':>9} STATE"
+    # OWN S: the rank's own time per step (collective waits left out, client.watch_ddp): the straggler's stands out
+    header = (f"{'RANK':>6} {'NODE':<12} {'PID':>8} {'STEP':>10} {'PHASE':<10} {'STEPS/S':>8} {'OWN S':>7} "
+              f"{'BEAT AGE':>9} STATE")
     lines.append(header)
     for r in doc["ranks"]:
         rate = r.get("steps_per_s")
         if rate is None:
             rate = r.get("ewma_steps_per_s")
         lines.append(f"{r['rank']:>6} {r['node']:<12.12} {r['pid']:>8} {r['step']:>10} {r['phase']:<10.10} "
-                     f"{_fmt(rate, '.2f'):>8} {_fmt(r.get('beat_age_s'), '.1f'):>9} {r['state']}")
+                     f"{_fmt(rate, '.2f'):>8} {_fmt(r.get('own_s'), '.3f'):>7} {_fmt(r.get('beat_age_s'), '.1f'):>9} "
+                     f"{r['state']}")
     stale = [n for n in doc["nodes"] if (n.get("staleness_s") or 0) > 5]
     if stale:
         lines.append("nodes without a recent summary: " + ", ".join(

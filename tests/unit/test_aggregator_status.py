@@ -21,7 +21,8 @@ def _write_live(campaign: Path) -> None:
     now = time.time_ns()
     for seq, (mono, step) in enumerate([(0, 0), (1, 10), (2, 20)], start=1):
         ranks = [wire.RankEntry(r, 100 + r, step + r, 1, wire.ST_RUNNING if r else wire.ST_STOPPED, 0, 0, 50,
-                                0.1, 0.1, 0.1, float("nan") if r else 0.5, step, step, -1, 0, 1.0) for r in (0, 1)]
+                                0.1, 0.1, 0.1, float("nan") if r else 0.5, step, step, -1, 0, 1.0,
+                                own_s=0.25 if r else 0.0) for r in (0, 1)]  # fmt: skip
         table.feed(wire.encode_summary(KEY, instance=1, seq=seq, wall_ns=now, mono_ns=mono * 10**9, job="77",
                                        node="node1", ranks=ranks))
     write_private_json(campaign / "live.json", live_document(table.snapshot()))
@@ -42,8 +43,8 @@ def test_status_table_lists_every_rank(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["status", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in out if line.split() and line.split()[0].isdigit()]
-    assert [(r[0], r[1], r[3], r[5], r[-1]) for r in rows] == [("0", "node1", "20", "10.00", "stopped"),
-                                                               ("1", "node1", "21", "10.00", "running")]
+    assert [(r[0], r[1], r[3], r[5], r[6], r[-1]) for r in rows] == [("0", "node1", "20", "10.00", "-", "stopped"),
+                                                                     ("1", "node1", "21", "10.00", "0.250", "running")]
 
 
 def test_status_before_any_live_data_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
