@@ -260,3 +260,16 @@ def test_the_ideal_step_is_not_shortened_by_stalls_seen_at_the_next_progress_rec
     book = ledger(events, now=0.0)
     assert 0.3 <= book["ideal_step_s"] < 0.33
     assert sum(book["buckets_ms"].values()) == book["wall_ms"]
+
+
+def test_stalls_seen_late_do_not_take_steps_out_of_their_stretch() -> None:
+    """Another real journal of that test, kept whole (tests/golden/interval-journal.jsonl): there the second
+    rank's stall of a checkpoint is journaled a pass later, at its last beat after it stepped on, and a stall ends
+    exactly at the next progress record. By time the ideal came out 0.290 s; by step it is the program's."""
+    from pathlib import Path
+
+    events = read(Path(__file__).resolve().parents[1] / "golden" / "interval-journal.jsonl")
+    book = ledger(events, now=0.0)
+    assert 0.3 <= book["ideal_step_s"] < 0.33
+    assert sum(book["buckets_ms"].values()) == book["wall_ms"]
+    assert book["buckets_ms"]["checkpoint"] == 133 + 83 + 120 + 157  # one per checkpoint, its slowest rank's
