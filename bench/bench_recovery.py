@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import crash_timeline  # noqa: E402
 from examples.campaign_view import events, job_nodes, live_rank, wait_for  # noqa: E402
 from slurm.localcluster import LocalCluster  # noqa: E402
 from slurm.localcluster.config import DEFAULT_BASE_PORT  # noqa: E402
@@ -47,7 +48,8 @@ def supervise_submit(work: Path, steps: int, step_time: float, run_config: str =
     out = subprocess.run(
         [sys.executable, "-m", "supervisor.cli", "submit", "-N", "2", "--ntasks-per-node=1", "--time=15",
          "--campaign", str(root), "--config", str(work / "c.toml"), "--", sys.executable, str(EXAMPLE),
-         "--steps", str(steps), "--ckpt-dir", str(ckpt), "--ckpt-every", "5", "--step-time", str(step_time)],
+         "--steps", str(steps), "--ckpt-dir", str(ckpt), "--ckpt-every", "5", "--step-time", str(step_time),
+         "--timings"],
         capture_output=True, text=True, check=True, cwd=REPO,
     ).stdout  # fmt: skip
     return out.split()[1], root
@@ -61,7 +63,7 @@ def plain_submit(cluster: LocalCluster, work: Path, steps: int, step_time: float
     script.write_text(
         "#!/bin/bash\n"
         f"srun {sys.executable} {EXAMPLE} --steps {steps} --ckpt-dir {work / 'ckpt'} --ckpt-every 5 "
-        f"--step-time {step_time}\n"
+        f"--step-time {step_time} --timings\n"
     )
     got = cluster.slurm("sbatch", "--parsable", "--requeue", "-N", "2", "--ntasks-per-node=1", "--time=15",
                         "--open-mode=append", "-o", str(out), str(script))  # fmt: skip
@@ -179,6 +181,7 @@ def crash_supervised(cluster: LocalCluster, work: Path, label: str, run_config: 
         victim = training_victim(root, job, batch_host)
         launched = len(events(root, "step_launched"))
         sizes = {p: p.stat().st_size for p in root.glob("logs/*/train-*.log")}
+        states = crash_timeline.SlurmStates(cluster.slurm, job, victim)
         t0 = time.time()
         cluster.crash_node(victim)
         # The next launch's log: a relaunch in this run (train-N+1) or the requeued run's first launch.
@@ -192,6 +195,10 @@ def crash_supervised(cluster: LocalCluster, work: Path, label: str, run_config: 
         how = "failsafe requeue" if batch_host else "requeue" if restart else "relaunch on the spare"
         extra = f"; failsafe acted after {failsafe[0]:.1f} s (nothing supervised the job until then)" if failsafe else ""
         print(f"C  {label}: node crash ({victim}) -> first resumed step ({how}): {ours:.1f} s{extra}", flush=True)
+        program = crash_timeline.program_timings([root / "logs" / f"job{job}-restart{restart}" /
+                                                  f"train-{log['launch']}.log"])  # fmt: skip
+        print(crash_timeline.render(label, crash_timeline.marks(t0, events(root), states.stop(), program) +
+                                    [(ours, "first resumed step seen by the bench")]), flush=True)  # fmt: skip
         return ours, (failsafe[0] if failsafe else None)
     finally:
         cluster.slurm("scancel", job, check=False)
@@ -207,11 +214,15 @@ def crash_plain(cluster: LocalCluster, work: Path) -> float:
         batch, nodes = job_nodes(bjob)
         victim = next(n for n in nodes if n != batch)
         size = {out: out.stat().st_size}
+        states = crash_timeline.SlurmStates(cluster.slurm, bjob, victim)
         t0 = time.time()
         cluster.crash_node(victim)
         seen = first_step_after(out.parent, out.name, size, 1, 300, marker="resumed from")
         base = seen - t0
         print(f"C  baseline (sbatch --requeue alone): node crash -> first resumed step {base:.1f} s", flush=True)
+        program = crash_timeline.program_timings([out])
+        print(crash_timeline.render("plain", crash_timeline.marks(t0, [], states.stop(), program) +
+                                    [(base, "first resumed step seen by the bench")]), flush=True)  # fmt: skip
         return base
     finally:
         cluster.slurm("scancel", bjob, check=False)

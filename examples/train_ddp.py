@@ -6,6 +6,11 @@
 Its process group is ``init_process_group("gloo", init_method="env://")``: under the supervisor (any launch
 style, docs/launch.md) and torchrun the variables are set; under plain srun it derives them itself.
 
+``--timings``: rank 0 also prints, after its first step, one line on stderr with the wall-clock times (epoch
+seconds) of its start-up stages: ``timings: exec=T python=T torch=T pg=T restored=T step=T`` (the process's exec
+as the kernel recorded it, the interpreter reaching this file, torch imported, the process group built, the
+checkpoint restored, the first step done). The node-loss bench reads it (bench/bench_recovery.py).
+
 Rank 0 prints exactly one ``step=N loss=X`` line per step (X is ``repr(float)``). A run resumes from
 ``SUPERVISOR_RESUME_FROM`` when set (empty = fresh start), else from the newest valid checkpoint in
 ``--ckpt-dir``, and then prints bitwise the same lines as an uninterrupted run: the data order (sampler
@@ -28,10 +33,14 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+_T_IMPORT = time.time()  # the interpreter reached this file, torch not imported yet (the --timings line)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
+
+_T_TORCH = time.time()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from supervisor.checkpoint.commit import CheckpointSaver, load, read_manifest, resume_path  # noqa: E402
@@ -82,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--async-save", action="store_true", help="block only while staging, write in background")
     p.add_argument("--keep-last", type=int, default=3)
     p.add_argument("--keep-every", type=int, default=0, help="also keep every checkpoint whose step divides by N")
+    p.add_argument("--timings", action="store_true", help="rank 0: print the start-up stages' times (stderr)")
     p.add_argument("--die-at-step", type=int, default=0, help="(tests) SIGKILL every rank right after step N")
     p.add_argument("--nan-at-step", type=int, default=0,
                    help="(tests) from step N on, the loss is NaN (a diverged run; the weights become NaN too)")
@@ -218,6 +228,23 @@ def agree(flags: list[bool], world: int) -> list[bool]:
     return [bool(v) for v in t.tolist()]
 
 
+def _exec_time() -> float | None:
+    """When the kernel started this process (Linux /proc), in epoch seconds; None elsewhere."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def print_timings(marks: dict[str, float]) -> None:
+    stages = {"exec": _exec_time(), "python": _T_IMPORT, "torch": _T_TORCH, **marks}
+    line = " ".join(f"{k}={v:.3f}" for k, v in stages.items() if v is not None)
+    print(f"timings: {line}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
@@ -225,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda *_: _signalled.__setitem__("stop", True))
     rank, world = init_distributed()
+    marks = {"pg": time.time()}
     torch.manual_seed(args.seed * 1000 + rank)
     random.seed(args.seed * 1000 + rank)
     with client.phase("init"):  # type: ignore[attr-defined]
@@ -246,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                 start, epoch, offset = restore(resume, model, opt, rank, world)
             if rank == 0:
                 print(f"resumed from {resume} at step {start}", file=sys.stderr, flush=True)
+    marks["restored"] = time.time()
     loss_fn = nn.MSELoss()
     stop = False
     for step in range(start + 1, args.steps + 1):
@@ -264,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         value = float(loss.item())
         client.step(step, loss=value)  # type: ignore[attr-defined]
         if rank == 0:
+            if args.timings and step == start + 1:  # before the step's line: whoever sees that line finds it
+                print_timings({**marks, "step": time.time()})
             print(f"step={step} loss={value!r}", flush=True)
         if args.step_time:
             time.sleep(args.step_time)
