@@ -1,6 +1,6 @@
 """Recovery speed on the real local Slurm: supervised vs Slurm and torch defaults, side by side in one run.
 
-    python bench/bench_recovery.py [--quick]
+    python bench/bench_recovery.py [--only hang|kill|crash] [--accounting]
 
 Figures (the example training, 2 nodes x 1 rank, gloo on CPU):
   A. hang (SIGSTOP of rank 1, 1 s steps) -> every rank stopped with stacks saved.
@@ -251,8 +251,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-window", type=float, default=120.0)
     parser.add_argument("--only", choices=("hang", "kill", "crash"))
+    parser.add_argument("--accounting", action="store_true",
+                        help="the cluster with slurmdbd, as sites run it (the no-spare requeue then drops the lost "
+                             "node from the allocation first; docs/node-loss.md)")  # fmt: skip
     args = parser.parse_args()
-    cluster = LocalCluster(base_port=int(os.environ.get("SUPERVISOR_CLUSTER_BASE_PORT", DEFAULT_BASE_PORT)))
+    cluster = LocalCluster(base_port=int(os.environ.get("SUPERVISOR_CLUSTER_BASE_PORT", DEFAULT_BASE_PORT)),
+                           accounting=args.accounting)  # fmt: skip
     cluster.up(timeout=120)
     os.environ["SLURM_CONF"] = str(cluster.conf)
     with tempfile.TemporaryDirectory(prefix="bench-recovery-", dir=REPO / "bench" / "out"

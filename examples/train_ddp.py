@@ -229,13 +229,13 @@ def agree(flags: list[bool], world: int) -> list[bool]:
 
 
 def _exec_time() -> float | None:
-    """When the kernel started this process (Linux /proc), in epoch seconds; None elsewhere."""
+    """When the kernel started this process (Linux /proc: its start in clock ticks after boot, against the
+    uptime now; /proc/stat's btime is whole seconds), in epoch seconds; None elsewhere."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return None
 
 

@@ -136,9 +136,10 @@ class CliSlurmClient:
 
     # ------------------------------------------------------------------------------------ plumbing
 
-    def _attempt(self, argv: Sequence[str], input_text: str | None, timeout: float, idempotent: bool) -> RunResult:
+    def _attempt(self, argv: Sequence[str], input_text: str | None, timeout: float, idempotent: bool,
+                 env: Mapping[str, str] | None = None) -> RunResult:  # fmt: skip
         try:
-            result = self.runner(argv, input_text=input_text, timeout=timeout, env=self.env)
+            result = self.runner(argv, input_text=input_text, timeout=timeout, env=dict(env or self.env))
         except FileNotFoundError:
             raise SlurmCommandMissing(argv[0]) from None
         except subprocess.TimeoutExpired:
@@ -160,7 +161,7 @@ class CliSlurmClient:
 
     def run(
         self, argv: Sequence[str], *, input_text: str | None = None, idempotent: bool = True,
-        deadline: float | None = None,
+        deadline: float | None = None, env: Mapping[str, str] | None = None,
     ) -> RunResult:
         """Run a Slurm command with retries; return its result when it exits 0, else raise a typed error.
 
@@ -175,7 +176,7 @@ class CliSlurmClient:
         def attempt() -> RunResult:
             left = deadline - self._clock()
             timeout = policy.call_timeout_s if policy.budget_s == 0 else max(1.0, min(policy.call_timeout_s, left))
-            return self._attempt(argv, input_text, timeout, idempotent)
+            return self._attempt(argv, input_text, timeout, idempotent, env)
 
         def stop(state: tenacity.RetryCallState) -> bool:
             return self._clock() + policy.backoff(state.attempt_number) > deadline
@@ -436,6 +437,24 @@ class CliSlurmClient:
         names = [validate_node_name(n) for n in nodes]
         value = compress(names) if names else ""
         self.run(["scontrol", "update", f"JobId={validate_job_id(job_id)}", f"ExcNodeList={value}"])
+
+    def shrink_job(self, job_id: str | int, nodes: Iterable[str]) -> None:
+        """``scontrol update JobId=J NodeList=<nodes>`` on a running job: the job keeps only ``nodes``. Run
+        without SLURM_JOBID in the environment: inside a job, scontrol would write slurm_job_J_resize.{sh,csh}
+        into its working directory (the user's)."""
+        names = [validate_node_name(n) for n in nodes]
+        if not names:
+            raise SlurmUsageError("no nodes to keep", "a job cannot be shrunk to nothing")
+        env = {k: v for k, v in self.env.items() if k != "SLURM_JOBID"}
+        self.run(["scontrol", "update", f"JobId={validate_job_id(job_id)}", f"NodeList={compress(names)}"],
+                 idempotent=False, env=env)  # fmt: skip
+
+    def set_start_time(self, job_id: str | int, delay_s: int) -> None:
+        """``scontrol update JobId=J StartTime=now+N`` (Slurm accepts it while the job is PENDING, which includes
+        COMPLETING after a requeue)."""
+        if isinstance(delay_s, bool) or not isinstance(delay_s, int) or delay_s < 0:
+            raise SlurmUsageError(f"invalid start delay {delay_s!r}", "give whole seconds >= 0")
+        self.run(["scontrol", "update", f"JobId={validate_job_id(job_id)}", f"StartTime=now+{delay_s}"])
 
     def drain(self, nodes: Iterable[str], reason: str) -> None:
         """Drain nodes (running jobs finish, no new ones start). Needs operator rights."""

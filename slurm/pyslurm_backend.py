@@ -205,6 +205,12 @@ class PyslurmClient:
     def update_excluded_nodes(self, job_id: str | int, nodes: Iterable[str]) -> None:
         self.cli.update_excluded_nodes(job_id, nodes)
 
+    def shrink_job(self, job_id: str | int, nodes: Iterable[str]) -> None:
+        self.cli.shrink_job(job_id, nodes)
+
+    def set_start_time(self, job_id: str | int, delay_s: int) -> None:
+        self.cli.set_start_time(job_id, delay_s)
+
     def drain(self, nodes: Iterable[str], reason: str) -> None:
         self.cli.drain(nodes, reason)
 

@@ -55,7 +55,7 @@ class RunConfig:
     # (the timeout is learned from the beat interval, within [min(2, this), this]) is probed; a probe (srun
     # --overlap -w NODE true) without an answer within node_probe_timeout_s confirms the loss.
     node_loss_max_s: float = 5.0
-    node_probe_timeout_s: float = 3.0
+    node_probe_timeout_s: float = 2.0
     # The agents' failsafe (docs/node-loss.md): this long without a control frame from the supervisor, the agent
     # on the lowest-named surviving node probes the batch host and, if it is gone too, requeues the job without
     # it (or cancels it when the requeue is refused). 0: off.

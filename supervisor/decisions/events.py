@@ -71,6 +71,7 @@ CHECKPOINT_INTERVAL = "checkpoint_interval"
 HEALTH = "health"
 NODE_LOSS_VERDICT = "node_loss_verdict"
 FAILSAFE = "failsafe"
+REQUEUE_EXPEDITED = "requeue_expedited"
 JOURNAL_RESUMED = "journal_resumed"  # written by supervisor.journal itself; readers drop it
 
 EVENT_TYPES: tuple[str, ...] = (
@@ -103,6 +104,7 @@ EVENT_TYPES: tuple[str, ...] = (
     HEALTH,
     NODE_LOSS_VERDICT,
     FAILSAFE,
+    REQUEUE_EXPEDITED,
 )
 # Written by ``supervisor.journal`` itself (never by the supervisor) and dropped by every reader.
 STORAGE_EVENT_TYPES: tuple[str, ...] = (JOURNAL_RESUMED,)
@@ -354,3 +356,11 @@ def failsafe(t: float, node: str, action: str, batch_host: str | None, job_id: s
     answering) and acted for it: ``action`` is ``requeue`` (with ``exclude``) or ``cancel`` (requeue refused)."""
     return {"type": FAILSAFE, "t": t, "node": node, "action": action, "batch_host": batch_host, "job_id": job_id,
             "reason": reason[:300], "exclude": sorted(set(exclude))}
+
+
+def requeue_expedited(t: float, dropped: Iterable[str], start_in_s: float | None, errors: Sequence[str] = ()) -> Event:
+    """A requeue after a node loss, sped up: ``dropped`` nodes were taken out of the running allocation first (so
+    the job completes without waiting for Slurm to mark them DOWN), the requeued job's StartTime was set to
+    ``start_in_s`` seconds later (instead of Slurm's cred_expire + 1 s), ``errors``: what was not done and why."""
+    return {"type": REQUEUE_EXPEDITED, "t": t, "dropped": sorted(set(dropped)), "start_in_s": start_in_s,
+            "errors": list(errors)}  # fmt: skip

@@ -42,9 +42,9 @@ class NodeLossConfig:
     beats_missed: float = 3.0  # a node is suspect after this many beat intervals without a summary ...
     floor_s: float = 2.0  # ... but never sooner than this
     cap_s: float = 5.0  # ... and never later than this (the learned timeout is bounded)
-    probe_timeout_s: float = 3.0  # the probe's srun gets this long; no answer counts as dead
+    probe_timeout_s: float = 2.0  # the probe's srun gets this long; no answer counts as dead
     reprobe_s: float = 15.0  # a node the probe found alive is not probed again before this
-    quiet_beats: float = 1.5  # a node this many beats late is "quiet": hang detections wait for its verdict
+    quiet_beats: float = 1.25  # a node this many beats late is "quiet": hang detections wait for its verdict
 
     def __post_init__(self) -> None:
         for name in ("beats_missed", "floor_s", "cap_s", "probe_timeout_s", "reprobe_s", "quiet_beats"):

@@ -42,7 +42,7 @@ EXIT_STOPPED = 1
 EXIT_REQUEUED = 0  # the job is requeued; this run ends cleanly
 
 KILL_WAIT_S = 15.0  # after scancel of a step, how long srun gets to exit before it is killed
-NODE_LOST_KILL_WAIT_S = 1.0  # srun waits forever for the tasks of a dead node: kill it after this long
+NODE_LOST_KILL_WAIT_S = 0.2  # srun waits forever for the tasks of a dead node: kill it (nearly) at once
 SLURM_TERM_WAIT_S = 30.0  # when Slurm is ending the job, how long its own SIGTERM/SIGKILL may take
 STACKS_WAIT_S = MAX_DUMP_S + 2.0  # the agents' longest dump (py-spy --native, then --nonblocking) + transit
 TIME_LIMIT_MARGIN_S = 10.0  # at a time limit, the save is waited for until this long before Slurm's EndTime
@@ -249,7 +249,9 @@ class Actuators:
     def requeue(self, action: policy.Action, s: Situation) -> int | None:
         self.end_launch(s.launch, wait_s=self._kill_wait(s))
         self.record_attempt_end(s)
-        self.jobs.requeue(tuple(action.params.get("exclude", ())), hold=action.kind == policy.HOLD)
+        i = s.interruption
+        lost = i.blamed_nodes if i.cls == ev.NODE_FAILURE and action.kind == policy.REQUEUE else ()
+        self.jobs.requeue(tuple(action.params.get("exclude", ())), hold=action.kind == policy.HOLD, lost=tuple(lost))
         return EXIT_REQUEUED
 
     def await_requeue(self, action: policy.Action, s: Situation) -> int | None:

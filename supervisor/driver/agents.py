@@ -95,7 +95,10 @@ class AgentStep:
         self.record(ev.agents_restarted(self.clock(), nodes))
         self.spawn(nodes)
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 5.0) -> None:
+        """Ask every agent to exit, then end their srun: ``wait_s`` for each of exit, SIGTERM, SIGKILL. With a
+        lost node srun never exits by itself (it waits for the dead node's task): the caller passes a short wait,
+        or a requeued job's KillWait would SIGKILL us first (and the job stays COMPLETING until then)."""
         for node in self.nodes:
             self.channel.send(node, [wire.Command(wire.CMD_EXIT)])
         proc = self.proc
@@ -105,7 +108,7 @@ class AgentStep:
             if end is not None:
                 end()
             try:
-                proc.wait(timeout=5)
+                proc.wait(timeout=wait_s if end is not proc.kill else 5)
                 return
             except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired (or a fake's equivalent): escalate
                 continue

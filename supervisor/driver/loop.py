@@ -66,6 +66,7 @@ from supervisor.journal import Journal, read
 from supervisor.paths import SLOT_DIR_ENV, CampaignPaths, slot_dir_template
 
 ChannelFactory = Callable[[Path, str, tuple[str, int], "frozenset[str] | None"], Channel]
+AGENTS_STOP_AFTER_LOSS_S = 0.5  # a lost node's agent never answers: its srun is ended after this (AgentStep.stop)
 
 
 def aggregator_channel(campaign: Path, job_id: str, bind: tuple[str, int],
@@ -281,7 +282,7 @@ class Supervisor:
             watch.close()
         agents: AgentStep | None = getattr(self, "agents", None)
         if agents is not None:
-            agents.stop()
+            agents.stop(wait_s=AGENTS_STOP_AFTER_LOSS_S if watch is not None and watch.lost else 5.0)
         channel: Channel | None = getattr(self, "channel", None)
         if channel is not None:
             channel.close()

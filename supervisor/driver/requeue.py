@@ -21,6 +21,10 @@ from supervisor.driver.signals import SignalInbox
 log = structlog.get_logger("supervisor")
 
 AWAIT_REQUEUE_LIMIT_S = 300.0
+# After a node loss, the requeued job may start this long after the requeue instead of Slurm's cred_expire + 1 s
+# (docs/node-loss.md): long enough for this supervisor to exit and the job to complete on its live nodes first
+# (Slurm keeps a StartTime still ahead when the job completes), and for the nodes to revoke the old credential.
+EXPEDITED_START_S = 5
 
 
 class JobActions:
@@ -39,7 +43,9 @@ class JobActions:
         self.slurm, self.channel, self.inbox, self.record, self.clock = slurm, channel, inbox, record, clock
         self.job_id, self.restart_count, self.scheduled_end = job_id, restart_count, scheduled_end
 
-    def requeue(self, exclude: tuple[str, ...], hold: bool = False) -> None:
+    def requeue(self, exclude: tuple[str, ...], hold: bool = False, lost: tuple[str, ...] = ()) -> None:
+        """Requeue (held: ``hold``) the job without ``exclude`` in its next run. ``lost``: nodes our own verdict
+        found lost; the requeue is then expedited (:meth:`_drop_lost`, :meth:`_start_soon`)."""
         # Ignore the SIGTERM the requeue sends us until the exclusion is set (KillWait gives us the time).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         job, _ = query_job(self.slurm, self.job_id)
@@ -47,12 +53,58 @@ class JobActions:
             # Never undo a user's or an admin's scancel, whatever the classification said.
             self.record(ev.requeue_skipped(self.clock(), "the job was cancelled"))
             return
+        errors: list[str] = []
+        dropped = self._drop_lost(job, lost, errors) if lost else ()
         if hold:
             self.slurm.requeue_hold(self.job_id)
         else:
             self.slurm.requeue(self.job_id)
         if exclude:
             self.exclude(exclude)
+        if lost:
+            start = self._start_soon(errors) if not hold else None
+            self.record(ev.requeue_expedited(self.clock(), dropped, start, errors))
+
+    def _drop_lost(self, job: Any, lost: tuple[str, ...], errors: list[str]) -> tuple[str, ...]:
+        """Take the lost nodes out of the running allocation before the requeue: a requeued job stays COMPLETING
+        until every node of it answered or was marked DOWN (SlurmdTimeout later); without them it completes as
+        soon as its live nodes have. Never the batch host (Slurm refuses), never all nodes."""
+        nodes = tuple(job.nodes) if job is not None else ()
+        drop = tuple(n for n in nodes if n in set(lost) and n != job.batch_host)
+        keep = [n for n in nodes if n not in set(drop)]
+        if not drop or not keep or not self._resize_keeps_job_updatable(errors):
+            return ()
+        try:
+            self.slurm.shrink_job(self.job_id, keep)
+        except SlurmError as err:
+            errors.append(f"shrink to {','.join(keep)}: {err}")
+            return ()
+        return drop
+
+    def _resize_keeps_job_updatable(self, errors: list[str]) -> bool:
+        """A resized job gets a new accounting record, and Slurm (22.05, 24.11) refuses every update of the job
+        until it has one (ESLURM_JOB_SETTING_DB_INX, retried 5 s inside slurmctld). slurmdbd answers at once;
+        without it the record comes only when the job has completed, which it cannot while we (its batch script)
+        wait to write the exclusion: KillWait would SIGKILL us first. So: shrink only with slurmdbd."""
+        config = getattr(self.slurm, "config", None)
+        try:
+            storage = config().get("AccountingStorageType", "") if config is not None else ""
+        except SlurmError as err:
+            storage = f"unknown ({err})"
+        if storage == "accounting_storage/slurmdbd":
+            return True
+        errors.append(f"not shrunk: AccountingStorageType is {storage or 'unknown'}, not slurmdbd")
+        return False
+
+    def _start_soon(self, errors: list[str]) -> int | None:
+        """Slurm holds a requeued job PENDING (BeginTime) for AuthInfo's cred_expire + 1 s (121 s by default),
+        unless its StartTime is still ahead when it completes: set it EXPEDITED_START_S ahead."""
+        try:
+            self.slurm.set_start_time(self.job_id, EXPEDITED_START_S)
+        except SlurmError as err:
+            errors.append(f"StartTime: {err}")
+            return None
+        return EXPEDITED_START_S
 
     def await_requeue(self, exclude: tuple[str, ...] = (), limit_s: float = AWAIT_REQUEUE_LIMIT_S) -> None:
         """Slurm ends or requeues the job itself (preemption, node failure): let the ranks finish their

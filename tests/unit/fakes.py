@@ -259,6 +259,17 @@ class FakeSlurm:
     def update_excluded_nodes(self, job_id: str | int, nodes: Any) -> None:
         self.calls.append(("update_excluded_nodes", str(job_id), sorted(nodes)))
 
+    accounting = "accounting_storage/slurmdbd"
+
+    def config(self) -> dict[str, str]:
+        return {"AccountingStorageType": self.accounting}
+
+    def shrink_job(self, job_id: str | int, nodes: Any) -> None:
+        self.calls.append(("shrink_job", str(job_id), sorted(nodes)))
+
+    def set_start_time(self, job_id: str | int, delay_s: int) -> None:
+        self.calls.append(("set_start_time", str(job_id), delay_s))
+
     def drain(self, nodes: Any, reason: str) -> None:
         self.calls.append(("drain", sorted(nodes), reason))
 

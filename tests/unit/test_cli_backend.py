@@ -372,6 +372,8 @@ def test_submit_rejects_a_script_without_shebang_and_bad_output() -> None:
         (lambda c: c.update_excluded_nodes("5", ["node3", "node1", "node2"]),
          ["scontrol", "update", "JobId=5", "ExcNodeList=node[1-3]"]),
         (lambda c: c.update_excluded_nodes("5", []), ["scontrol", "update", "JobId=5", "ExcNodeList="]),
+        (lambda c: c.shrink_job("5", ["node3", "node1"]), ["scontrol", "update", "JobId=5", "NodeList=node[1,3]"]),
+        (lambda c: c.set_start_time("5", 3), ["scontrol", "update", "JobId=5", "StartTime=now+3"]),
         (lambda c: c.drain(["node2"], "supervise: hang (job 5)"),
          ["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=supervise: hang (job 5)"]),
         (lambda c: c.resume(["node2", "node1"]), ["scontrol", "update", "NodeName=node[1-2]", "State=RESUME"]),
@@ -495,3 +497,14 @@ def test_node_address_reads_nodeaddr_of_the_named_node() -> None:
     assert client(replay).node_address("node1") == "127.0.0.1"
     assert replay.calls[0][0] == ["scontrol", "show", "node", "-o", "node1"]
     assert client(Replay((["scontrol"], ok(NODES)))).node_address("node9") is None
+
+
+def test_a_shrink_runs_without_slurm_jobid_so_scontrol_writes_no_resize_scripts(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Inside a job scontrol writes slurm_job_J_resize.{sh,csh} into its working directory after a resize.
+    monkeypatch.setenv("SLURM_JOBID", "5")
+    replay = Replay((["scontrol"], ok()), (["scontrol"], ok()))
+    c = client(replay)
+    c.shrink_job("5", ["node1"])
+    c.requeue("5")
+    (shrink, _, _, env), (_, _, _, other_env) = replay.calls
+    assert shrink[-1] == "NodeList=node1" and "SLURM_JOBID" not in env and other_env["SLURM_JOBID"] == "5"

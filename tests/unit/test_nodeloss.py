@@ -253,8 +253,60 @@ def test_without_a_spare_a_lost_node_requeues_at_once_excluding_it(tmp_path: Pat
     code, events, slurm, _ = supervise_with_silent_node(tmp_path, spare_nodes=0)
     first = next(e for e in events if e["type"] == ev.INTERRUPTION)
     assert first["class"] == ev.NODE_FAILURE and first["blamed_nodes"] == ["n2"]
-    assert ("requeue", "7") in slurm.calls
-    assert ("update_excluded_nodes", "7", ["n2"]) in slurm.calls and code == 0
+    job_calls = [c for c in slurm.calls if c[0] != "cancel_step"]
+    # Expedited: the lost node leaves the allocation first (the job completes without waiting for Slurm to mark
+    # it DOWN), then the requeue and the exclusion, then a StartTime just ahead (not cred_expire + 1 s).
+    assert job_calls == [("shrink_job", "7", ["n1", "n3"]), ("requeue", "7"),
+                         ("update_excluded_nodes", "7", ["n2"]), ("set_start_time", "7", 5)] and code == 0
+    expedited = next(e for e in events if e["type"] == ev.REQUEUE_EXPEDITED)
+    assert expedited["dropped"] == ["n2"] and expedited["start_in_s"] == 5 and expedited["errors"] == []
+
+
+def requeue_actions(job: JobInfo, slurm: Any) -> tuple[Any, list[dict[str, Any]]]:
+    from supervisor.driver.requeue import JobActions
+
+    events: list[dict[str, Any]] = []
+    actions = JobActions(slurm=slurm, channel=FakeChannel("7"), inbox=FakeInbox(), record=events.append,  # type: ignore[arg-type]
+                         clock=time.time, job_id="7", restart_count=0, scheduled_end=lambda: None)  # fmt: skip
+    return actions, events
+
+
+def test_an_expedited_requeue_never_drops_the_batch_host_and_goes_on_when_slurm_refuses(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import signal as signal_module
+
+    from slurm.errors import SlurmCommandError
+
+    monkeypatch.setattr(signal_module, "signal", lambda *_: None)  # (JobActions ignores SIGTERM while it works)
+    job = JobInfo(job_id="7", state="RUNNING", base_state="RUNNING", nodes=NODES3, batch_host="n1")
+    slurm = FakeSlurm(job, NODES3, FakeChannel("7"))
+    actions, events = requeue_actions(job, slurm)
+    actions.requeue(("n1",), lost=("n1",))  # the batch host: Slurm would refuse, and nothing would supervise
+    assert [c[0] for c in slurm.calls] == ["requeue", "update_excluded_nodes", "set_start_time"]
+    assert events[-1]["dropped"] == []
+
+    class Refusing(FakeSlurm):
+        def shrink_job(self, job_id: Any, nodes: Any) -> None:
+            raise SlurmCommandError(["scontrol"], 1, "Requested operation not supported on this job")
+
+        def set_start_time(self, job_id: Any, delay_s: int) -> None:
+            raise SlurmCommandError(["scontrol"], 1, "Job is no longer pending execution")
+
+    slurm = Refusing(job, NODES3, FakeChannel("7"))
+    actions, events = requeue_actions(job, slurm)
+    actions.requeue(("n2",), lost=("n2",))
+    assert [c[0] for c in slurm.calls] == ["requeue", "update_excluded_nodes"]  # the requeue happens regardless
+    done = events[-1]
+    assert done["type"] == ev.REQUEUE_EXPEDITED and done["dropped"] == [] and done["start_in_s"] is None
+    assert len(done["errors"]) == 2 and "shrink to n1,n3" in done["errors"][0] and "StartTime" in done["errors"][1]
+
+    # Without slurmdbd a resized job refuses updates until it completes: the exclusion comes first, no shrink.
+    slurm = FakeSlurm(job, NODES3, FakeChannel("7"))
+    slurm.accounting = "accounting_storage/none"
+    actions, events = requeue_actions(job, slurm)
+    actions.requeue(("n2",), lost=("n2",))
+    assert [c[0] for c in slurm.calls] == ["requeue", "update_excluded_nodes", "set_start_time"]
+    assert events[-1]["dropped"] == [] and "not shrunk: AccountingStorageType is accounting_storage/none" in \
+        events[-1]["errors"][0]
 
 
 # ------------------------------------------------------------------------------------------- the policy
