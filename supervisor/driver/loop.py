@@ -54,6 +54,7 @@ from supervisor.driver.launcher import Launch
 from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.notify import Notifier
 from supervisor.driver.ports import Channel, StepLauncher
+from supervisor.driver.preempt_watch import PreemptionPoller
 from supervisor.driver.progress import ProgressLog
 from supervisor.driver.recorder import Recorder
 from supervisor.driver.requeue import JobActions
@@ -228,11 +229,13 @@ class Supervisor:
             clock=self.clock, nodes=self.layout.nodes, batch_host=self.env.batch_host, guard=self.guard,
         )  # fmt: skip
         self.agents.avoid = self.nodeloss.lost  # an agent is never restarted on a node found lost
+        self.preemption = PreemptionPoller(lambda: self.slurm.job(self.job_id))
+        self.preemption.start()
         self.watcher = Watcher(
             channel=self.channel, detector=self.detector, inbox=self.inbox, checkpoints=self.checkpoints,
             agents=self.agents, record=self.record, clock=self.clock, loop_interval_s=run.loop_interval_s,
             guard=self.guard, stop_requested=lambda: stop_request.path(self.paths.root).exists(),
-            on_warning=self.notifier.warning, on_pass=self._metrics_pass, on_live=self._on_live,
+            preempted=self.preemption.preempted, on_warning=self.notifier.warning, on_pass=self._metrics_pass, on_live=self._on_live,
             health=self.health,
             nodeloss=self.nodeloss,
         )  # fmt: skip
@@ -277,6 +280,9 @@ class Supervisor:
             self.notifier.update_metrics(live, self.recorder.history)
 
     def _shutdown(self) -> None:
+        poller: PreemptionPoller | None = getattr(self, "preemption", None)
+        if poller is not None:
+            poller.close()
         watch: NodeLossWatch | None = getattr(self, "nodeloss", None)
         if watch is not None:
             watch.close()

@@ -28,7 +28,7 @@ from supervisor.decisions.detect.hang import finished_normally
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoints import CheckpointTracker
 from supervisor.driver.evidence import WatchResult
-from supervisor.driver.guard import AGENTS, CHECKPOINT_SCAN, DETECT, HEALTH, Guard
+from supervisor.driver.guard import AGENTS, CHECKPOINT_SCAN, DETECT, HEALTH, SLURM_QUERY, Guard
 from supervisor.driver.health import HealthWatch
 from supervisor.driver.launcher import Launch
 from supervisor.driver.nodeloss import NodeLossWatch
@@ -42,6 +42,7 @@ EXIT_GRACE_S = 5.0  # a rank gone while srun still runs for this long is a fault
 # its exit code and task report are the evidence, so wait for it this long before calling it a fault.
 ALL_EXITED_GRACE_S = 60.0
 STOP_CHECK_S = 1.0  # how often the campaign directory is looked at for a user's stop request
+PREEMPT_CHECK_S = 0.5  # how often the preemption poller's answer is looked at (driver/preempt_watch.py)
 EXIT_SETTLE_S = 0.6  # after srun exits: time for the agents to report how each rank ended
 
 
@@ -66,6 +67,7 @@ class Watcher:
         loop_interval_s: float,
         guard: Guard | None = None,
         stop_requested: Callable[[], bool] | None = None,
+        preempted: Callable[[], bool] | None = None,
         on_warning: Callable[[DetectionEvent], None] | None = None,
         on_pass: Callable[[], None] | None = None,
         on_live: Callable[[Any], None] | None = None,
@@ -77,6 +79,7 @@ class Watcher:
         self.loop_interval_s = loop_interval_s
         self.guard = guard or Guard(record, clock)
         self.stop_requested = stop_requested  # the user asked to stop (``supervise cancel``)
+        self.preempted = preempted  # Slurm set the job's preempt_time (its signal may never come)
         self.on_warning, self.on_pass = on_warning, on_pass  # the policy's answer to warnings; metrics
         self.on_live = on_live  # the launch's ranks as seen each pass (goodput records: driver/progress.py)
         self.nodeloss = nodeloss  # our own verdict on silent nodes; it takes precedence over hangs
@@ -89,6 +92,7 @@ class Watcher:
 
     def watch(self, launch: Launch) -> WatchResult:
         next_eval = next_scan = next_timeouts = next_stop_check = 0.0
+        next_preempt_check = time.monotonic() + PREEMPT_CHECK_S
         exited_since: float | None = None  # a rank exited while srun still runs: normal at the very end
         pending: list[DetectionEvent] = []
         held: list[DetectionEvent] = []  # hangs waiting for the verdict on a quiet node
@@ -101,6 +105,10 @@ class Watcher:
                 next_stop_check = time.monotonic() + STOP_CHECK_S
                 if self.guard.call(CHECKPOINT_SCAN, self.stop_requested, default=False):
                     return WatchResult("stop_request", detections=tuple(pending))
+            if self.preempted is not None and time.monotonic() >= next_preempt_check:
+                next_preempt_check = time.monotonic() + PREEMPT_CHECK_S
+                if self.guard.call(SLURM_QUERY, self.preempted, default=False):  # Slurm's signal may never come
+                    return WatchResult("signal", detections=tuple(pending))  # the evidence reads preempt_time
             code = launch.proc.poll()
             if code is not None:
                 self.settle(EXIT_SETTLE_S)
