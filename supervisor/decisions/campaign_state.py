@@ -19,7 +19,7 @@ from typing import Any
 from supervisor.decisions import events as ev
 from supervisor.decisions import goodput
 from supervisor.decisions.ledger import Ledger, LedgerConfig
-from supervisor.decisions.policy import History, PolicyConfig, over_budget
+from supervisor.decisions.policy import History
 
 Event = Mapping[str, Any]
 HANG_DETECTIONS = ("rank_hang", "global_stall", "rank_stopped")
@@ -181,8 +181,6 @@ class CampaignState:
     last_seen: float = 0.0  # time of the last event
     silent_nodes: set[str] = field(default_factory=set)  # node_silent detections during the open attempt
     failsafe: Event | None = None  # an agent's failsafe ended the open attempt (its batch host was lost)
-    last_attempt: Event | None = None  # the newest attempt_started, ended or not
-    ended: Event | None = None  # campaign_ended after the newest attempt_started
 
     def apply(self, e: Event) -> None:
         kind = e.get("type")
@@ -199,12 +197,11 @@ class CampaignState:
         elif kind == ev.CHECKPOINT_COMMITTED and isinstance(e.get("step"), int):
             self.best_step = max(self.best_step or 0, e["step"])
         elif kind == ev.ATTEMPT_STARTED:
-            self.open_attempt = self.last_attempt = e
+            self.open_attempt = e
             self.silent_nodes = set()
-            self.failsafe = self.ended = None
+            self.failsafe = None
         elif kind in (ev.ATTEMPT_ENDED, ev.CAMPAIGN_ENDED):
             self.open_attempt = None
-            self.ended = e if kind == ev.CAMPAIGN_ENDED else self.ended
         elif kind == ev.FAILSAFE and self.open_attempt is not None:
             self.failsafe = e
         elif kind == ev.DETECTION and e.get("kind") in ("node_silent", "node_lost") and self.open_attempt is not None:
@@ -263,27 +260,3 @@ def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job:
         ev.interruption_event(t, cls, blamed, confidence, evidence),
         ev.attempt_ended(t, last_attempt["job_id"], cls, blamed, evidence),
     ]
-
-
-FINAL_STATES = ("completed", "failed", "stopped")
-
-
-def after_supervisor_death(state: CampaignState, died: str | None, config: PolicyConfig,
-                           now: float) -> tuple[str, str] | None:  # fmt: skip
-    """The run the batch script requeued after its supervisor died (``died``: the script's line): whether it must
-    end at once instead of supervising, as (campaign state, one-line reason); None to go on.
-
-    - The campaign had already ended (completed, failed, stopped) when its supervisor was killed on its way out:
-      nothing is run or journaled again; the run ends as the campaign did.
-    - The supervisor keeps dying: its deaths (``unknown``) over the class's budget without progress, or too many
-      faults in the restart window, as for any fault (``policy``): the campaign fails instead of a requeue loop.
-    """
-    if not died:
-        return None
-    if state.ended is not None and state.ended.get("state") in FINAL_STATES:
-        end = str(state.ended["state"])
-        return end, f"the campaign had already ended ({end}) when its supervisor died: nothing to run"
-    reason = over_budget(ev.UNKNOWN, state.history, config, now)
-    if reason is not None:
-        return "failed", f"the supervisor itself keeps dying ({reason}): the campaign stops; see the batch log"
-    return None
