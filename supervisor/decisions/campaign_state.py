@@ -219,14 +219,11 @@ def fold(events: Iterable[Event], ledger_config: LedgerConfig | None = None) -> 
     return state
 
 
-def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job: Any = None,
-                           died: str | None = None) -> list[ev.Event]:
+def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job: Any = None) -> list[ev.Event]:
     """When a Slurm run ended without its supervisor recording how (Slurm requeued or killed the whole job, e.g. a
     node failure took the batch host down), infer the outcome now so the report and the ledger stay true.
 
-    ``down_nodes``: nodes Slurm reports DOWN/NOT_RESPONDING now. ``died``: the batch script's line saying the
-    previous run's supervisor died of a signal and the script requeued the job (``batchwrap.death_note``): the
-    supervisor's own death is nobody's node's fault (``unknown``, nobody blamed). Returns the events to journal (an interruption
+    ``down_nodes``: nodes Slurm reports DOWN/NOT_RESPONDING now. Returns the events to journal (an interruption
     and the attempt's end), stamped with the last time the previous run was heard of."""
     last_attempt = state.open_attempt
     if last_attempt is None:
@@ -240,10 +237,6 @@ def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job:
         blamed, cls, confidence = [str(failsafe["batch_host"])], ev.NODE_FAILURE, 0.9
         evidence = [f"failsafe: the agent on {failsafe.get('node')} found the supervisor gone and "
                     f"{failsafe.get('action')}d the job: {failsafe.get('reason', '')}"]
-    elif died:
-        blamed, cls, confidence = [], ev.UNKNOWN, 0.5
-        evidence = [f"the batch script: {died.removeprefix('supervise: ')}", "the supervisor's own death "
-                    "blames no node; the campaign continues from its journal"]  # fmt: skip
     elif down or silent:
         blamed = down or sorted(silent)
         cls, confidence = ev.NODE_FAILURE, 0.9 if down else 0.6

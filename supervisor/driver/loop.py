@@ -152,7 +152,7 @@ class Supervisor:
         nodes = self._query_nodes() or {}
         job, _ = self._query_job()
         down = [n for n, info in nodes.items() if info.is_down]
-        for event in campaign_state.infer_previous_outcome(state, down, job, self._death_note(state)):
+        for event in campaign_state.infer_previous_outcome(state, down, job):
             self.record(event)
         self.record(ev.attempt_started(now, self.job_id, self.env.restart_count, self.layout.nodes, None))
         job, _ = self._query_job()
@@ -170,15 +170,6 @@ class Supervisor:
             return self._supervise()
         finally:
             self._shutdown()
-
-    def _death_note(self, state: campaign_state.CampaignState) -> str | None:
-        """The batch script's line, when the previous run's supervisor died of a signal and it requeued the job."""
-        from supervisor.batchwrap import read_death_note
-
-        last = state.open_attempt
-        if last is None or str(last.get("job_id")) != self.job_id:
-            return None
-        return read_death_note(self.paths.batch_log(self.job_id), self.job_id, int(last.get("restart", -1)))
 
     def _compose(self) -> None:
         run = self.config.run

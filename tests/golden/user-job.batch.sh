@@ -17,31 +17,4 @@ export NCCL_DEBUG=WARN
 cd /project/llama
 
 # line 13, the training step: run by the supervisor (the command is in campaign.json)
-# The supervisor runs as this shell's child: the shell passes on Slurm's signals (USR1 before the time limit or
-# on preemption, TERM on scancel/time limit/requeue, CONT) and, if the supervisor dies of a signal while the job
-# was not told to end (SIGKILL, the OOM killer), requeues the job so that its next run continues the campaign.
-set +eu
-sup= ending= seen=0
-trap 'seen=$((seen + 1)); [ -z "$sup" ] || kill -USR1 "$sup" 2>/dev/null' USR1
-trap 'seen=$((seen + 1)); ending=TERM; [ -z "$sup" ] || kill -TERM "$sup" 2>/dev/null' TERM
-trap 'seen=$((seen + 1)); ending=INT; [ -z "$sup" ] || kill -INT "$sup" 2>/dev/null' INT
-trap 'seen=$((seen + 1)); [ -z "$sup" ] || kill -CONT "$sup" 2>/dev/null' CONT
-/opt/venv/bin/python -m supervisor.cli run --campaign /campaigns/llama &
-sup=$!
-[ -z "$ending" ] || kill "-$ending" "$sup" 2>/dev/null
-while :; do
-    before=$seen
-    wait "$sup"
-    rc=$?
-    [ "$seen" = "$before" ] && break  # else a signal cut the wait short: the supervisor may still run
-done
-if [ -z "$ending" ] && [ "$rc" -gt 128 ] && [ "$rc" -ne 130 ]; then
-    job=${SLURM_JOB_ID:-}
-    died="supervise: the supervisor died of signal $((rc - 128)) in job ${job:-?} run ${SLURM_RESTART_COUNT:-0} with nothing ending the job"
-    if [ -n "$job" ] && scontrol requeue "$job"; then
-        echo "$died: requeued the job; its next run continues the campaign from the journal" >&2
-        exit 0
-    fi
-    echo "$died, and 'scontrol requeue ${job:-?}' failed: the job ends here (resubmit its batch script)" >&2
-fi
-exit "$rc"
+exec /opt/venv/bin/python -m supervisor.cli run --campaign /campaigns/llama
