@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,24 +14,6 @@ import pytest
 from supervisor import client
 from supervisor.client import api
 from supervisor.client import slot as S
-
-
-@pytest.fixture
-def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    for name in ("SUPERVISOR_SLOT_DIR", "SUPERVISOR_RESUME_FROM", "RANK", "LOCAL_RANK", "WORLD_SIZE",
-                 "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)
-    api._reset_for_tests()
-    yield monkeypatch
-    api._reset_for_tests()
-
-
-@pytest.fixture
-def slot_dir(tmp_path: Path, env: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "slots"
-    d.mkdir(mode=0o700)
-    env.setenv("SUPERVISOR_SLOT_DIR", str(d))
-    return d
 
 
 def _read(slot_dir: Path, rank: int = 0) -> S.SlotRecord:

@@ -5,7 +5,6 @@ the public API; and one real (single-process, gloo) DDP model, because DDP check
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,24 +148,6 @@ def test_the_collectives_error_reaches_ddp_and_a_broken_slot_never_does(monkeypa
     ok = FakeFuture()
     collectives._timed(lambda state, bucket: ok)(None, Bucket(True))
     assert ok.complete() == ["grads"]
-
-
-@pytest.fixture
-def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    for name in ("SUPERVISOR_SLOT_DIR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID",
-                 "SLURM_NTASKS"):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)
-    api._reset_for_tests()
-    yield monkeypatch
-    api._reset_for_tests()
-
-
-@pytest.fixture
-def slot_dir(tmp_path: Path, env: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "slots"
-    d.mkdir(mode=0o700)
-    env.setenv("SUPERVISOR_SLOT_DIR", str(d))
-    return d
 
 
 @pytest.fixture
