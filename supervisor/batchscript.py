@@ -3,7 +3,7 @@
 A team's script keeps working as it is: its ``#SBATCH`` lines are kept (those naming a flag the supervisor owns
 are refused with the one-line fix ``submit`` gives), its set-up lines (``module load``, ``source venv``,
 ``export``, ``cd``) still run first in the batch step, and its one ``srun`` line is wrapped: the supervisor runs
-there instead (``exec python -m supervisor.cli run --campaign DIR``), and the command after srun's options
+there instead (``python -m supervisor.cli run --campaign DIR``, as the shell's child: ``batchwrap``), and the command after srun's options
 becomes the campaign's training command, stored as data in ``campaign.json`` like every submit's.
 
 Because the command is data, the srun line must be a plain command: no ``$`` expansion, backticks, pipes,
@@ -113,7 +113,9 @@ def render(script: Script, directives: Sequence[str], run_line: Sequence[str], h
     out += [f"# {line}" if line else "#" for line in header]
     out += list(script.before)
     out.append(f"# line {script.srun_line}, the training step: run by the supervisor (the command is in campaign.json)")
-    out.append(shlex.join(run_line))
+    from supervisor import batchwrap
+
+    out += batchwrap.lines(run_line)
     return "\n".join(out) + "\n"
 
 

@@ -68,6 +68,10 @@ class CampaignPaths(NamedTuple):
     def stacks(self) -> Path:
         return self.root / STACKS_NAME
 
+    def batch_log(self, job_id: str) -> Path:
+        """The batch step's output, every Slurm run of the job appended (``--output=.../batch-%j.out``)."""
+        return self.logs / f"batch-{job_id}.out"
+
     def attempt_logs(self, job_id: str, restart: int) -> Path:
         """The logs of one Slurm run of the campaign (job id + Slurm's restart count)."""
         return self.logs / f"job{job_id}-restart{restart}"

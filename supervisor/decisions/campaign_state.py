@@ -19,7 +19,7 @@ from typing import Any
 from supervisor.decisions import events as ev
 from supervisor.decisions import goodput
 from supervisor.decisions.ledger import Ledger, LedgerConfig
-from supervisor.decisions.policy import History
+from supervisor.decisions.policy import History, PolicyConfig, over_budget
 
 Event = Mapping[str, Any]
 HANG_DETECTIONS = ("rank_hang", "global_stall", "rank_stopped")
@@ -181,6 +181,8 @@ class CampaignState:
     last_seen: float = 0.0  # time of the last event
     silent_nodes: set[str] = field(default_factory=set)  # node_silent detections during the open attempt
     failsafe: Event | None = None  # an agent's failsafe ended the open attempt (its batch host was lost)
+    last_attempt: Event | None = None  # the newest attempt_started, ended or not
+    ended: Event | None = None  # campaign_ended after the newest attempt_started
 
     def apply(self, e: Event) -> None:
         kind = e.get("type")
@@ -197,11 +199,12 @@ class CampaignState:
         elif kind == ev.CHECKPOINT_COMMITTED and isinstance(e.get("step"), int):
             self.best_step = max(self.best_step or 0, e["step"])
         elif kind == ev.ATTEMPT_STARTED:
-            self.open_attempt = e
+            self.open_attempt = self.last_attempt = e
             self.silent_nodes = set()
-            self.failsafe = None
+            self.failsafe = self.ended = None
         elif kind in (ev.ATTEMPT_ENDED, ev.CAMPAIGN_ENDED):
             self.open_attempt = None
+            self.ended = e if kind == ev.CAMPAIGN_ENDED else self.ended
         elif kind == ev.FAILSAFE and self.open_attempt is not None:
             self.failsafe = e
         elif kind == ev.DETECTION and e.get("kind") in ("node_silent", "node_lost") and self.open_attempt is not None:
@@ -219,11 +222,14 @@ def fold(events: Iterable[Event], ledger_config: LedgerConfig | None = None) -> 
     return state
 
 
-def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job: Any = None) -> list[ev.Event]:
+def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job: Any = None,
+                           died: str | None = None) -> list[ev.Event]:
     """When a Slurm run ended without its supervisor recording how (Slurm requeued or killed the whole job, e.g. a
     node failure took the batch host down), infer the outcome now so the report and the ledger stay true.
 
-    ``down_nodes``: nodes Slurm reports DOWN/NOT_RESPONDING now. Returns the events to journal (an interruption
+    ``down_nodes``: nodes Slurm reports DOWN/NOT_RESPONDING now. ``died``: the batch script's line saying the
+    previous run's supervisor died of a signal and the script requeued the job (``batchwrap.death_note``): the
+    supervisor's own death is nobody's node's fault (``unknown``, nobody blamed). Returns the events to journal (an interruption
     and the attempt's end), stamped with the last time the previous run was heard of."""
     last_attempt = state.open_attempt
     if last_attempt is None:
@@ -237,6 +243,10 @@ def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job:
         blamed, cls, confidence = [str(failsafe["batch_host"])], ev.NODE_FAILURE, 0.9
         evidence = [f"failsafe: the agent on {failsafe.get('node')} found the supervisor gone and "
                     f"{failsafe.get('action')}d the job: {failsafe.get('reason', '')}"]
+    elif died:
+        blamed, cls, confidence = [], ev.UNKNOWN, 0.5
+        evidence = [f"the batch script: {died.removeprefix('supervise: ')}", "the supervisor's own death "
+                    "blames no node; the campaign continues from its journal"]  # fmt: skip
     elif down or silent:
         blamed = down or sorted(silent)
         cls, confidence = ev.NODE_FAILURE, 0.9 if down else 0.6
@@ -253,3 +263,27 @@ def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job:
         ev.interruption_event(t, cls, blamed, confidence, evidence),
         ev.attempt_ended(t, last_attempt["job_id"], cls, blamed, evidence),
     ]
+
+
+FINAL_STATES = ("completed", "failed", "stopped")
+
+
+def after_supervisor_death(state: CampaignState, died: str | None, config: PolicyConfig,
+                           now: float) -> tuple[str, str] | None:  # fmt: skip
+    """The run the batch script requeued after its supervisor died (``died``: the script's line): whether it must
+    end at once instead of supervising, as (campaign state, one-line reason); None to go on.
+
+    - The campaign had already ended (completed, failed, stopped) when its supervisor was killed on its way out:
+      nothing is run or journaled again; the run ends as the campaign did.
+    - The supervisor keeps dying: its deaths (``unknown``) over the class's budget without progress, or too many
+      faults in the restart window, as for any fault (``policy``): the campaign fails instead of a requeue loop.
+    """
+    if not died:
+        return None
+    if state.ended is not None and state.ended.get("state") in FINAL_STATES:
+        end = str(state.ended["state"])
+        return end, f"the campaign had already ended ({end}) when its supervisor died: nothing to run"
+    reason = over_budget(ev.UNKNOWN, state.history, config, now)
+    if reason is not None:
+        return "failed", f"the supervisor itself keeps dying ({reason}): the campaign stops; see the batch log"
+    return None

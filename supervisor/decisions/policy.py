@@ -282,6 +282,11 @@ def _tier_actions(cls: str, tier: str, i: Interruption, alloc: Allocation, confi
     return actions
 
 
+def over_budget(cls: str, history: History, config: PolicyConfig, now: float) -> str | None:
+    """Why ``cls`` may not be restarted again (its budget, or a crash loop of faults), None while it may."""
+    return _over_budget(cls, history, config, now)
+
+
 def _over_budget(cls: str, history: History, config: PolicyConfig, now: float) -> str | None:
     budget = config.budgets.get(cls)
     streak = history.streaks.get(cls, 0)  # already includes this interruption

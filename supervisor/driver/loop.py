@@ -152,8 +152,13 @@ class Supervisor:
         nodes = self._query_nodes() or {}
         job, _ = self._query_job()
         down = [n for n, info in nodes.items() if info.is_down]
-        for event in campaign_state.infer_previous_outcome(state, down, job):
+        died = self._death_note(state)
+        for event in campaign_state.infer_previous_outcome(state, down, job, died):
             self.record(event)
+        stop = campaign_state.after_supervisor_death(campaign_state.fold(self.recorder.history, self.ledger_config),
+                                                     died, self.policy, now)  # fmt: skip
+        if stop is not None:
+            return self._end_at_start(state.ended is None, *stop)
         self.record(ev.attempt_started(now, self.job_id, self.env.restart_count, self.layout.nodes, None))
         job, _ = self._query_job()
         self.scheduled_end = (job.end_time if job is not None else None) or self.env.end_time
@@ -170,6 +175,25 @@ class Supervisor:
             return self._supervise()
         finally:
             self._shutdown()
+
+    def _death_note(self, state: campaign_state.CampaignState) -> str | None:
+        """The batch script's line, when the previous run's supervisor died of a signal and it requeued the job."""
+        from supervisor.batchwrap import read_death_note
+
+        last = state.last_attempt
+        if last is None or str(last.get("job_id")) != self.job_id:
+            return None
+        return read_death_note(self.paths.batch_log(self.job_id), self.job_id, int(last.get("restart", -1)))
+
+    def _end_at_start(self, journal: bool, end: str, reason: str) -> int:
+        """This run supervises nothing (``campaign_state.after_supervisor_death``): say why, end as the campaign."""
+        import sys
+
+        if journal:
+            self.record(ev.campaign_ended(self.clock(), end, reason))
+        print(f"supervise: {reason}", file=sys.stderr, flush=True)
+        self._shutdown()
+        return 0 if end == "completed" else 1
 
     def _compose(self) -> None:
         run = self.config.run

@@ -54,8 +54,11 @@ class SignalInbox:
         return got
 
     def close(self) -> None:
+        """Stop listening. USR1 is then ignored, whatever it was before: it only ever warns (time limit near,
+        preemption), and one arriving while the supervisor shuts down must not kill it (its exit status is what
+        the batch script and Slurm go by)."""
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_IGN if signum == signal.SIGUSR1 else handler)
         self._selector.close()
         os.close(self._read_fd)
         os.close(self._write_fd)

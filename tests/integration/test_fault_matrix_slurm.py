@@ -15,6 +15,7 @@ import time
 import pytest
 from campaign_tools import cancel, launches, wait_for
 from matrix_tools import (
+    START_TIMEOUT,
     Row,
     agent_pids,
     newest_valid,
@@ -121,32 +122,38 @@ def test_slurmctld_restarted_mid_run_is_ridden_through_then_scancel_is_final(tmp
         cancel(camp.job_id)
 
 
-@pytest.mark.xfail(strict=True, reason="missing: nothing requeues the job when the supervisor itself (the batch "
-                   "step, exec'd by batch.sh) is SIGKILLed: Slurm does not requeue an exit by signal. A batch script "
-                   "running the supervisor as its child and requeueing on its death was built and reverted "
-                   "(2026-12-03): with it, in 2 of 4 preemptions on Slurm 22.05 the supervisor died of USR1 and the "
-                   "script's own requeue killed the ranks before the requested checkpoint (the preemption row failed)")
-
 def test_supervisor_sigkill_the_next_run_continues_from_the_journal(tmp_path):
-    """The supervisor is the batch step: SIGKILLed mid-run, the next run of the job must continue the campaign
-    from its journal (infer how the killed run ended, resume from the newest valid checkpoint, complete)."""
+    """The supervisor runs as the batch script's child: SIGKILLed mid-run (nothing told the job to end), the
+    script requeues the job, and its next run continues the campaign from the journal: the killed run's end
+    inferred (unknown, nobody blamed), resumed from the newest valid checkpoint, completed, nothing duplicated."""
     camp = submit_program(tmp_path, steps=60)
     try:
         wait_printed(camp, 1, 23)
         pid = supervisor_pid(camp)
         assert pid is not None
+        t0 = time.time()
         os.kill(pid, signal.SIGKILL)
-        wait_for("its ranks to be gone", lambda: not ranks_pids(camp), 60)
+        wait_for("its ranks and agents to be gone (Slurm ends the requeued run's steps)",
+                 lambda: not ranks_pids(camp) and not agent_pids(camp), 60)  # fmt: skip
         assert camp.ended() is None and len(camp.of_type("attempt_started")) == 1
         before = newest_valid(camp.ckpt)
         assert before is not None and before[1] >= 20
-        requeued = wait_for("the next run of the job", lambda: camp.of_type("attempt_started")[1:] or None, 30)[0]
-        assert requeued["restart"] == 1
+        requeued = wait_for("the next run of the job", lambda: camp.of_type("attempt_started")[1:] or None,
+                            START_TIMEOUT)[0]  # fmt: skip
+        assert requeued["restart"] == 1 and requeued["job_id"] == camp.job_id
         row = Row(camp, 0)
         got = row.interruption(timeout=60)
         assert got["class"] == "unknown" and got["blamed_nodes"] == []
-        row.resumed_from(before, timeout=120)
+        assert any("died of signal 9" in line for line in got["evidence"]), got["evidence"]
+        assert not camp.of_type("failsafe")  # the batch host is alive: the agents' failsafe never acts
+        resumed = row.resumed_from(before, timeout=START_TIMEOUT)
+        record_time("supervisor SIGKILL", next_run_s=requeued["t"] - t0, resumed_s=resumed - t0)
         ended = wait_for("the campaign to complete", camp.ended, 120)
         assert ended["state"] == "completed" and len(camp.of_type("campaign_started")) == 1
+        assert len(camp.of_type("attempt_started")) == 2
+        assert [e["class"] for e in camp.of_type("interruption")] == ["unknown", "completed"]
+        batch_log = (camp.root / "logs" / f"batch-{camp.job_id}.out").read_text()
+        said = [line for line in batch_log.splitlines() if line.startswith("supervise: the supervisor died")]
+        assert len(said) == 1 and "signal 9" in said[0] and "requeued the job" in said[0], said
     finally:
         cancel(camp.job_id)

@@ -59,3 +59,24 @@ def test_an_attempt_without_an_end_is_inferred_from_silent_agents_when_slurm_say
     interruption, ended = campaign_state.infer_previous_outcome(state, [])
     assert interruption["class"] == ev.NODE_FAILURE and interruption["blamed_nodes"] == ["n2"]
     assert interruption["confidence"] == 0.6 and ended["outcome"]["class"] == ev.NODE_FAILURE
+
+
+def test_a_supervisor_death_noted_by_the_batch_script_is_unknown_and_blames_nobody():
+    """The batch script requeued the job after its supervisor died of SIGKILL: nobody's node is at fault, even
+    when the previous run had silent nodes or Slurm now reports one down."""
+    from supervisor.batchwrap import death_note
+
+    log = ("{\"event\": \"step_launched\"}\n"
+           "supervise: the supervisor died of signal 9 in job 77 run 0 with nothing ending the job: requeued the "
+           "job; its next run continues the campaign from the journal\n")  # fmt: skip
+    note = death_note(log, "77", 0)
+    assert note is not None and note.startswith("supervise: the supervisor died of signal 9")
+    assert death_note(log, "77", 1) is None and death_note(log, "7", 0) is None
+    events = [
+        ev.campaign_started(0.0, "/c", ["python"], "77"),
+        ev.attempt_started(1.0, "77", 0, ["n1", "n2"], None),
+        {"type": ev.DETECTION, "t": 2.0, "kind": "node_silent", "nodes": ["n2"]},
+    ]
+    interruption, ended = campaign_state.infer_previous_outcome(campaign_state.fold(events), ["n1"], None, note)
+    assert interruption["class"] == ended["outcome"]["class"] == ev.UNKNOWN
+    assert interruption["blamed_nodes"] == [] and "died of signal 9" in interruption["evidence"][0]
