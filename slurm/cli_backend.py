@@ -18,6 +18,7 @@ from typing import Literal, Protocol
 
 import tenacity
 
+from slurm.cli_writes import ScontrolWrites, node_hostlist
 from slurm.errors import (
     AccountingUnavailable,
     SlurmCommandError,
@@ -98,23 +99,9 @@ def signal_name(sig: int | str) -> str:
     raise SlurmUsageError(f"unknown signal {sig!r}", "use a signal name such as USR1 or TERM, or its number")
 
 
-def _validate_reason(reason: str) -> str:
-    if not reason or not reason.strip() or len(reason) > 256 or any(c in reason for c in "\r\n\0"):
-        raise SlurmUsageError(
-            f"invalid node reason {reason!r}", "give a one-line reason of at most 256 characters"
-        )
-    return reason.strip()
-
-
-def _node_hostlist(nodes: Iterable[str]) -> str:
-    names = [validate_node_name(n) for n in nodes]
-    if not names:
-        raise SlurmUsageError("no nodes given", "name at least one node")
-    return compress(names)
-
-
-class CliSlurmClient:
-    """``SlurmClient`` implemented with the Slurm command-line tools."""
+class CliSlurmClient(ScontrolWrites):
+    """``SlurmClient`` implemented with the Slurm command-line tools (the state-changing ``scontrol`` calls:
+    ``cli_writes.ScontrolWrites``)."""
 
     backend_name = "cli"
 
@@ -293,7 +280,7 @@ class CliSlurmClient:
     def nodes_via_scontrol(self, names: Iterable[str] | None = None) -> list[NodeInfo]:
         argv = ["scontrol", "show", "node", "-o"]
         if names is not None:
-            argv.append(_node_hostlist(names))
+            argv.append(node_hostlist(names))
         result = self.run(argv)
         try:
             return parse_scontrol_nodes(result.stdout)
@@ -363,20 +350,6 @@ class CliSlurmClient:
         except Exception:
             raise SlurmOutputError(argv, f"expected a job id, got {result.stdout.strip()!r}") from None
 
-    def requeue(self, job_id: str | int) -> None:
-        """Requeue the job (its batch script restarts; SLURM_RESTART_COUNT increases)."""
-        self.run(["scontrol", "requeue", validate_job_id(job_id)], idempotent=False)
-
-    def requeue_hold(self, job_id: str | int) -> None:
-        """Requeue the job and hold it until ``release``."""
-        self.run(["scontrol", "requeuehold", validate_job_id(job_id)], idempotent=False)
-
-    def release(self, job_id: str | int) -> None:
-        self.run(["scontrol", "release", validate_job_id(job_id)])
-
-    def hold(self, job_id: str | int) -> None:
-        self.run(["scontrol", "hold", validate_job_id(job_id)])
-
     def cancel(self, job_id: str | int) -> None:
         """Cancel the whole job. To only deliver a signal, use ``signal``."""
         self.run(["scancel", validate_job_id(job_id)])
@@ -430,41 +403,6 @@ class CliSlurmClient:
             return parse_node_address(result.stdout, name)
         except (ParseError, ValueError) as exc:
             raise SlurmOutputError(argv, str(exc)) from None
-
-    def update_excluded_nodes(self, job_id: str | int, nodes: Iterable[str]) -> None:
-        """Set the job's ExcNodeList (replaces it; empty clears). Slurm accepts this only while the job is
-        PENDING (or COMPLETING after a requeue); on a running job it raises ``SlurmCommandError``."""
-        names = [validate_node_name(n) for n in nodes]
-        value = compress(names) if names else ""
-        self.run(["scontrol", "update", f"JobId={validate_job_id(job_id)}", f"ExcNodeList={value}"])
-
-    def shrink_job(self, job_id: str | int, nodes: Iterable[str]) -> None:
-        """``scontrol update JobId=J NodeList=<nodes>`` on a running job: the job keeps only ``nodes``. Run
-        without SLURM_JOBID in the environment: inside a job, scontrol would write slurm_job_J_resize.{sh,csh}
-        into its working directory (the user's)."""
-        names = [validate_node_name(n) for n in nodes]
-        if not names:
-            raise SlurmUsageError("no nodes to keep", "a job cannot be shrunk to nothing")
-        env = {k: v for k, v in self.env.items() if k != "SLURM_JOBID"}
-        self.run(["scontrol", "update", f"JobId={validate_job_id(job_id)}", f"NodeList={compress(names)}"],
-                 idempotent=False, env=env)  # fmt: skip
-
-    def set_start_time(self, job_id: str | int, delay_s: int) -> None:
-        """``scontrol update JobId=J StartTime=now+N`` (Slurm accepts it while the job is PENDING, which includes
-        COMPLETING after a requeue)."""
-        if isinstance(delay_s, bool) or not isinstance(delay_s, int) or delay_s < 0:
-            raise SlurmUsageError(f"invalid start delay {delay_s!r}", "give whole seconds >= 0")
-        self.run(["scontrol", "update", f"JobId={validate_job_id(job_id)}", f"StartTime=now+{delay_s}"])
-
-    def drain(self, nodes: Iterable[str], reason: str) -> None:
-        """Drain nodes (running jobs finish, no new ones start). Needs operator rights."""
-        self.run(
-            ["scontrol", "update", f"NodeName={_node_hostlist(nodes)}", "State=DRAIN", f"Reason={_validate_reason(reason)}"]
-        )
-
-    def resume(self, nodes: Iterable[str]) -> None:
-        """Return drained/down nodes to service. Needs operator rights."""
-        self.run(["scontrol", "update", f"NodeName={_node_hostlist(nodes)}", "State=RESUME"])
 
 
 SBATCH_FLAGS_WITHOUT_SEPARATE_VALUE = frozenset(
