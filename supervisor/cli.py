@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -57,6 +58,16 @@ def _module_of(command: str):  # type: ignore[no-untyped-def]
     return importlib.import_module(COMMANDS[command][0])
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush does not raise (and print) again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout (tests): nothing to quiet
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -67,7 +78,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             args = build_parser().parse_args(argv)
             module = importlib.import_module(args._module)
-        return int(module.run(args) or 0)
+        code = int(module.run(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader gone away shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:  # `supervise report C | head`: the reader has what it wanted
+        _quiet_stdout()
+        return 141  # 128 + SIGPIPE, as a shell tool ended by the broken pipe
     except (SupervisorError, SlurmError) as err:  # slurm's errors get their exit codes here (slurm is standalone)
         print(err.one_line(), file=sys.stderr)
         return exit_code_of(err)

@@ -69,7 +69,9 @@ def render_table(doc: dict[str, Any]) -> str:
     if age is None:
         lines.append("no live data yet: the supervisor writes live.json once the job's agents report")
         return "\n".join(lines)
-    note = " (stale: is the supervisor still running?)" if age > STALE_AFTER_S else ""
+    ended = (doc.get("summary") or {}).get("state") in ENDED
+    note = (" (the campaign has ended: the ranks as its supervisor last saw them)" if ended
+            else " (stale: is the supervisor still running?)" if age > STALE_AFTER_S else "")  # fmt: skip
     lines.append(f"job {doc.get('job')}  updated {age:.1f} s ago{note}  "
                  f"nodes {len(doc['nodes'])}  ranks {doc.get('ranks_total', len(doc['ranks']))}")
     shown = len(doc["ranks"])

@@ -83,3 +83,13 @@ def test_rich_view_renders_the_table() -> None:
 def test_watch_and_json_do_not_mix(tmp_path: Path) -> None:
     proc = _watch(_campaign(tmp_path, "completed"), "--json")
     assert proc.returncode == 2 and "cannot be combined" in proc.stderr
+
+
+@pytest.mark.parametrize("end", [None, "completed"])
+def test_the_table_of_an_ended_campaign_says_it_is_the_last_one_seen(tmp_path: Path, end: str | None) -> None:
+    """After the end, live.json still holds the ranks as they last ran ("running"): the table says so."""
+    proc = subprocess.run([sys.executable, "-m", "supervisor.cli", "status", str(_campaign(tmp_path, end))],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = "the campaign has ended: the ranks as its supervisor last saw them" in proc.stdout
+    assert said == (end is not None), proc.stdout
