@@ -92,6 +92,7 @@ class Evidence:
     preempt_time: float | None = None
     batch_signals: tuple[tuple[str, float], ...] = ()  # (signal name "USR1"/"TERM", unix time) seen by the batch step
     signal_lead_s: float = 60.0  # T of --signal=B:USR1@T
+    time_limit_near: float | None = None  # when the supervisor's own clock found that USR1 was overdue
     sigterm_ranks: tuple[int, ...] = ()  # ranks whose client saw SIGTERM
     rank_exits: tuple[RankExit, ...] = ()
     node_states: Mapping[str, str] = field(default_factory=dict)  # allocation node -> Slurm state ("DOWN*", ...)
@@ -208,6 +209,12 @@ def _slurm_findings(e: Evidence) -> list[Finding]:
             why = "the job has no known time limit" if e.scheduled_end is None else "before the time limit"
             found.append(Finding(ev.CANCELLED, 0.6, f"batch step got SIGTERM and {why}: scancel (or a requeue "
                                  "from outside)"))  # fmt: skip
+    got_usr1 = any(name.upper().removeprefix("SIG") == "USR1" for name, _ in e.batch_signals)
+    if e.time_limit_near is not None and not e.preempt_time and not got_usr1:
+        end = e.end_time or e.scheduled_end
+        left = f"{end - e.time_limit_near:.0f} s" if end else "less than the warning's lead"
+        found.append(Finding(ev.TIMEOUT, 0.85, f"the time limit is {left} away and Slurm's warning (USR1) never "
+                             "reached the supervisor: its own clock says so"))  # fmt: skip
     if e.sigterm_ranks and not e.supervisor_killed:
         ranks = ", ".join(str(r) for r in sorted(e.sigterm_ranks)[:8])
         if e.preempt_time:

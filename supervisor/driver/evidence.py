@@ -38,6 +38,7 @@ class WatchResult:
     exit_code: int | None = None  # srun's, when it exited
     detections: tuple[DetectionEvent, ...] = ()
     signals: tuple[Received, ...] = ()
+    time_limit_near: float | None = None  # when the supervisor's own clock found Slurm's USR1 overdue
 
 
 def query_job(slurm: SlurmClient, job_id: str) -> tuple[JobInfo | None, bool]:
@@ -163,6 +164,7 @@ def build(
         scheduled_end=scheduled_end,
         preempt_time=job.preempt_time if job is not None else None,
         batch_signals=tuple((s.name.removeprefix("SIG"), s.at) for s in watched.signals),
+        time_limit_near=watched.time_limit_near,
         signal_lead_s=signal_lead_s,
         sigterm_ranks=tuple(r.rank for r in ranks if r.rank_flags & sigterm_flag),
         rank_exits=exits,

@@ -59,6 +59,7 @@ from supervisor.driver.progress import ProgressLog
 from supervisor.driver.recorder import Recorder
 from supervisor.driver.requeue import JobActions
 from supervisor.driver.signals import SignalInbox
+from supervisor.driver.time_limit_watch import TimeLimitClock
 from supervisor.driver.watch import Watcher
 from supervisor.health.checks import Limits
 from supervisor.health.preflight import PreflightConfig
@@ -231,11 +232,13 @@ class Supervisor:
         self.agents.avoid = self.nodeloss.lost  # an agent is never restarted on a node found lost
         self.preemption = PreemptionPoller(lambda: self.slurm.job(self.job_id))
         self.preemption.start()
+        self.time_limit = TimeLimitClock(lambda: self.scheduled_end, self._query_end,
+                                         float(self.config.submit.signal_lead_s), self.clock)  # fmt: skip
         self.watcher = Watcher(
             channel=self.channel, detector=self.detector, inbox=self.inbox, checkpoints=self.checkpoints,
             agents=self.agents, record=self.record, clock=self.clock, loop_interval_s=run.loop_interval_s,
             guard=self.guard, stop_requested=lambda: stop_request.path(self.paths.root).exists(),
-            preempted=self.preemption.preempted, on_warning=self.notifier.warning, on_pass=self._metrics_pass, on_live=self._on_live,
+            preempted=self.preemption.preempted, time_limit_due=self.time_limit.due, on_warning=self.notifier.warning, on_pass=self._metrics_pass, on_live=self._on_live,
             health=self.health,
             nodeloss=self.nodeloss,
         )  # fmt: skip
@@ -250,6 +253,13 @@ class Supervisor:
             guard=self.guard, checkpoints=self.checkpoints, submit_alert=self.notifier.submit,
             budgets=self.policy.budgets,
         )  # fmt: skip
+
+    def _query_end(self) -> float | None:
+        """Slurm's EndTime of the job now (a limit extended meanwhile is kept); raises SlurmError."""
+        job = self.slurm.job(self.job_id)
+        if job is not None and job.end_time:
+            self.scheduled_end = job.end_time
+        return job.end_time if job is not None else None
 
     def _health_args(self) -> list[str]:
         """The node agents' health checks: interval, the filesystems to watch, thresholds, GPUs per node."""

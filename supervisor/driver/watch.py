@@ -68,6 +68,7 @@ class Watcher:
         guard: Guard | None = None,
         stop_requested: Callable[[], bool] | None = None,
         preempted: Callable[[], bool] | None = None,
+        time_limit_due: Callable[[], bool] | None = None,
         on_warning: Callable[[DetectionEvent], None] | None = None,
         on_pass: Callable[[], None] | None = None,
         on_live: Callable[[Any], None] | None = None,
@@ -80,6 +81,7 @@ class Watcher:
         self.guard = guard or Guard(record, clock)
         self.stop_requested = stop_requested  # the user asked to stop (``supervise cancel``)
         self.preempted = preempted  # Slurm set the job's preempt_time (its signal may never come)
+        self.time_limit_due = time_limit_due  # the time limit's USR1 is overdue (driver/time_limit_watch.py)
         self.on_warning, self.on_pass = on_warning, on_pass  # the policy's answer to warnings; metrics
         self.on_live = on_live  # the launch's ranks as seen each pass (goodput records: driver/progress.py)
         self.nodeloss = nodeloss  # our own verdict on silent nodes; it takes precedence over hangs
@@ -109,6 +111,8 @@ class Watcher:
                 next_preempt_check = time.monotonic() + PREEMPT_CHECK_S
                 if self.guard.call(SLURM_QUERY, self.preempted, default=False):  # Slurm's signal may never come
                     return WatchResult("signal", detections=tuple(pending))  # the evidence reads preempt_time
+                if self.time_limit_due is not None and self.guard.call(SLURM_QUERY, self.time_limit_due, default=False):
+                    return WatchResult("signal", detections=tuple(pending), time_limit_near=self.clock())
             code = launch.proc.poll()
             if code is not None:
                 self.settle(EXIT_SETTLE_S)
