@@ -232,15 +232,15 @@ class Supervisor:
         self.agents.avoid = self.nodeloss.lost  # an agent is never restarted on a node found lost
         self.preemption = PreemptionPoller(lambda: self.slurm.job(self.job_id))
         self.preemption.start()
-        self.time_limit = TimeLimitClock(lambda: self.scheduled_end, self._query_end,
+        self.time_limit = TimeLimitClock(lambda: self.scheduled_end, self._confirmed_end,
                                          float(self.config.submit.signal_lead_s), self.clock)  # fmt: skip
         self.watcher = Watcher(
             channel=self.channel, detector=self.detector, inbox=self.inbox, checkpoints=self.checkpoints,
             agents=self.agents, record=self.record, clock=self.clock, loop_interval_s=run.loop_interval_s,
             guard=self.guard, stop_requested=lambda: stop_request.path(self.paths.root).exists(),
-            preempted=self.preemption.preempted, time_limit_due=self.time_limit.due, on_warning=self.notifier.warning, on_pass=self._metrics_pass, on_live=self._on_live,
-            health=self.health,
-            nodeloss=self.nodeloss,
+            preempted=self.preemption.preempted, time_limit_due=self.time_limit.due,
+            on_warning=self.notifier.warning, on_pass=self._metrics_pass, on_live=self._on_live,
+            health=self.health, nodeloss=self.nodeloss,
         )  # fmt: skip
         jobs = JobActions(
             slurm=self.slurm, channel=self.channel, inbox=self.inbox, record=self.record, clock=self.clock,
@@ -254,12 +254,12 @@ class Supervisor:
             budgets=self.policy.budgets,
         )  # fmt: skip
 
-    def _query_end(self) -> float | None:
-        """Slurm's EndTime of the job now (a limit extended meanwhile is kept); raises SlurmError."""
-        job = self.slurm.job(self.job_id)
-        if job is not None and job.end_time:
-            self.scheduled_end = job.end_time
-        return job.end_time if job is not None else None
+    def _confirmed_end(self) -> tuple[bool, float | None]:
+        """Slurm's EndTime of the job in its newest answer (a limit extended meanwhile is kept)."""
+        known, end = self.preemption.end_time()
+        if known and end:
+            self.scheduled_end = end
+        return known, end
 
     def _health_args(self) -> list[str]:
         """The node agents' health checks: interval, the filesystems to watch, thresholds, GPUs per node."""

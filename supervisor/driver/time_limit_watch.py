@@ -4,19 +4,17 @@
 (supervisor/batchwrap.py: a USR1 then can no longer kill it), so a warning that comes during its start-up - a job
 that starts with less than T left, or Slurm sending it early, which it may by up to a minute - is gone, and the
 ranks would meet the time limit with no checkpoint asked for. So the supervisor keeps its own clock: once the
-job's EndTime is closer than T (less a margin that lets Slurm's own signal come first), it asks Slurm for the
-EndTime again (a user or an admin may have extended the limit) and, confirmed, acts as the warning would have.
-Once per Slurm run. A failed query decides nothing: it is asked again a few seconds later.
+job's EndTime is closer than T (less a margin that lets Slurm's own signal come first), it checks the EndTime in
+Slurm's newest answer (a user or an admin may have extended the limit; the answers come from the preemption
+poller's background queries, so the watch loop never waits on Slurm) and, confirmed, acts as the warning would
+have. Once per Slurm run. Without an answer from Slurm nothing is decided.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from slurm.errors import SlurmError
-
 WARNING_MARGIN_S = 3.0  # Slurm's USR1 is due T s before the end: give it these seconds to come first
-RECHECK_S = 3.0  # how often Slurm is asked while the clock says "due" and Slurm does not confirm it
 
 
 def warning_due(now: float, end: float | None, lead_s: float, margin_s: float = WARNING_MARGIN_S) -> bool:
@@ -25,27 +23,21 @@ def warning_due(now: float, end: float | None, lead_s: float, margin_s: float = 
 
 
 class TimeLimitClock:
-    def __init__(self, scheduled_end: Callable[[], float | None], query_end: Callable[[], float | None],
-                 lead_s: float, clock: Callable[[], float]) -> None:  # fmt: skip
-        """``scheduled_end()``: the EndTime known now; ``query_end()``: Slurm's EndTime now (None: none; raises
-        SlurmError when Slurm does not answer)."""
-        self.scheduled_end, self.query_end, self.lead_s, self.clock = scheduled_end, query_end, lead_s, clock
+    def __init__(self, scheduled_end: Callable[[], float | None],
+                 confirmed_end: Callable[[], tuple[bool, float | None]], lead_s: float,
+                 clock: Callable[[], float]) -> None:  # fmt: skip
+        """``scheduled_end()``: the EndTime known now; ``confirmed_end()``: (whether Slurm has answered, the
+        EndTime in its newest answer; None: no time limit)."""
+        self.scheduled_end, self.confirmed_end, self.lead_s, self.clock = scheduled_end, confirmed_end, lead_s, clock
         self.fired_at: float | None = None
-        self._next_query = 0.0
 
     def due(self) -> bool:
-        """True once, when Slurm confirms that the warning is overdue."""
+        """True once, when Slurm's newest answer confirms that the warning is overdue."""
         now = self.clock()
-        if self.fired_at is not None or now < self._next_query:
+        if self.fired_at is not None or not warning_due(now, self.scheduled_end(), self.lead_s):
             return False
-        if not warning_due(now, self.scheduled_end(), self.lead_s):
-            return False
-        self._next_query = now + RECHECK_S
-        try:
-            end = self.query_end()
-        except SlurmError:
-            return False
-        if not warning_due(now, end, self.lead_s):
+        known, end = self.confirmed_end()
+        if not known or not warning_due(now, end, self.lead_s):
             return False
         self.fired_at = now
         return True

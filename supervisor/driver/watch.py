@@ -111,7 +111,7 @@ class Watcher:
                 next_preempt_check = time.monotonic() + PREEMPT_CHECK_S
                 if self.guard.call(SLURM_QUERY, self.preempted, default=False):  # Slurm's signal may never come
                     return WatchResult("signal", detections=tuple(pending))  # the evidence reads preempt_time
-                if self.time_limit_due is not None and self.guard.call(SLURM_QUERY, self.time_limit_due, default=False):
+                if self.time_limit_due is not None and self.guard.call(DETECT, self.time_limit_due, default=False):
                     return WatchResult("signal", detections=tuple(pending), time_limit_near=self.clock())
             code = launch.proc.poll()
             if code is not None:

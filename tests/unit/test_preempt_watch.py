@@ -54,3 +54,23 @@ def test_a_hanging_query_never_blocks_the_caller() -> None:
     finally:
         release.set()
         poller.close()
+
+
+def test_the_newest_answer_gives_the_jobs_end_time() -> None:
+    answers = iter([RuntimeError("slurmctld unreachable"), SimpleNamespace(preempt_time=None, end_time=1000.0),
+                    SimpleNamespace(preempt_time=None, end_time=2000.0)])  # fmt: skip
+
+    def query():
+        answer = next(answers, SimpleNamespace(preempt_time=None, end_time=2000.0))
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    poller = PreemptionPoller(query, period_s=0.01)
+    assert poller.end_time() == (False, None)  # not asked yet: unknown, not "no time limit"
+    poller.start()
+    try:
+        assert _wait(lambda: poller.end_time() == (True, 2000.0))  # an extended limit replaces the old one
+        assert not poller.preempted()
+    finally:
+        poller.close()

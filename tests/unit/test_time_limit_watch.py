@@ -13,7 +13,6 @@ import pytest
 from fakes import Launch
 from test_driver import make, run
 
-from slurm.errors import SlurmUnreachable
 from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Evidence, classify
 from supervisor.driver.time_limit_watch import WARNING_MARGIN_S, TimeLimitClock, warning_due
@@ -46,26 +45,26 @@ class Clock:
 
 
 def test_it_fires_once_and_only_when_slurm_confirms_the_end() -> None:
-    clock, answers, asked = Clock(0.0), [2000.0, None, 1000.0], []
+    clock = Clock(0.0)
+    answer: list[tuple[bool, float | None]] = [(True, 2000.0)]
+    read = []
 
-    def query() -> float | None:
-        asked.append(clock.t)
-        answer = answers.pop(0)
-        if answer is None:
-            raise SlurmUnreachable(["squeue"], "Unable to contact slurm controller", 3)
-        return answer
+    def confirmed() -> tuple[bool, float | None]:
+        read.append(clock.t)
+        return answer[0]
 
-    tl = TimeLimitClock(lambda: 1000.0, query, 120.0, clock)
-    assert not tl.due() and asked == []  # far from the end: Slurm is not asked
+    tl = TimeLimitClock(lambda: 1000.0, confirmed, 120.0, clock)
+    assert not tl.due() and read == []  # far from the end: Slurm's answer is not even looked at
     clock.t = 900.0
     assert not tl.due()  # Slurm says the limit was extended to 2000
-    assert not tl.due()  # not asked again at once
+    answer[0] = (False, None)
     clock.t = 904.0
-    assert not tl.due()  # Slurm does not answer: nothing decided
+    assert not tl.due()  # Slurm has not answered: nothing decided
+    answer[0] = (True, 1000.0)
     clock.t = 908.0
     assert tl.due() and tl.fired_at == 908.0  # confirmed
     clock.t = 950.0
-    assert not tl.due() and asked == [900.0, 904.0, 908.0]  # once per Slurm run
+    assert not tl.due() and read == [900.0, 904.0, 908.0]  # once per Slurm run
 
 
 def test_the_classifier_calls_it_a_timeout_and_blames_nobody() -> None:
