@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from slurm import srun
+
 DEFAULT_TIMEOUT_S = 3.0
 
 
@@ -28,17 +30,6 @@ class ProbeProcess(Protocol):
     def kill(self) -> None: ...
 
     def wait(self, timeout: float | None = None) -> int: ...
-
-
-def probe_argv(node: str, job_id: str | None = None, srun: str = "srun") -> list[str]:
-    """The srun line of one probe of ``node`` (inside job ``job_id``, default: the caller's $SLURM_JOB_ID)."""
-    argv = [srun, "--overlap"]
-    if job_id:
-        argv.append(f"--jobid={job_id}")
-    return [
-        *argv, f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--cpus-per-task=1",
-        "--mem=0", "--quiet", "--job-name=supervisor-probe", "--kill-on-bad-exit=1", "true",
-    ]  # fmt: skip
 
 
 def _probe_env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -113,6 +104,6 @@ def starter(job_id: str | None, start: Callable[[Sequence[str]], ProbeProcess] =
     """A function that starts one probe of a node, for ``job_id``'s allocation."""
 
     def start_probe(node: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Probe:
-        return Probe(node, start(probe_argv(node, job_id)), time.monotonic(), timeout_s)
+        return Probe(node, start(srun.probe(node, job_id)), time.monotonic(), timeout_s)
 
     return start_probe

@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from slurm import srun
 from slurm.client import SlurmClient
 from slurm.errors import SlurmError
 from supervisor.decisions import events as ev
-from supervisor.driver import launcher
 from supervisor.driver.ports import Channel, Process, StepLauncher
 from supervisor.heartbeat import wire
 
@@ -47,7 +47,9 @@ class AgentStep:
         self.avoid: set[str] = set()  # nodes found lost: never given an agent again in this attempt
 
     def spawn(self, nodes: tuple[str, ...]) -> None:
-        argv = launcher.agent_argv(nodes, self.python, self.campaign, self.channel.address, self.extra_args)
+        host, port = self.channel.address
+        argv = srun.agents(nodes, [self.python, "-m", "supervisor.agent", "--campaign", str(self.campaign),
+                                   "--supervisor", f"{host}:{port}", *self.extra_args])  # fmt: skip
         self.proc = self.start_step(argv, self.env(), self.log_path, self.cwd)
         self.started = time.monotonic()
 

@@ -18,21 +18,7 @@ from pathlib import Path
 
 from slurm.client import SlurmClient
 from slurm.errors import SlurmError
-from slurm.hostlist import compress
 from supervisor.driver.ports import Process
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """How the training step is laid out in the allocation."""
-
-    nodes: tuple[str, ...]  # allocation nodes, in Slurm order
-    tasks_per_node: int
-    spare_nodes: int = 0  # nodes kept out of the training step, to replace a blamed node without requeueing
-
-    @property
-    def train_nodes(self) -> int:
-        return len(self.nodes) - self.spare_nodes
 
 
 @dataclasses.dataclass
@@ -47,62 +33,6 @@ class Launch:
     started: float
     nodes: tuple[str, ...]
     worker_restarts: bool = False  # torchrun may restart its workers inside the launch (--max-restarts > 0)
-
-
-def agent_argv(
-    nodes: Sequence[str], python: str, campaign: Path, supervisor_addr: tuple[str, int], extra: Sequence[str] = ()
-) -> list[str]:
-    """srun line for the node agents: one task on each node, sharing CPUs with the training, and surviving
-    the loss of a node (``--no-kill``) so the other nodes stay watched."""
-    n = len(nodes)
-    return [
-        "srun", "--overlap", f"--nodelist={compress(list(nodes))}", f"--nodes={n}", f"--ntasks={n}",
-        "--ntasks-per-node=1", "--job-name=supervisor-agent", "--kill-on-bad-exit=0", "--no-kill",
-        "--cpus-per-task=1", "--mem=0", "--quiet",
-        python, "-m", "supervisor.agent", "--campaign", str(campaign),
-        "--supervisor", f"{supervisor_addr[0]}:{supervisor_addr[1]}", *extra,
-    ]  # fmt: skip
-
-
-def step_nodes(layout: Layout, exclude: Sequence[str] = (), shift: int = 0) -> tuple[str, ...]:
-    """The training step's nodes in rank order: the first usable ones (``exclude`` left out), rotated left by
-    ``shift`` so that different ranks land on each node (task ``i`` on node ``i // tasks_per_node``)."""
-    usable = [n for n in layout.nodes if n not in set(exclude)][: layout.train_nodes]
-    k = shift % len(usable) if usable else 0
-    return tuple(usable[k:] + usable[:k])
-
-
-def hostfile_text(nodes: Sequence[str], tasks_per_node: int) -> str:
-    """SLURM_HOSTFILE for ``--distribution=arbitrary``: one line per task, in rank order."""
-    return "".join(f"{n}\n" for n in nodes for _ in range(tasks_per_node))
-
-
-def train_argv(
-    layout: Layout, command: Sequence[str], launch: int, exclude: Sequence[str] = (), extra: Sequence[str] = (),
-    nodelist: Sequence[str] = (), *, arbitrary: bool = False,
-) -> list[str]:
-    """srun line for the training step, avoiding ``exclude`` (blamed nodes) when the spares allow it. With
-    ``nodelist`` the step runs on exactly those nodes (its first one is MASTER_ADDR, see ``distenv``).
-    ``arbitrary``: tasks go where SLURM_HOSTFILE says, in its order (the ranks moved to other nodes)."""
-    usable = [n for n in layout.nodes if n not in set(exclude)]
-    nnodes = min(layout.train_nodes, len(usable))
-    # With an arbitrary distribution the hostfile places every task; Slurm 24.11's srun refuses --nodes beside it
-    # ("--nodes is incompatible with --distribution=arbitrary"), 22.05 accepted it.
-    shape = [] if arbitrary else [f"--nodes={nnodes}", f"--ntasks-per-node={layout.tasks_per_node}"]
-    argv = [
-        # --overlap: after a node failure Slurm may keep the dead step's CPUs on the survivors booked until the
-        # lost node is cleaned up; the relaunch must not wait for that ("Requested nodes are busy").
-        "srun", "--overlap", f"--job-name=train-{launch}", *shape, f"--ntasks={nnodes * layout.tasks_per_node}",
-        "--kill-on-bad-exit=1", "--mem=0",
-        "--label",  # "N: " before each line: log lines name their rank and node (decisions/tasklog.py)
-    ]  # fmt: skip
-    if nodelist:
-        argv.append(f"--nodelist={compress(list(nodelist))}")
-    if exclude:
-        argv.append(f"--exclude={compress(sorted(set(exclude)))}")
-    if arbitrary:
-        argv.append("--distribution=arbitrary")
-    return [*argv, *extra, *command]
 
 
 def start(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: str | None = None) -> subprocess.Popen[bytes]:

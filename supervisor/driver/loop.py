@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slurm import probe
+from slurm import probe, srun
 from slurm.client import SlurmClient
 from slurm.env import SlurmEnv
 from slurm.errors import SlurmError
@@ -27,7 +27,7 @@ from slurm.probe import ProbeStarter
 from supervisor import stop_request
 from supervisor.campaign import CampaignSpec
 from supervisor.config import Config
-from supervisor.decisions import campaign_state, nodeloss, policy
+from supervisor.decisions import campaign_state, nodeloss, placement, policy
 from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Evidence
 from supervisor.decisions.detect import NODE_SILENT, DetectConfig, Detector
@@ -117,7 +117,7 @@ class Supervisor:
         self.policy = policy.PolicyConfig.from_mapping(config.policy)
         self.ledger_config = LedgerConfig.from_mapping(config.ledger)
         self.signatures = signatures_from_table(config.log_signatures)
-        self.layout = launcher.Layout(
+        self.layout = placement.Layout(
             nodes=env.nodelist, tasks_per_node=env.tasks_per_node[0] if env.tasks_per_node else 1,
             spare_nodes=config.run.spare_nodes,
         )  # fmt: skip
@@ -330,7 +330,7 @@ class Supervisor:
             now = self.clock()
             request = stop_request.read(self.paths.root) if watched.reason == "stop_request" else None
             interruption, decision = stop_request.respond(request) if request is not None else respond(
-                found, state.history, state.ledger, nodes=self._usable_nodes(), needed=self.layout.train_nodes,
+                found, state.history, state.ledger, nodes=placement.usable_nodes(self.layout, self.nodeloss.lost), needed=self.layout.train_nodes,
                 config=self.policy, now=now, step_running=launch.proc.poll() is None,
                 restarts_here=max(0, self.launches - 1), signatures=self.signatures,
                 slurm_kills_on_node_failure=not self._no_kill(), min_needed=self.config.run.min_nodes or None,
@@ -346,14 +346,11 @@ class Supervisor:
                 if request is not None:
                     stop_request.clear(self.paths.root)
                 return outcome
-            excluded = self._next_exclusions(decision)
+            excluded = placement.exclusions_of(decision)
             if any(d.kind == NODE_SILENT for d in watched.detections):  # the agents' silence is not the new launch's
                 hang = self.detector.config.hang
                 self.agents.wait_until_fresh(hang.node_stale_s, hang.node_silence_s)
-            if interruption.cls == ev.APP_ERROR and len(interruption.origin_nodes) == 1 \
-                    and not interruption.blamed_nodes:  # fmt: skip
-                self.rank_shift += 1  # a second crash there from other ranks blames the node; one that follows
-                # the ranks elsewhere is the program's (classify.repeated_on_one_node)
+            self.rank_shift += placement.rank_shift_after(interruption)
 
     def _on_live(self, live: Any) -> None:
         self.progress.observe(live)
@@ -394,23 +391,9 @@ class Supervisor:
     def _query_nodes(self) -> Any:
         return self.guard.call(SLURM_QUERY, query_nodes, self.slurm, self.layout.nodes, default=None)
 
-    def _usable_nodes(self) -> tuple[str, ...]:
-        """The allocation's nodes, without those our own verdict found lost in this attempt."""
-        return tuple(n for n in self.layout.nodes if n not in self.nodeloss.lost)
-
     def _ledger_exclusions(self) -> tuple[str, ...]:
-        """Suspect nodes of the ledger that this allocation holds, left out when enough nodes remain."""
         ledger = campaign_state.fold(self.recorder.history, self.ledger_config).ledger
-        suspects = ledger.excluded_nodes(self.clock())
-        here = tuple(n for n in self.layout.nodes if n in suspects)
-        return here if len(self.layout.nodes) - len(here) >= self.layout.train_nodes else ()
-
-    @staticmethod
-    def _next_exclusions(decision: policy.Decision) -> tuple[str, ...]:
-        for action in decision.actions:
-            if action.kind == policy.RESTART_IN_ALLOCATION:
-                return tuple(action.params.get("exclude", ()))
-        return ()
+        return placement.ledger_exclusions(self.layout, ledger.excluded_nodes(self.clock()))
 
     def _no_kill(self) -> bool:
         """Whether Slurm keeps this job alive when one of its nodes fails (``--no-kill``, set for spare nodes)."""
@@ -434,20 +417,20 @@ class Supervisor:
     def _launch(self, resume: str | None, resume_step: int | None, excluded: tuple[str, ...]) -> Launch:
         """One srun of the training in this attempt (journaled as ``step_launched``, the contract's name)."""
         self.launches += 1
-        name = f"train-{self.launches}"
+        name = srun.training_job_name(self.launches)
         excluded = tuple(sorted(set(excluded) | self.nodeloss.lost))
-        nodes = launcher.step_nodes(self.layout, excluded, self.rank_shift)  # in rank order
-        in_order = tuple(n for n in self.layout.nodes if n in set(nodes))
-        moved = nodes != in_order
+        nodes = placement.step_nodes(self.layout, excluded, self.rank_shift)  # in rank order
+        moved = placement.moved(self.layout, nodes)
         dist = self._dist_env(nodes, moved)  # MASTER_ADDR: rank 0's node, moved or not
-        argv = launcher.train_argv(self.layout, dist.wrap(self.spec.command), self.launches, excluded,
-                                   self.config.run.srun_args, nodelist=() if moved else nodes,
-                                   arbitrary=moved)  # fmt: skip
+        argv = srun.training(dist.wrap(self.spec.command), launch=self.launches, nodes=len(nodes),
+                             tasks_per_node=self.layout.tasks_per_node,
+                             exclude=excluded, nodelist=() if moved else nodes, arbitrary=moved,
+                             extra=self.config.run.srun_args)  # fmt: skip
         log_path = self._attempt_logs() / f"{name}.log"
         env = {**self._step_env(resume), **dist.env}
         if moved:  # rank 0 is no longer on the first node of the step's node list: say where it is
             hosts = self._attempt_logs() / f"{name}.hosts"
-            hosts.write_text(launcher.hostfile_text(nodes, self.layout.tasks_per_node))
+            hosts.write_text(srun.hostfile_text(nodes, self.layout.tasks_per_node))
             env["SLURM_HOSTFILE"] = str(hosts)
         launched = {**ev.step_launched(self.clock(), self.launches, nodes, excluded, resume), "resume_step": resume_step,
                     "master": f"{dist.env.get('MASTER_ADDR', '')}:{dist.env.get('MASTER_PORT', '')}"}

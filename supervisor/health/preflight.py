@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm.hostlist import compress
+from slurm import srun
 
 Starter = Callable[[Sequence[str], Mapping[str, str], Path, "str | None"], Any]  # driver.launcher.start's shape
 DEFAULT_BUDGET_S = 30.0
@@ -150,10 +150,8 @@ def worker_argv(nodes: Sequence[str], out_dir: Path, budget_s: float = DEFAULT_B
                 python: str = sys.executable, srun_args: Sequence[str] = ()) -> list[str]:  # fmt: skip
     """The srun line: one task per node, overlapping the agents' step, with a step time limit."""
     minutes = max(1, math.ceil((budget_s + SRUN_SLACK_S) / 60))
-    return ["srun", "--overlap", "--job-name=preflight", f"--nodelist={compress(list(nodes))}", f"--nodes={len(nodes)}",
-            f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--time={minutes}", "--kill-on-bad-exit=1", *srun_args,
-            python, "-m", "supervisor.health.preflight_worker", "--out", str(out_dir),
-            "--budget-s", f"{budget_s:g}"]  # fmt: skip
+    return srun.preflight(nodes, [python, "-m", "supervisor.health.preflight_worker", "--out", str(out_dir),
+                                  "--budget-s", f"{budget_s:g}"], minutes=minutes, extra=srun_args)  # fmt: skip
 
 
 def run(nodes: Sequence[str], work_dir: Path, budget_s: float = DEFAULT_BUDGET_S, factor: float = DEFAULT_FACTOR,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.driver import distenv, launcher
+from slurm import srun
+from supervisor.driver import distenv
 
 
 def test_a_launch_gets_master_world_and_torchrun_defaults() -> None:
@@ -73,7 +74,7 @@ def test_moved_ranks_get_the_node_rank_of_the_hostfile_not_slurms_node_order() -
     for its static rendezvous) must follow the hostfile, as RANK // LOCAL_WORLD_SIZE, so node rank 0 is
     MASTER_ADDR's node."""
     nodes, tpn = ("n3", "n1"), 2
-    hostfile = launcher.hostfile_text(nodes, tpn).split()
+    hostfile = srun.hostfile_text(nodes, tpn).split()
     d = distenv.plan(nodes, tpn, {"n3": "10.0.0.3", "n1": "10.0.0.1"}, 23456, {}, "r", placed=True, node_rank_flag=True)
     assert d.env["MASTER_ADDR"] == "10.0.0.3"
     slurm_node_id = {n: i for i, n in enumerate(sorted(nodes))}  # what srun sets: n1 -> 0, n3 -> 1

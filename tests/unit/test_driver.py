@@ -260,22 +260,6 @@ def test_exclusions_keep_what_the_job_already_excludes(tmp_path: Path) -> None:
     assert ("update_excluded_nodes", JOB, ["n2", "n9"]) in slurm.calls
 
 
-def test_moved_ranks_land_on_other_nodes_through_an_arbitrary_distribution():
-    from supervisor.driver import launcher
-
-    layout = launcher.Layout(nodes=("node1", "node2", "node3"), tasks_per_node=2, spare_nodes=1)
-    assert launcher.step_nodes(layout) == ("node1", "node2")
-    assert launcher.step_nodes(layout, shift=1) == ("node2", "node1")  # rank 0, 1 now on node2
-    assert launcher.step_nodes(layout, exclude=("node1",), shift=1) == ("node3", "node2")
-    assert launcher.hostfile_text(("node2", "node1"), 2) == "node2\nnode2\nnode1\nnode1\n"
-    argv = launcher.train_argv(layout, ["python", "t.py"], 2, arbitrary=True)
-    assert "--distribution=arbitrary" in argv and argv[-2:] == ["python", "t.py"]
-    # Slurm 24.11's srun: "--nodes is incompatible with --distribution=arbitrary"; the hostfile places the tasks
-    assert not any(a.startswith(("--nodes=", "--ntasks-per-node=")) for a in argv)
-    assert any(a.startswith("--ntasks=") for a in argv)
-    assert "--distribution=arbitrary" not in launcher.train_argv(layout, ["python", "t.py"], 2)
-
-
 def test_every_agent_silent_at_once_blames_no_node_even_when_one_crossed_the_threshold_first(tmp_path: Path) -> None:
     """Agents' summaries are staggered: n1's went quiet a moment before n2's. Both are reported in the same
     pass and the watch hands every fault of it to the classifier: class unknown, nobody blamed, relaunched."""

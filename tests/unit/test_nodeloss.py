@@ -147,12 +147,6 @@ class FakeProc:
         return self.returncode if self.returncode is not None else 0
 
 
-def test_the_probe_is_a_short_overlapping_step_on_the_one_node() -> None:
-    argv = probe.probe_argv("node2", "42")
-    assert argv[:3] == ["srun", "--overlap", "--jobid=42"] and "--nodelist=node2" in argv and argv[-1] == "true"
-    assert "--nodes=1" in argv and "--ntasks=1" in argv and "--mem=0" in argv
-
-
 def test_probe_results() -> None:
     assert probe.Probe("n2", FakeProc(0), 0.0, 3.0).result(0.5) == (True, "srun true answered")
     alive, detail = probe.Probe("n2", FakeProc(1), 0.0, 3.0).result(0.5) or (None, "")
