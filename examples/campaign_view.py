@@ -49,9 +49,9 @@ def wait_for(what: str, predicate: Callable[[], T | None], timeout: float, poll:
 
 def job_nodes(job_id: str) -> tuple[str, list[str]]:
     """(batch host, nodes) of a running job, from the Slurm adapter; empty while it does not run."""
-    from slurm.cli_backend import CliSlurmClient
+    from slurm.client import get_client
 
-    job = CliSlurmClient().job(job_id)
+    job = get_client().job(job_id)
     if job is None or not job.is_running:
         return "", []
     return job.batch_host or "", list(job.nodes)

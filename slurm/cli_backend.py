@@ -1,34 +1,27 @@
 """The Slurm client over the standard commands (sbatch, squeue, sinfo, scontrol, scancel, sacct).
 
-Works on any Slurm from 22.05 on without compiled bindings. Every call: list argv (never a shell), a timeout,
-retries with bounded exponential backoff for transient failures (``slurm.retry``), and typed errors that carry
-the argv and Slurm's message. The ``runner`` is injectable so unit tests can replay recorded outputs; the
-integration tests use the real commands against the local cluster.
+Works on any Slurm from 22.05 on without compiled bindings. Each method knows which command answers its question
+on which Slurm version (JSON where it is reliable, the text forms where it is not); running the command (list
+argv, timeout, retries, typed errors) is ``slurm.command``'s. Unit tests replay recorded outputs through an
+injected runner; the integration tests use the real commands against the local cluster.
 """
 
 from __future__ import annotations
 
-import os
 import signal as signal_module
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
-import tenacity
-
-from slurm.cli_writes import ScontrolWrites, node_hostlist
+from slurm.command import CommandRunner, Runner
 from slurm.errors import (
     AccountingUnavailable,
     SlurmCommandError,
-    SlurmCommandMissing,
     SlurmOutputError,
-    SlurmUnreachable,
     SlurmUsageError,
     UnknownJob,
 )
-from slurm.hostlist import compress, validate_job_id, validate_node_name, validate_step_id
+from slurm.hostlist import compress, node_hostlist, validate_job_id, validate_node_name, validate_step_id
 from slurm.model import JobInfo, JobRun, NodeInfo
 from slurm.parse import ParseError, parse_nodes_json, parse_squeue_json
 from slurm.parse_sacct import SACCT_FIELDS, parse_sacct_text
@@ -39,50 +32,10 @@ from slurm.parse_scontrol import (
     parse_scontrol_nodes,
     parse_step_names,
 )
-from slurm.retry import Failure, RetryPolicy, classify_failure, should_retry
+from slurm.retry import RetryPolicy
+from slurm.sbatch import check_sbatch_options
 
 SignalTarget = Literal["batch", "steps"]
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """What a runner returns for one finished command."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-class Runner(Protocol):
-    """Runs one command. Raises ``subprocess.TimeoutExpired`` on timeout, ``FileNotFoundError`` if missing."""
-
-    def __call__(
-        self, argv: Sequence[str], *, input_text: str | None, timeout: float, env: Mapping[str, str]
-    ) -> RunResult: ...
-
-
-def subprocess_runner(
-    argv: Sequence[str], *, input_text: str | None, timeout: float, env: Mapping[str, str]
-) -> RunResult:
-    """The real runner: ``subprocess.run`` with a list argv, captured text output and a timeout."""
-    proc = subprocess.run(  # noqa: S603 - argv is a list built from validated parts
-        list(argv),
-        input=input_text,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=dict(env),
-        check=False,
-        stdin=None if input_text is not None else subprocess.DEVNULL,
-    )
-    return RunResult(proc.returncode, proc.stdout or "", proc.stderr or "")
-
-
-class _Transient(Exception):
-    def __init__(self, argv: Sequence[str], detail: str) -> None:
-        super().__init__(detail)
-        self.argv = list(argv)
-        self.detail = detail
 
 
 def signal_name(sig: int | str) -> str:
@@ -99,9 +52,9 @@ def signal_name(sig: int | str) -> str:
     raise SlurmUsageError(f"unknown signal {sig!r}", "use a signal name such as USR1 or TERM, or its number")
 
 
-class CliSlurmClient(ScontrolWrites):
-    """``SlurmClient`` implemented with the Slurm command-line tools (the state-changing ``scontrol`` calls:
-    ``cli_writes.ScontrolWrites``)."""
+class CliSlurmClient:
+    """``SlurmClient`` implemented with the Slurm command-line tools: queries, job and node actions, each one
+    argument list built from validated parts and run by :class:`~slurm.command.CommandRunner`."""
 
     backend_name = "cli"
 
@@ -114,72 +67,9 @@ class CliSlurmClient(ScontrolWrites):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``env`` is laid over ``os.environ`` for every command (e.g. ``{"SLURM_CONF": ...}``)."""
-        self.env: dict[str, str] = {**os.environ, **(env or {})}
-        self.runner: Runner = runner or subprocess_runner
-        self.policy = policy or RetryPolicy()
-        self._sleep = sleep
-        self._clock = clock
+        self.commands = CommandRunner(env, runner, policy, sleep, clock)
+        self.env, self.policy = self.commands.env, self.commands.policy
         self._version: tuple[int, int] | None = None
-
-    # ------------------------------------------------------------------------------------ plumbing
-
-    def _attempt(self, argv: Sequence[str], input_text: str | None, timeout: float, idempotent: bool,
-                 env: Mapping[str, str] | None = None) -> RunResult:  # fmt: skip
-        try:
-            result = self.runner(argv, input_text=input_text, timeout=timeout, env=dict(env or self.env))
-        except FileNotFoundError:
-            raise SlurmCommandMissing(argv[0]) from None
-        except subprocess.TimeoutExpired:
-            failure, result = Failure.MAYBE_SENT, RunResult(-1, "", f"timed out after {timeout:.0f} s")
-        else:
-            if result.returncode == 0:
-                return result
-            failure = classify_failure(result.returncode, result.stderr + "\n" + result.stdout)
-        message = result.stderr.strip() or result.stdout.strip()
-        if failure in (Failure.NOT_SENT, Failure.MAYBE_SENT):
-            if should_retry(failure, idempotent):
-                raise _Transient(argv, message)
-            raise SlurmUnreachable(argv, message + " (the request may or may not have been applied)")
-        if failure is Failure.UNKNOWN_JOB:
-            raise UnknownJob(argv, result.returncode, message)
-        if failure is Failure.ACCOUNTING_DISABLED:
-            raise AccountingUnavailable(argv, message)
-        raise SlurmCommandError(argv, result.returncode, message)
-
-    def run(
-        self, argv: Sequence[str], *, input_text: str | None = None, idempotent: bool = True,
-        deadline: float | None = None, env: Mapping[str, str] | None = None,
-    ) -> RunResult:
-        """Run a Slurm command with retries; return its result when it exits 0, else raise a typed error.
-
-        ``deadline`` (a ``clock()`` time) caps the policy's budget, so a query made of several commands stays
-        within one budget."""
-        if not argv or any(not isinstance(a, str) or "\0" in a for a in argv):
-            raise SlurmUsageError(f"bad argument list {argv!r}", "pass a list of strings without NUL bytes")
-        policy = self.policy
-        start = self._clock()
-        deadline = start + policy.budget_s if deadline is None else min(deadline, start + policy.budget_s)
-
-        def attempt() -> RunResult:
-            left = deadline - self._clock()
-            timeout = policy.call_timeout_s if policy.budget_s == 0 else max(1.0, min(policy.call_timeout_s, left))
-            return self._attempt(argv, input_text, timeout, idempotent, env)
-
-        def stop(state: tenacity.RetryCallState) -> bool:
-            return self._clock() + policy.backoff(state.attempt_number) > deadline
-
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(_Transient),
-            stop=stop,
-            wait=lambda state: policy.backoff(state.attempt_number),
-            sleep=self._sleep,
-            reraise=True,
-        )
-        try:
-            return retrying(attempt)
-        except _Transient as exc:
-            attempts = retrying.statistics.get("attempt_number", 1)
-            raise SlurmUnreachable(exc.argv, exc.detail, attempts=attempts) from None
 
     # ------------------------------------------------------------------------------------ queries
 
@@ -204,10 +94,10 @@ class CliSlurmClient(ScontrolWrites):
         version = self.slurm_version()
         deadline = None
         if version is not None and version >= (23, 2):
-            deadline = self._clock() + self.policy.budget_s
+            deadline = self.commands.clock() + self.policy.budget_s
             argv = ["scontrol", "show", "job", "--json", jid]
             try:
-                result = self.run(argv)
+                result = self.commands.run(argv)
                 found = _pick_job(parse_squeue_json(result.stdout), jid)
             except UnknownJob:
                 return None
@@ -228,7 +118,7 @@ class CliSlurmClient(ScontrolWrites):
         jid = validate_job_id(job_id)
         argv = ["scontrol", "show", "job", "-o", jid]
         try:
-            result = self.run(argv, deadline=deadline)
+            result = self.commands.run(argv, deadline=deadline)
         except UnknownJob:
             return None
         try:
@@ -242,7 +132,7 @@ class CliSlurmClient(ScontrolWrites):
         24.11 leaves finished jobs out without it (22.05 listed them)."""
         wanted = {validate_job_id(j) for j in job_ids} if job_ids is not None else None
         argv = ["squeue", "--json", "--states=all"]
-        result = self.run(argv)
+        result = self.commands.run(argv)
         try:
             found = parse_squeue_json(result.stdout)
         except (ParseError, ValueError) as exc:
@@ -264,7 +154,7 @@ class CliSlurmClient(ScontrolWrites):
         argv = ["scontrol", "--json", "show", "node"] if version is not None and version >= (23, 2) else [
             "sinfo", "--json"]
         try:
-            result = self.run(argv)
+            result = self.commands.run(argv)
             infos = parse_nodes_json(result.stdout)
         except SlurmCommandError as exc:
             if not _json_unsupported(exc.stderr):
@@ -281,7 +171,7 @@ class CliSlurmClient(ScontrolWrites):
         argv = ["scontrol", "show", "node", "-o"]
         if names is not None:
             argv.append(node_hostlist(names))
-        result = self.run(argv)
+        result = self.commands.run(argv)
         try:
             return parse_scontrol_nodes(result.stdout)
         except (ParseError, ValueError) as exc:
@@ -298,7 +188,7 @@ class CliSlurmClient(ScontrolWrites):
         jid = validate_job_id(job_id)
         argv = ["sacct", "-X", "--duplicates", "--parsable2", "--noheader", f"--format={','.join(SACCT_FIELDS)}",
                 f"--jobs={jid}"]  # fmt: skip
-        result = self.run(argv)
+        result = self.commands.run(argv)
         if "accounting storage is disabled" in (result.stderr + result.stdout).lower():
             raise AccountingUnavailable(argv, result.stderr)
         try:
@@ -312,7 +202,7 @@ class CliSlurmClient(ScontrolWrites):
 
         argv = ["scontrol", "show", "config"]
         try:
-            return parse_scontrol_config(self.run(argv).stdout)
+            return parse_scontrol_config(self.commands.run(argv).stdout)
         except ParseError as exc:
             raise SlurmOutputError(argv, str(exc)) from None
 
@@ -322,13 +212,13 @@ class CliSlurmClient(ScontrolWrites):
 
         argv = ["scontrol", "show", "partition", "-o"]
         try:
-            return parse_scontrol_partitions(self.run(argv).stdout)
+            return parse_scontrol_partitions(self.commands.run(argv).stdout)
         except ParseError as exc:
             raise SlurmOutputError(argv, str(exc)) from None
 
     def version(self) -> str:
         """``22.05.8`` from ``sinfo -V``."""
-        out = self.run(["sinfo", "-V"]).stdout.strip()
+        out = self.commands.run(["sinfo", "-V"]).stdout.strip()
         return out.split()[-1] if out else ""
 
     # ------------------------------------------------------------------------------------ actions
@@ -338,11 +228,11 @@ class CliSlurmClient(ScontrolWrites):
 
         Only retried when slurmctld was not reached: a timed-out sbatch may have queued the job.
         """
-        _check_sbatch_options(options)
+        check_sbatch_options(options)
         if not script_text.startswith("#!"):
             raise SlurmUsageError("the batch script does not start with '#!'", "begin it with e.g. #!/bin/bash")
         argv = ["sbatch", "--parsable", *options]
-        result = self.run(argv, input_text=script_text, idempotent=False)
+        result = self.commands.run(argv, input_text=script_text, idempotent=False)
         first = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
         job_id = first.split(";", 1)[0].strip()
         try:
@@ -352,7 +242,7 @@ class CliSlurmClient(ScontrolWrites):
 
     def cancel(self, job_id: str | int) -> None:
         """Cancel the whole job. To only deliver a signal, use ``signal``."""
-        self.run(["scancel", validate_job_id(job_id)])
+        self.commands.run(["scancel", validate_job_id(job_id)])
 
     def signal(self, job_id: str | int, sig: int | str, target: SignalTarget = "steps") -> None:
         """Send ``sig`` to the batch shell only (``target="batch"``) or to the step tasks only ("steps").
@@ -365,22 +255,22 @@ class CliSlurmClient(ScontrolWrites):
         if target == "batch":
             argv.append("--batch")
         argv.append(validate_job_id(job_id))
-        self.run(argv, idempotent=False)  # a timed-out signal may have been delivered: never send it twice
+        self.commands.run(argv, idempotent=False)  # a timed-out signal may have been delivered: never send it twice
 
     def signal_step(self, step_id: str, sig: int | str) -> None:
         """Send ``sig`` to the tasks of one step (``123.0``), e.g. TERM to stop a training step but not the
         supervisor's other steps."""
-        self.run(["scancel", f"--signal={signal_name(sig)}", validate_step_id(step_id)], idempotent=False)
+        self.commands.run(["scancel", f"--signal={signal_name(sig)}", validate_step_id(step_id)], idempotent=False)
 
     def step_ids(self, job_id: str | int) -> dict[str, str]:
         """The job's live steps by name: {step name: step id ("123.4")} (``squeue --steps``)."""
-        result = self.run(["squeue", "--steps", "--noheader", f"--jobs={validate_job_id(job_id)}", "--format=%i %j"])
+        result = self.commands.run(["squeue", "--steps", "--noheader", f"--jobs={validate_job_id(job_id)}", "--format=%i %j"])
         return parse_step_names(result.stdout)
 
     def cancel_step(self, step_id: str, sig: int | str = "KILL") -> None:
         """Signal every task of one step on all its nodes at once (``scancel --signal=SIG STEP``); KILL ends the
         step even when its tasks are stopped (SIGSTOP)."""
-        self.run(["scancel", f"--signal={signal_name(sig)}", validate_step_id(step_id)], idempotent=False)
+        self.commands.run(["scancel", f"--signal={signal_name(sig)}", validate_step_id(step_id)], idempotent=False)
 
     def node_addresses(self, nodes: Iterable[str]) -> dict[str, str]:
         """NodeAddr of each node, in one query; a node missing from the answer is unknown (not in the dict)."""
@@ -388,7 +278,7 @@ class CliSlurmClient(ScontrolWrites):
         if not names:
             return {}
         argv = ["scontrol", "show", "node", "-o", compress(names)]
-        result = self.run(argv)
+        result = self.commands.run(argv)
         try:
             return {n: a for n, a in parse_node_addresses(result.stdout).items() if n in set(names)}
         except (ParseError, ValueError) as exc:
@@ -398,45 +288,64 @@ class CliSlurmClient(ScontrolWrites):
         """The node's NodeAddr (where processes on it can be reached), or None when Slurm has none for it."""
         name = validate_node_name(node)
         argv = ["scontrol", "show", "node", "-o", name]
-        result = self.run(argv)
+        result = self.commands.run(argv)
         try:
             return parse_node_address(result.stdout, name)
         except (ParseError, ValueError) as exc:
             raise SlurmOutputError(argv, str(exc)) from None
 
+    # ------------------------------------------------------------------------------------ state changes
+    # A requeue or a shrink that timed out may have been applied, so it is sent once (idempotent=False); setting
+    # a field to a value is safe to repeat.
 
-SBATCH_FLAGS_WITHOUT_SEPARATE_VALUE = frozenset(
-    {
-        "-h", "-H", "-I", "-k", "-O", "-Q", "-s", "-v", "-V", "-W", "--help", "--usage", "--hold", "--overcommit",
-        "--quiet", "--oversubscribe", "--verbose", "--version", "--wait", "--contiguous", "--exclusive",
-        "--requeue", "--no-requeue", "--parsable", "--test-only", "--use-min-nodes", "--spread-job",
-        "--ignore-pbs", "--no-kill", "--immediate", "--get-user-env", "--propagate", "--nice", "--reboot",
-        "--kill-on-invalid-dep",
-    }
-)  # fmt: skip
-"""sbatch flags with no argument or an optional one (which must be attached with '='): a bare word after
-them would be read as the script path."""
+    def requeue(self, job_id: str | int) -> None:
+        """Requeue the job (its batch script restarts; SLURM_RESTART_COUNT increases)."""
+        self.commands.run(["scontrol", "requeue", validate_job_id(job_id)], idempotent=False)
 
+    def requeue_hold(self, job_id: str | int) -> None:
+        """Requeue the job and hold it until ``release``."""
+        self.commands.run(["scontrol", "requeuehold", validate_job_id(job_id)], idempotent=False)
 
-def _check_sbatch_options(options: Sequence[str]) -> None:
-    """Options only: a bare word may follow a flag that takes a separate value (``-N 2``, ``--time 5``),
-    nowhere else, because sbatch would take it for the script path and ignore the script on stdin."""
-    previous = ""
-    for opt in options:
-        if not isinstance(opt, str) or "\0" in opt or not opt:
-            raise SlurmUsageError(f"invalid sbatch option {opt!r}", "pass options as '--flag=value' or '-f value'")
-        if opt.startswith("-"):
-            previous = opt
-            continue
-        takes_value = (
-            previous.startswith("--") and "=" not in previous or len(previous) == 2 and previous[0] == "-"
-        ) and previous not in SBATCH_FLAGS_WITHOUT_SEPARATE_VALUE
-        if not takes_value:
-            raise SlurmUsageError(
-                f"unexpected bare argument {opt!r} among the sbatch options",
-                "pass options as '--flag=value' or '-f value'; the batch script is generated, not given",
-            )
-        previous = ""
+    def release(self, job_id: str | int) -> None:
+        self.commands.run(["scontrol", "release", validate_job_id(job_id)])
+
+    def hold(self, job_id: str | int) -> None:
+        self.commands.run(["scontrol", "hold", validate_job_id(job_id)])
+
+    def update_excluded_nodes(self, job_id: str | int, nodes: Iterable[str]) -> None:
+        """Set the job's ExcNodeList (replaces it; empty clears). Slurm accepts this only while the job is
+        PENDING (or COMPLETING after a requeue); on a running job it raises ``SlurmCommandError``."""
+        names = [validate_node_name(n) for n in nodes]
+        value = compress(names) if names else ""
+        self.commands.run(["scontrol", "update", f"JobId={validate_job_id(job_id)}", f"ExcNodeList={value}"])
+
+    def shrink_job(self, job_id: str | int, nodes: Iterable[str]) -> None:
+        """``scontrol update JobId=J NodeList=<nodes>`` on a running job: the job keeps only ``nodes``. Run
+        without SLURM_JOBID in the environment: inside a job, scontrol would write slurm_job_J_resize.{sh,csh}
+        into its working directory (the user's)."""
+        names = [validate_node_name(n) for n in nodes]
+        if not names:
+            raise SlurmUsageError("no nodes to keep", "a job cannot be shrunk to nothing")
+        env = {k: v for k, v in self.env.items() if k != "SLURM_JOBID"}
+        self.commands.run(["scontrol", "update", f"JobId={validate_job_id(job_id)}", f"NodeList={compress(names)}"],
+                 idempotent=False, env=env)  # fmt: skip
+
+    def set_start_time(self, job_id: str | int, delay_s: int) -> None:
+        """``scontrol update JobId=J StartTime=now+N`` (Slurm accepts it while the job is PENDING, which includes
+        COMPLETING after a requeue)."""
+        if isinstance(delay_s, bool) or not isinstance(delay_s, int) or delay_s < 0:
+            raise SlurmUsageError(f"invalid start delay {delay_s!r}", "give whole seconds >= 0")
+        self.commands.run(["scontrol", "update", f"JobId={validate_job_id(job_id)}", f"StartTime=now+{delay_s}"])
+
+    def drain(self, nodes: Iterable[str], reason: str) -> None:
+        """Drain nodes (running jobs finish, no new ones start). Needs operator rights."""
+        self.commands.run(
+            ["scontrol", "update", f"NodeName={node_hostlist(nodes)}", "State=DRAIN", f"Reason={_validate_reason(reason)}"]
+        )
+
+    def resume(self, nodes: Iterable[str]) -> None:
+        """Return drained/down nodes to service. Needs operator rights."""
+        self.commands.run(["scontrol", "update", f"NodeName={node_hostlist(nodes)}", "State=RESUME"])
 
 
 def _json_unsupported(message: str) -> bool:
@@ -453,3 +362,11 @@ def _pick_job(jobs: list[JobInfo], jid: str) -> JobInfo | None:
         if jid in (job.job_id, job.raw_job_id):
             return job
     return None
+
+
+def _validate_reason(reason: str) -> str:
+    if not reason or not reason.strip() or len(reason) > 256 or any(c in reason for c in "\r\n\0"):
+        raise SlurmUsageError(
+            f"invalid node reason {reason!r}", "give a one-line reason of at most 256 characters"
+        )
+    return reason.strip()

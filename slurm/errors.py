@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-class SlurmError(Exception):
-    """Base of every error raised by ``slurm``: ``problem`` says what is wrong, ``fix`` what to do about it."""
+class OneLineError(Exception):
+    """The one error base of the project (``supervisor.errors.SupervisorError`` derives from it too): ``problem``
+    says what is wrong, ``fix`` what to do about it, and :meth:`one_line` is what the CLI prints. It lives here
+    because ``slurm`` imports nothing from ``supervisor``."""
 
     def __init__(self, problem: str, fix: str = "") -> None:
         super().__init__(problem)
@@ -26,6 +28,10 @@ class SlurmError(Exception):
         if self.fix:
             text += f" (fix: {self.fix})"
         return text.replace("\n", " ")
+
+
+class SlurmError(OneLineError):
+    """Base of every error raised by ``slurm``."""
 
 
 class SlurmUnavailable(SlurmError):

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable
 from itertools import product
 
-from slurm.errors import HostlistError, InvalidJobId, InvalidNodeName
+from slurm.errors import HostlistError, InvalidJobId, InvalidNodeName, SlurmUsageError
 
 MAX_NODE_NAME_LEN = 64
 """Longest accepted node name (HOST_NAME_MAX on Linux)."""
@@ -214,3 +214,11 @@ def compress(names: Iterable[str]) -> str:
         else:
             out.append(prefix + "[" + ",".join(_format_run(r) for r in runs) + "]")
     return ",".join(out)
+
+
+def node_hostlist(nodes: Iterable[str]) -> str:
+    """Validated node names as one hostlist expression (``node[1-2]``); no nodes is a SlurmUsageError."""
+    names = [validate_node_name(n) for n in nodes]
+    if not names:
+        raise SlurmUsageError("no nodes given", "name at least one node")
+    return compress(names)

@@ -230,6 +230,40 @@ def _json_end_time(job: Mapping[str, Any], base: str | None) -> int | None:
     return end
 
 
+_TEXT_FIELDS = ("name", "reason", "batch_host", "partition")
+_HOSTLIST_FIELDS = ("nodes", "excluded_nodes")
+_TIME_FIELDS = ("submit_time", "start_time", "end_time", "preempt_time")
+
+
+def job_info(fields: Mapping[str, Any], keys: Mapping[str, str], *, job_id: str, raw_job_id: str, source: str,
+             time_value: Callable[[Any], int | None] = timestamp, **derived: Any) -> JobInfo:  # fmt: skip
+    """The one builder of a :class:`JobInfo` from any source's fields. ``keys`` maps JobInfo's names (and
+    ``state``, ``exit``) to the source's; every source's state, exit status, texts, node lists and numbers are
+    normalised here the same way, its times by ``time_value``. ``derived``: fields the source works out itself
+    (a time limit in its own format, an end time with its own exceptions)."""
+
+    def value(name: str) -> Any:
+        return fields.get(keys[name]) if name in keys else None
+
+    base, flags = job_state(value("state"))
+    code, signal = exit_status(value("exit"))
+    built: dict[str, Any] = {
+        "job_id": validate_job_id(job_id), "state": effective_job_state(base, flags), "base_state": base,
+        "flags": flags, "exit_code": code, "exit_signal": signal, "restart_count": number(value("restart_count")) or 0,
+        "priority": number(value("priority")), "source": source, "raw_job_id": raw_job_id,
+        **{f: text(value(f)) for f in _TEXT_FIELDS}, **{f: hostlist_field(value(f)) for f in _HOSTLIST_FIELDS},
+        **{f: time_value(value(f)) for f in _TIME_FIELDS},
+    }  # fmt: skip
+    return JobInfo(**{**built, **derived})
+
+
+_JSON_KEYS = {
+    "state": "job_state", "exit": "exit_code", "name": "name", "reason": "state_reason", "restart_count": "restart_cnt",
+    "nodes": "nodes", "batch_host": "batch_host", "excluded_nodes": "excluded_nodes", "partition": "partition",
+    "submit_time": "submit_time", "start_time": "start_time", "preempt_time": "preempt_time", "priority": "priority",
+}  # fmt: skip
+
+
 def job_from_json(job: Mapping[str, Any]) -> JobInfo:
     """One element of ``squeue --json``'s ``jobs`` array (any supported version)."""
     job_id_n = number(job.get("job_id"))
@@ -242,33 +276,13 @@ def job_from_json(job: Mapping[str, Any]) -> JobInfo:
         number(job.get("het_job_id")),
         number(job.get("het_job_offset")),
     )
-    base, flags = job_state(job.get("job_state"))
-    code, signal = exit_status(job.get("exit_code"))
     requeue = job.get("requeue")
-    return JobInfo(
-        job_id=validate_job_id(job_id),
-        state=effective_job_state(base, flags),
-        base_state=base,
-        flags=flags,
-        name=text(job.get("name")),
-        reason=text(job.get("state_reason")),
-        restart_count=number(job.get("restart_cnt")) or 0,
-        nodes=hostlist_field(job.get("nodes")),
-        batch_host=text(job.get("batch_host")),
-        excluded_nodes=hostlist_field(job.get("excluded_nodes")),
-        partition=text(job.get("partition")),
-        submit_time=timestamp(job.get("submit_time")),
-        start_time=timestamp(job.get("start_time")),
-        end_time=_json_end_time(job, base),
-        preempt_time=timestamp(job.get("preempt_time")),
-        exit_code=code,
-        exit_signal=signal,
+    return job_info(
+        job, _JSON_KEYS, job_id=job_id, raw_job_id=str(job_id_n), source="squeue-json",
+        end_time=_json_end_time(job, job_state(job.get("job_state"))[0]),
         requeue=bool(requeue) if isinstance(requeue, bool | int) else None,
         time_limit_min=number(job.get("time_limit")),
-        priority=number(job.get("priority")),
-        source="squeue-json",
-        raw_job_id=str(job_id_n),
-    )
+    )  # fmt: skip
 
 
 @typed_errors

@@ -9,15 +9,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from slurm.hostlist import validate_job_id
 from slurm.model import JobInfo, NodeInfo
 from slurm.parse import (
     ParseError,
     display_id,
-    effective_job_state,
-    exit_status,
-    hostlist_field,
-    job_state,
+    job_info,
     node_state,
     number,
     scontrol_time,
@@ -82,34 +78,21 @@ def job_from_scontrol(fields: Mapping[str, str]) -> JobInfo:
         number(fields.get("HetJobId")),
         number(fields.get("HetJobOffset")),
     )
-    base, flags = job_state(fields.get("JobState", ""))
-    code, signal = exit_status(fields.get("ExitCode", ""))
     requeue = fields.get("Requeue")
     limit = fields.get("TimeLimit")
-    return JobInfo(
-        job_id=validate_job_id(job_id),
-        state=effective_job_state(base, flags),
-        base_state=base,
-        flags=flags,
-        name=text(fields.get("JobName")),
-        reason=text(fields.get("Reason")),
-        restart_count=number(fields.get("Restarts")) or 0,
-        nodes=hostlist_field(fields.get("NodeList")),
-        batch_host=text(fields.get("BatchHost")),
-        excluded_nodes=hostlist_field(fields.get("ExcNodeList")),
-        partition=text(fields.get("Partition")),
-        submit_time=scontrol_time(fields.get("SubmitTime")),
-        start_time=scontrol_time(fields.get("StartTime")),
-        end_time=scontrol_time(fields.get("EndTime")),
-        preempt_time=scontrol_time(fields.get("PreemptTime")),
-        exit_code=code,
-        exit_signal=signal,
+    return job_info(
+        fields, _SCONTROL_KEYS, job_id=job_id, raw_job_id=raw_id, source="scontrol", time_value=scontrol_time,
         requeue=(requeue == "1") if requeue in ("0", "1") else None,
         time_limit_min=duration_minutes(limit) if limit else None,
-        priority=number(fields.get("Priority")),
-        source="scontrol",
-        raw_job_id=raw_id,
-    )
+    )  # fmt: skip
+
+
+_SCONTROL_KEYS = {
+    "state": "JobState", "exit": "ExitCode", "name": "JobName", "reason": "Reason", "restart_count": "Restarts",
+    "nodes": "NodeList", "batch_host": "BatchHost", "excluded_nodes": "ExcNodeList", "partition": "Partition",
+    "submit_time": "SubmitTime", "start_time": "StartTime", "end_time": "EndTime", "preempt_time": "PreemptTime",
+    "priority": "Priority",
+}  # fmt: skip
 
 
 def duration_minutes(value: str) -> int | None:

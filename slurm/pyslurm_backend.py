@@ -19,10 +19,7 @@ from slurm.errors import BackendUnavailable, SlurmCommandError, SlurmUnreachable
 from slurm.hostlist import validate_job_id, validate_node_name
 from slurm.model import JobInfo, JobRun, NodeInfo
 from slurm.parse import (
-    effective_job_state,
-    exit_status,
-    hostlist_field,
-    job_state,
+    job_info,
     node_state,
     text,
     timestamp,
@@ -94,32 +91,13 @@ class PyslurmClient:
             if classify_failure(1, exc.stderr) is Failure.UNKNOWN_JOB:
                 return None
             raise
-        base, flags = job_state(raw.state)
-        code, signal = exit_status(f"{raw.exit_code or 0}:{raw.exit_code_signal or 0}")
-        return JobInfo(
-            job_id=jid,
-            state=effective_job_state(base, flags),
-            base_state=base,
-            flags=flags,
-            name=text(raw.name),
-            reason=text(raw.state_reason),
-            restart_count=int(raw.requeue_count or 0),
-            nodes=hostlist_field(raw.allocated_nodes),
-            batch_host=text(raw.batch_host),
-            excluded_nodes=hostlist_field(raw.excluded_nodes),
-            partition=text(raw.partition),
-            submit_time=timestamp(raw.submit_time),
-            start_time=timestamp(raw.start_time),
-            end_time=timestamp(getattr(raw, "end_time", None)),
-            preempt_time=timestamp(raw.preempt_time),
-            exit_code=code,
-            exit_signal=signal,
+        fields = {key: getattr(raw, key, None) for key in _PYSLURM_KEYS.values()}
+        return job_info(
+            fields, _PYSLURM_KEYS, job_id=jid, raw_job_id=jid, source="pyslurm",
+            exit_code=raw.exit_code or 0, exit_signal=raw.exit_code_signal or None,
             requeue=bool(raw.is_requeueable) if raw.is_requeueable is not None else None,
             time_limit_min=raw.time_limit if isinstance(raw.time_limit, int) else None,
-            priority=raw.priority if isinstance(raw.priority, int) else None,
-            source="pyslurm",
-            raw_job_id=jid,
-        )
+        )  # fmt: skip
 
     def nodes(self, names: Iterable[str] | None = None) -> list[NodeInfo]:
         wanted = [validate_node_name(n) for n in names] if names is not None else None
@@ -211,8 +189,19 @@ class PyslurmClient:
     def set_start_time(self, job_id: str | int, delay_s: int) -> None:
         self.cli.set_start_time(job_id, delay_s)
 
+    def config(self) -> dict[str, str]:
+        return self.cli.config()
+
     def drain(self, nodes: Iterable[str], reason: str) -> None:
         self.cli.drain(nodes, reason)
 
     def resume(self, nodes: Iterable[str]) -> None:
         self.cli.resume(nodes)
+
+
+_PYSLURM_KEYS = {
+    "state": "state", "name": "name", "reason": "state_reason", "restart_count": "requeue_count",
+    "nodes": "allocated_nodes", "batch_host": "batch_host", "excluded_nodes": "excluded_nodes",
+    "partition": "partition", "submit_time": "submit_time", "start_time": "start_time", "end_time": "end_time",
+    "preempt_time": "preempt_time", "priority": "priority",
+}  # fmt: skip

@@ -9,6 +9,8 @@ import re
 import shlex
 from collections.abc import Sequence
 
+from slurm.errors import SlurmUsageError
+
 # A Slurm job name that no directive, filename pattern, log line or shell reads differently.
 JOB_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -73,3 +75,37 @@ def render_script(directives: Sequence[str], body: Sequence[Sequence[str]], head
     lines += [f"#SBATCH {d}" for d in directives]
     lines += [shlex.join(cmd) for cmd in body]
     return "\n".join(lines) + "\n"
+
+
+SBATCH_FLAGS_WITHOUT_SEPARATE_VALUE = frozenset(
+    {
+        "-h", "-H", "-I", "-k", "-O", "-Q", "-s", "-v", "-V", "-W", "--help", "--usage", "--hold", "--overcommit",
+        "--quiet", "--oversubscribe", "--verbose", "--version", "--wait", "--contiguous", "--exclusive",
+        "--requeue", "--no-requeue", "--parsable", "--test-only", "--use-min-nodes", "--spread-job",
+        "--ignore-pbs", "--no-kill", "--immediate", "--get-user-env", "--propagate", "--nice", "--reboot",
+        "--kill-on-invalid-dep",
+    }
+)  # fmt: skip
+"""sbatch flags with no argument or an optional one (which must be attached with '='): a bare word after
+them would be read as the script path."""
+
+
+def check_sbatch_options(options: Sequence[str]) -> None:
+    """Options only: a bare word may follow a flag that takes a separate value (``-N 2``, ``--time 5``),
+    nowhere else, because sbatch would take it for the script path and ignore the script on stdin."""
+    previous = ""
+    for opt in options:
+        if not isinstance(opt, str) or "\0" in opt or not opt:
+            raise SlurmUsageError(f"invalid sbatch option {opt!r}", "pass options as '--flag=value' or '-f value'")
+        if opt.startswith("-"):
+            previous = opt
+            continue
+        takes_value = (
+            previous.startswith("--") and "=" not in previous or len(previous) == 2 and previous[0] == "-"
+        ) and previous not in SBATCH_FLAGS_WITHOUT_SEPARATE_VALUE
+        if not takes_value:
+            raise SlurmUsageError(
+                f"unexpected bare argument {opt!r} among the sbatch options",
+                "pass options as '--flag=value' or '-f value'; the batch script is generated, not given",
+            )
+        previous = ""

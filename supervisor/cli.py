@@ -13,8 +13,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from slurm.errors import SlurmError
-from supervisor.errors import EXIT_CODES, SupervisorError, UsageError, exit_code_of
+from slurm.errors import OneLineError
+from supervisor.errors import EXIT_CODES, UsageError, exit_code_of
 
 # name -> (module, one-line help). Order is the order shown in --help.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `supervise report C | head`: the reader has what it wanted
         _quiet_stdout()
         return 141  # 128 + SIGPIPE, as a shell tool ended by the broken pipe
-    except (SupervisorError, SlurmError) as err:  # slurm's errors get their exit codes here (slurm is standalone)
+    except OneLineError as err:  # the one base: this package's errors and slurm's (mapped by exit_code_of)
         print(err.one_line(), file=sys.stderr)
         return exit_code_of(err)
     except KeyboardInterrupt:

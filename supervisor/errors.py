@@ -5,22 +5,13 @@ The exit codes are part of the CLI contract (README, "Exit codes"); never renumb
 
 from __future__ import annotations
 
+from slurm.errors import OneLineError
 
-class SupervisorError(Exception):
-    """Base error: ``problem`` says what is wrong, ``fix`` what the user should do about it."""
+
+class SupervisorError(OneLineError):
+    """Base of this package's errors (``problem``, ``fix``, ``one_line()``: ``slurm.errors.OneLineError``)."""
 
     exit_code = 1
-
-    def __init__(self, problem: str, fix: str = "") -> None:
-        super().__init__(problem)
-        self.problem = problem
-        self.fix = fix
-
-    def one_line(self) -> str:
-        text = f"supervise: error: {self.problem}"
-        if self.fix:
-            text += f" (fix: {self.fix})"
-        return text.replace("\n", " ")
 
 
 class UsageError(SupervisorError):

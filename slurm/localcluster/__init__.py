@@ -3,7 +3,7 @@
 ``LocalCluster`` runs a private munged, a slurmctld and N slurmd (``slurmd -N nodeK``, each on its own port),
 with every file (config, munge key, state, spool, logs, pids) under one ROOT directory, so it never touches the
 system's Slurm and can coexist with other such clusters on other ports. ``crash_node`` kills a node's slurmd and
-its job steps like a lost machine would; ``revive_node`` brings it back (both in ``faults.py``).
+its job steps like a lost machine would; ``revive_node`` brings it back.
 
 ``slurm="24"`` (or $SUPERVISOR_CLUSTER_SLURM=24) runs Debian 13's Slurm 24.11 instead of the host's packages: on a
 Debian 13 host those are the host's own; elsewhere the daemons run in a Debian 13 chroot (see ``chroot.py``) and
@@ -24,50 +24,33 @@ from pathlib import Path
 from slurm.localcluster import accounting, procs
 from slurm.localcluster.chroot import Chroot, ChrootError, cluster_binds, host_os_version
 from slurm.localcluster.config import (
+    CRASH_HOLD_S,
     DEFAULT_BASE_PORT,
     DEFAULT_NODES,
+    SLURM_CHOICES,
     ClusterSpec,
     Layout,
+    crash_marker,
+    default_root,
+    default_slurm,
     parse_version,
     render_cgroup_conf,
     render_slurm_conf,
+    repo_root,
 )
 from slurm.localcluster.errors import ClusterError
-from slurm.localcluster.faults import CRASH_HOLD_S, NodeFaults, crash_marker
 from slurm.localcluster.files import locked, tail, write_if_changed
 from slurm.localcluster.install import InstallError, ensure_installed, find_program
 
-__all__ = ["CRASH_HOLD_S", "ClusterError", "LocalCluster", "default_root", "default_slurm"]
-
-# Which Slurm a cluster runs: the host's packages, or Debian 13's 24.11 (a chroot on hosts other than Debian 13).
-SLURM_CHOICES = ("system", "24")
+__all__ = ["CRASH_HOLD_S", "SLURM_CHOICES", "ClusterError", "LocalCluster", "default_root", "default_slurm"]
 
 # Node state words (scontrol's State=BASE+FLAG+...) under which a node can run jobs.
 USABLE_BASE_STATES = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}
 UNUSABLE_FLAGS = {"NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED"}
 
-
-def repo_root() -> Path:
-    """The checkout this package lives in (the directory above the slurm package)."""
-    return Path(__file__).resolve().parents[2]
-
-
-def default_slurm() -> str:
-    """$SUPERVISOR_CLUSTER_SLURM (``system`` or ``24``), else ``system``."""
-    return os.environ.get("SUPERVISOR_CLUSTER_SLURM") or "system"
-
-
-def default_root(slurm: str = "system") -> Path:
-    """$SUPERVISOR_CLUSTER_DIR, else ``<repo root>/.cluster`` (``.cluster-24`` for the Slurm 24.11 cluster)."""
-    env = os.environ.get("SUPERVISOR_CLUSTER_DIR")
-    if env:
-        return Path(env).resolve()
-    return repo_root() / (".cluster" if slurm == "system" else f".cluster-{slurm}")
-
-
-class LocalCluster(NodeFaults):
-    """One local cluster: ROOT directory, ports ``base_port`` (slurmctld) and ``base_port+1..+nodes`` (slurmd).
-    ``crash_node`` / ``revive_node`` / ``crashed_nodes`` come from ``faults.NodeFaults``."""
+class LocalCluster:
+    """One local cluster: ROOT directory, ports ``base_port`` (slurmctld) and ``base_port+1..+nodes`` (slurmd);
+    ``crash_node`` / ``revive_node`` take a node down and back."""
 
     def __init__(
         self,
@@ -425,6 +408,65 @@ class LocalCluster(NodeFaults):
             return set()
         stepd = self._program("slurmstepd")
         return {pid for pid in procs.pids_holding_sockets(sockets) if procs.is_our_process(pid, stepd)}
+
+    # ----- node faults: crash_node loses a node as a dead machine would, revive_node brings it back ----------
+    # A crash is marked in ROOT/run, so that ``up`` (another test session's fixture) leaves the node down for
+    # CRASH_HOLD_S instead of reviving it behind the back of the test that crashed it.
+    def crashed_nodes(self) -> list[str]:
+        """Nodes that crash-node took down less than CRASH_HOLD_S ago: ``up`` (e.g. another test session's
+        fixture) must not revive them behind the back of the test that crashed them. Older marks are ignored, so a
+        test that died before reviving its node does not keep the node down forever."""
+        held = []
+        for node in self.node_names:
+            try:
+                age = time.time() - crash_marker(self.layout, node).stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if age < CRASH_HOLD_S:
+                held.append(node)
+        return held
+
+    def crash_node(self, name: str) -> dict[str, list[int]]:
+        """Simulate losing node ``name``: SIGKILL its slurmd and its slurmstepds with their process trees, so the
+        job tasks on it die as on a real crash. Returns {"slurmd": [...], "killed": [all pids killed]}."""
+        self._check_node(name)
+        with locked(self.root, 30.0, ClusterError):
+            return self._crash_node(name)
+
+    def revive_node(self, name: str, timeout: float = 60.0) -> bool:
+        """Start node ``name``'s slurmd again if it is dead, resume the node if slurmctld marked it DOWN, and wait
+        until it is usable. Returns True if a slurmd was started."""
+        self._check_node(name)
+        with locked(self.root, timeout, ClusterError):
+            return self._revive_node(name, timeout)
+
+
+    def _check_node(self, name: str) -> None:
+        if name not in self.node_names:
+            raise ClusterError(f"unknown node {name!r} (fix: use one of {', '.join(self.node_names)})")
+
+    def _crash_node(self, name: str) -> dict[str, list[int]]:
+        slurmd = self.pid_of(f"slurmd-{name}")
+        roots = ([slurmd] if slurmd is not None else []) + sorted(self.stepd_pids(name))
+        try:
+            killed = procs.freeze_and_kill(roots)
+        except RuntimeError as e:
+            raise ClusterError(f"crash-node {name}: {e}") from e
+        leftover = self.stepd_pids(name)
+        if leftover:
+            raise ClusterError(f"crash-node {name}: slurmstepd processes still alive: {sorted(leftover)}")
+        crash_marker(self.layout, name).touch()
+        return {"slurmd": [slurmd] if slurmd is not None else [], "killed": killed}
+
+    def _revive_node(self, name: str, timeout: float) -> bool:
+        crash_marker(self.layout, name).unlink(missing_ok=True)
+        deadline = time.monotonic() + timeout
+        started = False
+        if self.pid_of(f"slurmd-{name}") is None:
+            self._start(f"slurmd-{name}", timeout)
+            started = True
+        self._wait_nodes_usable([name], deadline, restarted={name})
+        return started
 
     def down(self, timeout: float = 20.0) -> list[str]:
         """Stop only the daemons this cluster recorded (SIGTERM all at once, SIGKILL stragglers) and any job steps

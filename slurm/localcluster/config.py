@@ -7,6 +7,7 @@ noticed in seconds rather than minutes.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,3 +228,35 @@ def render_slurmdbd_conf(spec: ClusterSpec, db_password: str) -> str:
             "StorageLoc=slurm_acct_db",
         ]
     ) + "\n"
+
+
+# Which Slurm a cluster runs: the host's packages, or Debian 13's 24.11 (a chroot on hosts other than Debian 13).
+SLURM_CHOICES = ("system", "24")
+
+
+
+def repo_root() -> Path:
+    """The checkout this package lives in (the directory above the slurm package)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def default_slurm() -> str:
+    """$SUPERVISOR_CLUSTER_SLURM (``system`` or ``24``), else ``system``."""
+    return os.environ.get("SUPERVISOR_CLUSTER_SLURM") or "system"
+
+
+def default_root(slurm: str = "system") -> Path:
+    """$SUPERVISOR_CLUSTER_DIR, else ``<repo root>/.cluster`` (``.cluster-24`` for the Slurm 24.11 cluster)."""
+    env = os.environ.get("SUPERVISOR_CLUSTER_DIR")
+    if env:
+        return Path(env).resolve()
+    return repo_root() / (".cluster" if slurm == "system" else f".cluster-{slurm}")
+
+
+# How long `up` leaves a node that crash-node took down alone (a test is probably still watching it).
+CRASH_HOLD_S = 600.0
+
+
+def crash_marker(layout: Layout, node: str) -> Path:
+    """The file whose presence (and age) says crash-node took ``node`` down."""
+    return layout.run / f"crashed-{node}"

@@ -1,4 +1,4 @@
-"""The local cluster's one error type, in a module of its own so that the package's parts (``faults.py``) can
+"""The local cluster's one error type, in a module of its own so that the package's parts (``procs.py``, ``chroot.py``) can
 raise it without importing the package that imports them. ``slurm.localcluster`` re-exports it."""
 
 

@@ -70,7 +70,7 @@ def _campaign(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> int:
-    from slurm.cli_backend import CliSlurmClient
+    from slurm.client import get_client
     from slurm.env import SlurmEnv
     from supervisor import config
     from supervisor.driver.loop import Supervisor
@@ -88,4 +88,4 @@ def run(args: argparse.Namespace) -> int:
     if not paths.secret.exists():
         create_secret(paths.root)
     configure(paths.logs / "supervisor.jsonl")
-    return Supervisor(paths, spec, cfg, env, CliSlurmClient()).run()
+    return Supervisor(paths, spec, cfg, env, get_client()).run()

@@ -86,9 +86,8 @@ class JobActions:
         until it has one (ESLURM_JOB_SETTING_DB_INX, retried 5 s inside slurmctld). slurmdbd answers at once;
         without it the record comes only when the job has completed, which it cannot while we (its batch script)
         wait to write the exclusion: KillWait would SIGKILL us first. So: shrink only with slurmdbd."""
-        config = getattr(self.slurm, "config", None)
         try:
-            storage = config().get("AccountingStorageType", "") if config is not None else ""
+            storage = self.slurm.config().get("AccountingStorageType", "")
         except SlurmError as err:
             storage = f"unknown ({err})"
         if storage == "accounting_storage/slurmdbd":

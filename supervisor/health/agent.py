@@ -79,7 +79,7 @@ class AgentHealth:
         self.node, self.filesystems, self.expected_gpus = node, dict(filesystems or {}), expected_gpus
         self.limits, self.interval_s = limits, interval_s
         self.next_at: float | None = None
-        self.nvml, self.nvml_status = open_nvml(node)
+        self.nvml, self.nvml_status = open_nvml()
         self.xids = XidWatcher(self.nvml) if self.nvml is not None else None
         if self.xids is not None and self.xids.problem:
             self.nvml_status = f"ok ({self.xids.problem})"

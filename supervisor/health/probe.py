@@ -178,26 +178,15 @@ def _gpu(nvml: Any, index: int, xids: tuple[xidmod.XidEvent, ...] = ()) -> GpuRe
     )
 
 
-def open_nvml(node: str | None = None) -> tuple[Any | None, str]:
-    """(the pynvml module, initialised) or (None, why not): never raises for a missing driver. With
-    ``SUPERVISOR_HEALTH_RECORDED`` naming a reading for ``node``, the recorded stand-in (``health.recorded``)."""
-    from supervisor.health.recorded import RecordedNvml, document_for
-
+def open_nvml() -> tuple[Any | None, str]:
+    """(the pynvml module, initialised) or (None, why not): never raises for a missing driver."""
     try:
-        recorded = document_for(node or node_name())
-    except (OSError, ValueError) as err:  # the seam names a file that is not there: said, never the real NVML
-        return None, f"no GPU reading (recorded readings unreadable: {err})"
-    try:
-        if recorded is not None:
-            nvml: Any = RecordedNvml(recorded)
-        else:
-            import pynvml  # from nvidia-ml-py
+        import pynvml  # from nvidia-ml-py
 
-            nvml = pynvml
-        nvml.nvmlInit()
+        pynvml.nvmlInit()
     except Exception as err:  # noqa: BLE001 - no driver on CPU nodes: a clear reading, not a failure
         return None, f"no NVIDIA GPU (NVML unavailable: {err.__class__.__name__}: {err})"
-    return nvml, "ok"
+    return pynvml, "ok"
 
 
 def read_gpus(nvml: Any, xids: tuple[xidmod.XidEvent, ...] = ()) -> tuple[GpuReading, ...]:
@@ -236,7 +225,7 @@ def read_node(
                 filesystems=fs, memory=memory, visible_devices=visible_devices(), kernel_xids=kernel)  # fmt: skip
     own = nvml is None
     if own:
-        nvml, status = open_nvml(name)
+        nvml, status = open_nvml()
         if nvml is None:
             return NodeReading(nvml=status, **base)  # type: ignore[arg-type]
     try:

@@ -1,11 +1,12 @@
 """Health in the node agents on the real local Slurm: node2's agent reads a recorded GPU fault (Xid 79 through the
-NVML event API of the NVML-shaped seam, SUPERVISOR_HEALTH_RECORDED) while the training runs; the supervisor
+NVML event API of the tests' pynvml, tests/harness/nvml_shadow, with SUPERVISOR_HEALTH_RECORDED) while the training runs; the supervisor
 journals it, ends the launch as hardware blaming node2, and the next launch runs on the spare node instead."""
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from campaign_tools import cancel, launches, submit, wait_for
@@ -26,6 +27,8 @@ def test_a_gpu_fault_found_by_the_agent_blames_its_node_and_the_next_launch_excl
     recorded.write_text(json.dumps({"node2": {"gpus": [SECOND], "xids": [{"gpu": 0, "code": 79, "after_s": 6}]},
                                     "*": {"gpus": [HEALTHY]}}))  # fmt: skip
     monkeypatch.setenv("SUPERVISOR_HEALTH_RECORDED", str(recorded))  # sbatch passes the environment on
+    shadow = Path(__file__).parents[1] / "harness" / "nvml_shadow"  # the tests' pynvml, first on the agents' path
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")])))
     # two training nodes and a spare: submit asks for 3 nodes ([run] spare_nodes)
     camp = submit(tmp_path, steps=40, step_time=0.2, nodes=2, sbatch=("--time=10", "--nodelist=node[1-3]"),
                   config="spare_nodes = 1\nhealth_interval_s = 2\n")  # fmt: skip

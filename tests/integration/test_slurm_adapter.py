@@ -295,7 +295,7 @@ _names = st.lists(
 def test_slurm_reads_our_compressed_hostlists_back(slurm: CliSlurmClient, names: list[str]) -> None:
     """``compress`` output must mean to Slurm exactly what it means to us."""
     expr = compress(names)
-    slurm_names = slurm.run(["scontrol", "show", "hostnames", expr]).stdout.split()
+    slurm_names = slurm.commands.run(["scontrol", "show", "hostnames", expr]).stdout.split()
     assert slurm_names == expand(expr) == sort_unique(names)
 
 

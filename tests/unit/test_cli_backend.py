@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm.cli_backend import CliSlurmClient, RunResult, signal_name, subprocess_runner
+from slurm.cli_backend import CliSlurmClient, signal_name
 from slurm.client import SlurmClient, get_client
+from slurm.command import RunResult, subprocess_runner
 from slurm.errors import (
     AccountingUnavailable,
     BackendUnavailable,
@@ -145,7 +146,7 @@ def test_backoff_is_exponential_and_capped() -> None:
 def test_transient_failures_are_retried_with_backoff_then_succeed() -> None:
     fake = FakeTime()
     replay = Replay((["scontrol"], err(UNREACHABLE)), (["scontrol"], err(TIMED_OUT)), (["scontrol"], ok("done")))
-    result = client(replay, fake=fake).run(["scontrol", "ping"])
+    result = client(replay, fake=fake).commands.run(["scontrol", "ping"])
     assert result.stdout == "done"
     assert len(replay.calls) == 3
     assert fake.sleeps == [0.5, 1.0]
@@ -156,7 +157,7 @@ def test_budget_bounds_the_retries() -> None:
     replay = Replay(*[(["squeue"], err(UNREACHABLE)) for _ in range(50)])
     policy = RetryPolicy(budget_s=10.0, initial_s=1.0, max_s=4.0)
     with pytest.raises(SlurmUnreachable) as info:
-        client(replay, policy, fake).run(["squeue", "--json"])
+        client(replay, policy, fake).commands.run(["squeue", "--json"])
     assert sum(fake.sleeps) <= 10.0
     assert fake.sleeps == [1.0, 2.0, 4.0]
     assert info.value.attempts == len(replay.calls) == 4
@@ -168,7 +169,7 @@ def test_budget_bounds_the_retries() -> None:
 def test_each_attempt_has_a_timeout_capped_by_the_budget() -> None:
     fake = FakeTime()
     replay = Replay((["squeue"], subprocess.TimeoutExpired(["squeue"], 5)), (["squeue"], ok("{}")))
-    client(replay, RetryPolicy(budget_s=12.0, call_timeout_s=30.0), fake).run(["squeue"])
+    client(replay, RetryPolicy(budget_s=12.0, call_timeout_s=30.0), fake).commands.run(["squeue"])
     timeouts = [c[2] for c in replay.calls]
     assert timeouts[0] == 12.0 and 1.0 <= timeouts[1] <= 12.0
 
@@ -176,7 +177,7 @@ def test_each_attempt_has_a_timeout_capped_by_the_budget() -> None:
 def test_no_retry_policy_tries_once() -> None:
     replay = Replay((["squeue"], err(UNREACHABLE)))
     with pytest.raises(SlurmUnreachable):
-        client(replay, NO_RETRY).run(["squeue"])
+        client(replay, NO_RETRY).commands.run(["squeue"])
     assert len(replay.calls) == 1
     assert replay.calls[0][2] == NO_RETRY.call_timeout_s
 
@@ -398,7 +399,7 @@ def test_action_argv(call, argv: list[str]) -> None:  # type: ignore[no-untyped-
         (lambda c: c.drain([], "r"), UsageError),
         (lambda c: c.signal("5", "NOPE"), UsageError),
         (lambda c: c.signal("5", "USR1", target="all"), UsageError),
-        (lambda c: c.run(["squeue", "a\0b"]), UsageError),
+        (lambda c: c.commands.run(["squeue", "a\0b"]), UsageError),
     ],
 )
 def test_bad_input_never_reaches_slurm(call, error: type[Exception]) -> None:  # type: ignore[no-untyped-def]

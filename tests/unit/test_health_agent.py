@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from supervisor.agent.health import HealthThread, report_event
 from supervisor.agent.main import Agent, build_parser
-from supervisor.health import probe, recorded
+from supervisor.health import probe
 from supervisor.health.agent import AgentHealth
 from supervisor.health.checks import FATAL, WARN, Limits, evaluate
 from supervisor.heartbeat import wire
@@ -110,10 +110,24 @@ def test_the_table_keeps_each_nodes_newest_report() -> None:
 # ------------------------------------------------------------------------------------------- recorded NVML
 
 
-def _record(tmp_path: Path, doc: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+RECORDED = "SUPERVISOR_HEALTH_RECORDED"
+SHADOW = Path(__file__).parents[1] / "harness" / "nvml_shadow" / "pynvml.py"
+
+
+def _record(tmp_path: Path, doc: dict, monkeypatch: pytest.MonkeyPatch, node: str = "node2") -> None:
+    """The tests' pynvml (tests/harness/nvml_shadow) in place of the real one, answering from ``doc``."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("pynvml", SHADOW)
+    assert spec is not None and spec.loader is not None
+    shadow = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shadow)
+    monkeypatch.setitem(sys.modules, "pynvml", shadow)
     path = tmp_path / "recorded.json"
     path.write_text(json.dumps(doc))
-    monkeypatch.setenv(recorded.ENV, str(path))
+    monkeypatch.setenv(RECORDED, str(path))
+    monkeypatch.setenv("SLURMD_NODENAME", node)
 
 
 def test_the_probe_reads_a_recorded_gpu_fault_and_the_xid_event_once(tmp_path: Path, monkeypatch) -> None:
@@ -146,14 +160,14 @@ def test_recorded_lost_gpu_missing_devices_and_throttling(tmp_path: Path, monkey
 
 
 def test_no_gpu_is_a_clear_reading_never_an_exception(tmp_path: Path, monkeypatch) -> None:
-    _record(tmp_path, {"node1": {"init_error": "Driver Not Loaded"}}, monkeypatch)
+    _record(tmp_path, {"node1": {"init_error": "Driver Not Loaded"}}, monkeypatch, node="node1")
     health = AgentHealth("node1", interval_s=30.0)
-    assert health.nvml is None and health.nvml_status == "no NVIDIA GPU (NVML unavailable: RecordedNvmlError: " \
+    assert health.nvml is None and health.nvml_status == "no NVIDIA GPU (NVML unavailable: NVMLError: " \
         "Driver Not Loaded)"  # fmt: skip
     assert health.poll(0.0) == []
     health.close()
-    monkeypatch.setenv(recorded.ENV, str(tmp_path / "missing.json"))
-    nvml, status = probe.open_nvml("node1")
+    monkeypatch.setenv(RECORDED, str(tmp_path / "missing.json"))
+    nvml, status = probe.open_nvml()
     assert nvml is None and "recorded readings unreadable" in status
 
 

@@ -1,9 +1,11 @@
-"""A stand-in for pynvml that answers from recorded values: the test seam for the GPU path.
+"""A stand-in for pynvml that answers from recorded values: the tests' seam for the GPU path (never in the wheel).
 
-``SUPERVISOR_HEALTH_RECORDED=FILE`` (a JSON file every node can read) makes ``probe.open_nvml`` return a
-:class:`RecordedNvml` for the nodes the file names, so the real probe code (``probe._gpu``, ``XidWatcher``) runs
-on NVML-shaped answers: integration tests feed a node agent a GPU fault on a machine without GPUs, and a reading
-taken on a GPU machine can be replayed. The file maps a node name (or ``"*"``: every other node) to::
+The product knows nothing of it: ``nvml_shadow/pynvml.py`` is a module named ``pynvml`` that the tests put first
+on the import path (``PYTHONPATH`` for the node agents on the local cluster, ``sys.modules`` in unit tests), so
+``import pynvml`` in ``supervisor/health/probe.py`` gets it and the real probe code (``probe._gpu``,
+``XidWatcher``) runs on NVML-shaped answers: integration tests feed a node agent a GPU fault on a machine without
+GPUs, and a reading taken on a GPU machine can be replayed. ``SUPERVISOR_HEALTH_RECORDED=FILE`` (a JSON file
+every node can read) maps a node name (``SLURMD_NODENAME``; or ``"*"``: every other node) to::
 
     {"init_error": "Driver Not Loaded",          # optional: nvmlInit raises this (the no-GPU path)
      "gpus": [{"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-…", "pci_bus_id": "00000000:3B:00.0",
@@ -31,7 +33,7 @@ from typing import Any
 ENV = "SUPERVISOR_HEALTH_RECORDED"
 
 
-class RecordedNvmlError(Exception):
+class NVMLError(Exception):
     """What pynvml's NVMLError is to the probe: a query that did not answer."""
 
 
@@ -76,7 +78,7 @@ class RecordedNvml:
     # --- library
     def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
         if self.doc.get("init_error"):
-            raise RecordedNvmlError(str(self.doc["init_error"]))
+            raise NVMLError(str(self.doc["init_error"]))
 
     def nvmlShutdown(self) -> None:  # noqa: N802
         return None
@@ -86,15 +88,15 @@ class RecordedNvml:
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:  # noqa: N802
         if not 0 <= index < len(self.gpus):
-            raise RecordedNvmlError("Invalid Argument")
+            raise NVMLError("Invalid Argument")
         if self.gpus[index].get("lost"):
-            raise RecordedNvmlError("GPU is lost")
+            raise NVMLError("GPU is lost")
         return self.handles[index]
 
     def _value(self, handle: _Handle, key: str) -> Any:
         value = self.gpus[handle.index].get(key)
         if value is None:
-            raise RecordedNvmlError("Not Supported")
+            raise NVMLError("Not Supported")
         return value
 
     # --- device queries (the probe's)
@@ -109,7 +111,7 @@ class RecordedNvml:
 
     def nvmlDeviceGetTotalEccErrors(self, handle: _Handle, error_type: int, counter: int) -> int:  # noqa: N802
         if error_type != self.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
-            raise RecordedNvmlError("Not Supported")
+            raise NVMLError("Not Supported")
         key = "ecc_uncorrected_volatile" if counter == self.NVML_VOLATILE_ECC else "ecc_uncorrected_aggregate"
         return int(self._value(handle, key))
 
@@ -153,14 +155,14 @@ class RecordedNvml:
             gpu = x.get("gpu", 0)
             if isinstance(gpu, int) and gpu in self.registered and isinstance(x.get("code"), int):
                 return _EventData(self.handles[gpu], int(x["code"]))
-        raise RecordedNvmlError("Timeout")
+        raise NVMLError("Timeout")
 
     def nvmlEventSetFree(self, event_set: object) -> None:  # noqa: N802
         return None
 
 
 def document_for(node: str, env: Mapping[str, str] | None = None) -> Mapping[str, Any] | None:
-    """This node's recorded document when ``SUPERVISOR_HEALTH_RECORDED`` names one (else None: the real NVML).
+    """This node's recorded document when ``SUPERVISOR_HEALTH_RECORDED`` names one (else None: no GPU).
     An unreadable file is an error (a test seam must not silently read the real hardware instead)."""
     env = os.environ if env is None else env
     path = env.get(ENV)
