@@ -1,7 +1,10 @@
 """Campaign configuration: one TOML file, validated up front so a typo fails at submit time, not hours later.
 
-Sections ``[submit]``, ``[run]`` and ``[alerts]`` are defined here; ``[detect]`` and ``[policy]`` are handed to the
-detector and policy modules, which validate their own keys (see docs/configuration.md).
+Parsed once into one typed :class:`Config`: ``[submit]``, ``[run]`` and ``[alerts]`` are defined here; ``[detect]``,
+``[policy]``, ``[ledger]``, ``[log_signatures]``, ``[metrics]``, ``[health]`` and ``[preflight]`` are parsed by the
+modules that own their meaning (each a typed value with its own range checks, see docs/configuration.md), and
+every reader gets the typed value. The campaign records the file's tables (``Config.to_dict``), with the
+checkpoint directory resolved once, absolute (:func:`with_checkpoint_dir`).
 """
 
 from __future__ import annotations
@@ -11,11 +14,18 @@ import json
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from supervisor.decisions.detect import DetectConfig
+from supervisor.decisions.ledger import LedgerConfig
+from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, LogSignature, signatures_from_table
+from supervisor.decisions.policy import PolicyConfig
 from supervisor.errors import ConfigError
+from supervisor.health.checks import Limits
+from supervisor.health.preflight import PreflightConfig
+from supervisor.metrics import MetricsConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -87,72 +97,39 @@ class AlertConfig:
     queue_size: int = 100  # alerts waiting for the sender thread; more are dropped (and logged)
 
 
+# The delegated sections' parsers: table -> typed value.
+_PARSERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "detect": DetectConfig.from_mapping, "policy": PolicyConfig.from_mapping, "ledger": LedgerConfig.from_mapping,
+    "log_signatures": signatures_from_table, "metrics": MetricsConfig.from_mapping, "health": Limits.from_mapping,
+    "preflight": PreflightConfig.from_mapping,
+}  # fmt: skip
+_DELEGATED = ("detect", "policy", "ledger", "log_signatures", "metrics", "health", "preflight")
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
+    """The campaign's settings, every section typed. ``tables``: the delegated sections as the file wrote them
+    (what ``to_dict`` records in campaign.json, so the next run parses the same file again)."""
+
     submit: SubmitConfig = SubmitConfig()
     run: RunConfig = RunConfig()
     alerts: AlertConfig = AlertConfig()
-    detect: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    policy: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    ledger: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    log_signatures: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # regex -> interruption class
-    metrics: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # supervisor.metrics.MetricsConfig
-    health: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # health thresholds: health.checks.Limits
-    preflight: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # health.preflight.PreflightConfig
+    detect: DetectConfig = DetectConfig()
+    policy: PolicyConfig = PolicyConfig()
+    ledger: LedgerConfig = LedgerConfig()
+    log_signatures: tuple[LogSignature, ...] = DEFAULT_LOG_SIGNATURES  # the user's first, then the built-in ones
+    metrics: MetricsConfig = MetricsConfig()
+    health: Limits = Limits()
+    preflight: PreflightConfig = PreflightConfig()
+    tables: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(dataclasses.asdict(self), default=list))
+        own = json.loads(json.dumps({name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS},
+                                    default=list))  # fmt: skip
+        return {**own, **{name: dict(self.tables.get(name, {})) for name in _DELEGATED}}
 
 
 _SECTIONS = {"submit": SubmitConfig, "run": RunConfig, "alerts": AlertConfig}
-
-
-def _detect_loader() -> Any:
-    from supervisor.decisions.detect import DetectConfig
-
-    return DetectConfig.from_mapping
-
-
-def _policy_loader() -> Any:
-    from supervisor.decisions.policy import PolicyConfig
-
-    return PolicyConfig.from_mapping
-
-
-def _ledger_loader() -> Any:
-    from supervisor.decisions.ledger import LedgerConfig
-
-    return LedgerConfig.from_mapping
-
-
-def _metrics_loader() -> Any:
-    from supervisor.metrics import MetricsConfig
-
-    return MetricsConfig.from_mapping
-
-
-def _health_loader() -> Any:
-    from supervisor.health.checks import Limits
-
-    return Limits.from_mapping
-
-
-def _preflight_loader() -> Any:
-    from supervisor.health.preflight import PreflightConfig
-
-    return PreflightConfig.from_mapping
-
-
-def _signatures_loader() -> Any:
-    from supervisor.decisions.log_signatures import signatures_from_table
-
-    return signatures_from_table
-
-
-# Sections validated by the modules that own them (pure dataclasses with their own range checks).
-_DELEGATED = {"detect": _detect_loader, "policy": _policy_loader, "ledger": _ledger_loader,
-              "log_signatures": _signatures_loader, "metrics": _metrics_loader, "health": _health_loader,
-              "preflight": _preflight_loader}
 
 
 def _same_type(value: Any, default: Any) -> bool:
@@ -279,7 +256,8 @@ def _checkpoint_interval(value: Any, source: str) -> str | float:
 
 
 def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:
-    """Validate a parsed config; every problem is a ConfigError naming the key and the fix."""
+    """Validate a parsed config and type every section; every problem is a ConfigError naming the key and the
+    fix."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: the configuration is not a table", "see docs/configuration.md")
     known = set(_SECTIONS) | set(_DELEGATED)
@@ -287,21 +265,20 @@ def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:
         if section not in known:
             raise ConfigError(f"{source}: unknown section [{section}]", f"use one of: {', '.join(sorted(known))}")
     parts = {name: _build(name, cls, data.get(name, {}), source) for name, cls in _SECTIONS.items()}
-    delegated: dict[str, dict[str, Any]] = {}
-    for name, loader in _DELEGATED.items():
+    typed: dict[str, Any] = {}
+    tables: dict[str, dict[str, Any]] = {}
+    for name in _DELEGATED:
         table = data.get(name, {})
         if not isinstance(table, Mapping):
             raise ConfigError(f"{source}: [{name}] must be a table", f"write it as [{name}] with key = value lines")
         _check_numbers(name, table, source)
         try:
-            loader()(table)
-        except Exception as err:  # noqa: BLE001 - any loader failure (e.g. weights = 5: AttributeError) is bad input
+            typed[name] = _PARSERS[name](table)
+        except Exception as err:  # noqa: BLE001 - any parser failure (e.g. weights = 5: AttributeError) is bad input
             raise ConfigError(f"{source}: [{name}]: {str(err)[:300] or err.__class__.__name__}",
                               "see docs/configuration.md for the keys and their ranges") from None
-        delegated[name] = dict(table)
-    config = Config(detect=delegated["detect"], policy=delegated["policy"], ledger=delegated["ledger"],
-                    log_signatures=delegated["log_signatures"], metrics=delegated["metrics"],
-                    health=delegated["health"], preflight=delegated["preflight"], **parts)
+        tables[name] = dict(table)
+    config = Config(**parts, **typed, tables=tables)
     from supervisor.alerts import validate_config
 
     try:
@@ -314,6 +291,17 @@ def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:
     if config.submit.signal_lead_s < 1:
         raise ConfigError(f"{source}: submit.signal_lead_s must be >= 1", "give the run time to checkpoint, e.g. 120")
     return config
+
+
+def with_checkpoint_dir(cfg: Config, explicit: str | None, command: Sequence[str], cwd: str) -> Config:
+    """``cfg`` with ``run.checkpoint_dir`` resolved, absolute, once, when the campaign is created (the flag, the
+    config, then the training argv's usual flags; relative to ``cwd``, where the training runs), so the campaign
+    records it and every relaunch resumes from the newest valid checkpoint found there. "" when nothing names
+    one (resume is off)."""
+    from supervisor.checkpoint.locate import resolve_checkpoint_dir
+
+    found = resolve_checkpoint_dir(explicit, cfg.run.checkpoint_dir, command, cwd)
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, checkpoint_dir=found))
 
 
 def load(path: str | Path | None) -> Config:

@@ -269,13 +269,9 @@ class Metrics:
         yield seconds
 
 
-def start(config: MetricsConfig | Mapping[str, Any] | None, campaign: str = "", job_id: str = "") -> Metrics | None:
+def start(config: MetricsConfig, campaign: str = "", job_id: str = "") -> Metrics | None:
     """The loop's entry: None when ``[metrics] listen`` is unset (off by default) or prometheus-client is missing
     (logged); else a serving :class:`Metrics`."""
-    if config is None:
-        return None
-    if isinstance(config, Mapping):
-        config = MetricsConfig.from_mapping(config)
     if not config.listen:
         return None
     try:

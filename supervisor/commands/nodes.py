@@ -25,15 +25,9 @@ def run(args: argparse.Namespace) -> int:
     from supervisor import campaign, config, journal
     from supervisor.decisions import campaign_state
     from supervisor.decisions import events as ev
-    from supervisor.decisions.ledger import LedgerConfig
-    from supervisor.errors import ConfigError
 
     paths, spec = campaign.load(args.campaign)
-    cfg = config.from_mapping(spec.config, str(paths.spec))
-    try:
-        ledger_config = LedgerConfig.from_mapping(cfg.ledger)
-    except ValueError as err:
-        raise ConfigError(str(err), "fix the [ledger] table of the campaign's config") from None
+    ledger_config = config.from_mapping(spec.config, str(paths.spec)).ledger
     now = time.time()
     if args.forgive:
         with journal.Journal(paths.journal) as writer:

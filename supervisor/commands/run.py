@@ -7,7 +7,6 @@ of the campaign. Run by hand inside ``salloc``/``sbatch`` with ``-- CMD...`` it 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
@@ -59,9 +58,8 @@ def _campaign(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             raise CampaignError(f"{root} holds a campaign for another command", "pick a new --campaign directory")
         return paths, spec
     from supervisor.checkpoint.locate import RESUME_OFF_HINT
-    from supervisor.commands.submit import with_checkpoint_dir
 
-    cfg = with_checkpoint_dir(config.load(args.config), args.checkpoint_dir, args.command, os.getcwd())
+    cfg = config.with_checkpoint_dir(config.load(args.config), args.checkpoint_dir, args.command, os.getcwd())
     if not cfg.run.checkpoint_dir:
         print(f"supervise: {RESUME_OFF_HINT}", file=sys.stderr)
     spec = campaign.CampaignSpec(command=tuple(args.command), config=cfg.to_dict(), cwd=os.getcwd(),
@@ -83,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
                          "use `supervise submit`, or call it from an sbatch script or salloc")
     paths, spec = _campaign(args)
     cfg = config.from_mapping(spec.config, str(paths.spec))
-    if args.checkpoint_dir:
-        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, checkpoint_dir=os.path.abspath(args.checkpoint_dir)))
+    if args.checkpoint_dir:  # given again for a campaign that exists: this run looks there (resolved the same way)
+        cfg = config.with_checkpoint_dir(cfg, args.checkpoint_dir, (), os.getcwd())
     if not paths.secret.exists():
         create_secret(paths.root)
     configure(paths.logs / "supervisor.jsonl")

@@ -129,4 +129,4 @@ def _decision_configs(path: str | None):  # type: ignore[no-untyped-def]
     from supervisor import config
 
     loaded = config.load(path)
-    return PolicyConfig.from_mapping(loaded.policy), LedgerConfig.from_mapping(loaded.ledger)
+    return loaded.policy, loaded.ledger

@@ -106,8 +106,8 @@ def build(args: argparse.Namespace, now: float | None = None):  # type: ignore[n
     if script is not None:
         _check_flags(script.sbatch_flags)
         args.command = list(script.command)
-    cfg = with_checkpoint_dir(config.load(args.config), getattr(args, "checkpoint_dir", None), args.command,
-                              str(Path.cwd()))
+    cfg = config.with_checkpoint_dir(config.load(args.config), getattr(args, "checkpoint_dir", None), args.command,
+                                     str(Path.cwd()))
     if script is not None and script.srun_args:  # the srun line's own options go to the training step's srun
         import dataclasses
 
@@ -220,17 +220,6 @@ def _add_nodes(value: str, spares: int) -> str:
     if not 1 <= len(parts) <= 2 or not all(p.isdigit() for p in parts):
         raise UsageError(f"node count {value!r} with [run] spare_nodes", "give -N as a number or min-max, e.g. -N 2")
     return "-".join(str(int(p) + spares) for p in parts)
-
-
-def with_checkpoint_dir(cfg, explicit: str | None, command: Sequence[str], cwd: str):  # type: ignore[no-untyped-def]
-    """``cfg`` with ``run.checkpoint_dir`` resolved (flag, config, then the training argv), so the
-    campaign records it and every relaunch resumes from the newest valid checkpoint found there."""
-    import dataclasses
-
-    from supervisor.checkpoint.locate import resolve_checkpoint_dir
-
-    found = resolve_checkpoint_dir(explicit, cfg.run.checkpoint_dir, command, cwd)
-    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, checkpoint_dir=found))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,12 +27,10 @@ from slurm.probe import ProbeStarter
 from supervisor import stop_request
 from supervisor.campaign import CampaignSpec
 from supervisor.config import Config
-from supervisor.decisions import campaign_state, nodeloss, placement, policy
+from supervisor.decisions import campaign_state, nodeloss, placement
 from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Evidence
-from supervisor.decisions.detect import NODE_SILENT, DetectConfig, Detector
-from supervisor.decisions.ledger import LedgerConfig
-from supervisor.decisions.log_signatures import signatures_from_table
+from supervisor.decisions.detect import NODE_SILENT, Detector
 from supervisor.decisions.respond import last_step, respond
 from supervisor.driver import distenv, evidence, health, launcher, prelaunch
 from supervisor.driver.actuators import Actuators, Situation, slot_flag
@@ -61,8 +59,6 @@ from supervisor.driver.requeue import JobActions
 from supervisor.driver.signals import SignalInbox
 from supervisor.driver.time_limit_watch import TimeLimitClock
 from supervisor.driver.watch import Watcher
-from supervisor.health.checks import Limits
-from supervisor.health.preflight import PreflightConfig
 from supervisor.heartbeat.server import BIND_ENV, bind_address, resolve_sources
 from supervisor.journal import Journal, read
 from supervisor.paths import SLOT_DIR_ENV, CampaignPaths, slot_dir_template
@@ -113,10 +109,10 @@ class Supervisor:
         self.job_id = env.job_id or ""
         self.start_probe = start_probe or probe.starter(self.job_id)
         self.inbox = inbox or SignalInbox()
-        self.detector = Detector(DetectConfig.from_mapping(config.detect))
-        self.policy = policy.PolicyConfig.from_mapping(config.policy)
-        self.ledger_config = LedgerConfig.from_mapping(config.ledger)
-        self.signatures = signatures_from_table(config.log_signatures)
+        self.detector = Detector(config.detect)
+        self.policy = config.policy
+        self.ledger_config = config.ledger
+        self.signatures = config.log_signatures
         self.layout = placement.Layout(
             nodes=env.nodelist, tasks_per_node=env.tasks_per_node[0] if env.tasks_per_node else 1,
             spare_nodes=config.run.spare_nodes,
@@ -217,7 +213,7 @@ class Supervisor:
         )  # fmt: skip
         self.health = HealthWatch(self.record, self.clock, self.layout.nodes, on_news=self.notifier.health)
         self.prelaunch = prelaunch.Prelaunch(
-            config=PreflightConfig.from_mapping(self.config.preflight), health=self.health, channel=self.channel,
+            config=self.config.preflight, health=self.health, channel=self.channel,
             record=self.record, clock=self.clock, work_dir=self.paths.root / "preflight",
             python=self.spec.python or "python3", env=lambda: self._step_env(""), health_enabled=run.health_interval_s > 0,
             start=self.start_step, log_dir=self._attempt_logs,
@@ -265,9 +261,9 @@ class Supervisor:
         """The node agents' health checks: interval, the filesystems to watch, thresholds, GPUs per node."""
         run = self.config.run
         args = ["--health-interval", f"{run.health_interval_s:g}", "--health-fs", f"campaign={self.paths.root}"]
-        if run.checkpoint_dir:
-            args += ["--health-fs", f"checkpoint={os.path.abspath(run.checkpoint_dir)}"]
-        for pair in Limits.from_mapping(self.config.health).to_pairs():
+        if run.checkpoint_dir:  # absolute: resolved when the campaign was created (config.with_checkpoint_dir)
+            args += ["--health-fs", f"checkpoint={run.checkpoint_dir}"]
+        for pair in self.config.health.to_pairs():
             args += ["--health-limit", pair]
         gpus = os.environ.get("SLURM_GPUS_ON_NODE", "")
         if gpus.isdigit():  # the batch host's count, as Slurm sets it: allocations are per-node uniform

@@ -27,7 +27,7 @@ class Notifier:
         self,
         *,
         alerts_config: Any,
-        metrics_config: Mapping[str, Any] | Any,
+        metrics_config: metrics.MetricsConfig,
         policy_config: policy.PolicyConfig,
         record: Callable[[dict[str, Any]], None],
         clock: Callable[[], float],

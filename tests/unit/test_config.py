@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from supervisor import config
@@ -19,7 +21,8 @@ def test_values_are_read_and_ints_accepted_for_floats(tmp_path):
     cfg = config.load(path)
     assert cfg.run.checkpoint_grace_s == 30.0 and isinstance(cfg.run.checkpoint_grace_s, float)
     assert cfg.run.srun_args == ("--cpu-bind=none",)
-    assert cfg.policy == {"stop_grace_s": 30}
+    assert cfg.policy.stop_grace_s == 30 and cfg.to_dict()["policy"] == {"stop_grace_s": 30}
+    assert config.from_mapping(cfg.to_dict()) == cfg  # what campaign.json records parses to the same settings
 
 
 @pytest.mark.parametrize(
@@ -62,10 +65,10 @@ def test_the_documented_example_config_is_valid_and_complete(tmp_path):
     path.write_text(text)
     cfg = config.load(path)
     defaults = config.Config()
-    assert cfg.submit == defaults.submit and cfg.run == defaults.run and cfg.alerts == defaults.alerts
-    from supervisor.decisions.detect import DetectConfig
-
-    assert DetectConfig.from_mapping(cfg.detect) == DetectConfig()
+    # every section typed and at its default, but the documented log signatures (examples placed before the
+    # built-in table)
+    assert dataclasses.replace(cfg, log_signatures=defaults.log_signatures) == defaults
+    assert cfg.log_signatures[len(cfg.log_signatures) - len(defaults.log_signatures):] == defaults.log_signatures
 
 
 @pytest.mark.parametrize(
@@ -100,7 +103,7 @@ def test_values_outside_the_documented_range_exit_3_naming_key_value_and_range(t
 def test_backoff_may_be_zero(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("[policy]\nbackoff_base_s = 0\n")
-    assert config.load(path).policy == {"backoff_base_s": 0}
+    assert config.load(path).policy.backoff_base_s == 0
 
 
 def test_a_non_utf8_file_is_a_config_error(tmp_path):

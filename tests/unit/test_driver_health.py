@@ -21,6 +21,8 @@ from supervisor.decisions import events as ev
 from supervisor.decisions import policy
 from supervisor.driver.health import HealthWatch, detections, gpu_faults
 from supervisor.driver.loop import Supervisor
+from supervisor.health.checks import Limits
+from supervisor.health.preflight import PreflightConfig
 from supervisor.heartbeat.wire import HealthItem, HealthReport
 from supervisor.journal import read
 
@@ -171,7 +173,7 @@ def _of(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def test_a_node_found_unfit_during_a_launch_ends_it_is_blamed_and_the_next_launch_excludes_it(tmp_path: Path) -> None:
     code, events, launcher = _supervise(tmp_path, [Launch(None), DONE], launcher_cls=LateFault,
-                                        health={"fs_min_free_gib": 50})  # fmt: skip
+                                        health=Limits(fs_min_free_gib=50.0))  # fmt: skip
     assert code == 0
     agent_argv = launcher.argvs[0]
     assert "supervisor.agent" in agent_argv
@@ -225,7 +227,7 @@ def test_without_a_spare_an_unfit_node_means_a_requeue_without_it_and_no_launch(
 
 
 def test_preflight_off_skips_the_test_but_still_leaves_known_unfit_nodes_out(tmp_path: Path) -> None:
-    code, events, launcher = _supervise(tmp_path, [DONE], unfit=("n3",), preflight={"enabled": False})
+    code, events, launcher = _supervise(tmp_path, [DONE], unfit=("n3",), preflight=PreflightConfig(enabled=False))
     assert code == 0 and launcher.preflight_runs == []
     (check,) = _of(events, ev.PREFLIGHT)
     assert check["skipped"] == "preflight.enabled = false" and check["blamed_nodes"] == ["n3"]
@@ -282,7 +284,7 @@ def test_stopped_ranks_are_asked_for_stacks_too_and_a_silent_agent_is_said(tmp_p
     slurm = FakeSlurm(job, nodes, channel)
     launcher = FakeLauncher(channel, nodes, 1, [hung, DONE])
     sup = Supervisor(CampaignPaths(root), CampaignSpec(command=("python", "t.py"), python="python3"),
-                     Config(preflight={"enabled": False}), SlurmEnv(job_id=JOB, nodelist=nodes, tasks_per_node=(1,),
+                     Config(preflight=PreflightConfig(enabled=False)), SlurmEnv(job_id=JOB, nodelist=nodes, tasks_per_node=(1,),
                      restart_count=0, node_name="n1"), slurm, channel_factory=lambda *a: channel, start_step=launcher,
                      inbox=FakeInbox())  # type: ignore[arg-type]  # fmt: skip
     assert sup.run() == 0

@@ -71,8 +71,7 @@ def test_scraped_on_loopback() -> None:
 
 
 def test_off_by_default_and_listen_validated() -> None:
-    assert metrics.start(None) is None
-    assert metrics.start({}) is None
+    assert metrics.start(metrics.MetricsConfig()) is None
     for bad in ("9464", "localhost:9464", "127.0.0.1:99999", "127.0.0.1:x", ":9464"):
         with pytest.raises(ValueError, match="metrics.listen"):
             metrics.MetricsConfig(listen=bad)
@@ -82,7 +81,7 @@ def test_off_by_default_and_listen_validated() -> None:
 
 
 def test_started_from_config_and_a_bad_update_never_raises() -> None:
-    m = metrics.start({"listen": "127.0.0.1:0"}, campaign="/runs/x")
+    m = metrics.start(metrics.MetricsConfig(listen="127.0.0.1:0"), campaign="/runs/x")
     assert m is not None and m.address is not None
     try:
         m.update({"ranks": "garbage"}, [{"type": "interruption"}, "not an event"])  # type: ignore[list-item]

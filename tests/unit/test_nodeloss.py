@@ -22,7 +22,7 @@ from supervisor.config import Config, RunConfig
 from supervisor.decisions import events as ev
 from supervisor.decisions import nodeloss as nl
 from supervisor.decisions.classify import Evidence, classify
-from supervisor.decisions.detect import NODE_LOST, DetectionEvent
+from supervisor.decisions.detect import NODE_LOST, DetectConfig, DetectionEvent
 from supervisor.driver.loop import Supervisor
 from supervisor.heartbeat.table import NodeView
 from supervisor.journal import read
@@ -214,7 +214,7 @@ def supervise_with_silent_node(tmp_path: Path, spare_nodes: int, sbatch_flags: t
     launcher = FakeLauncher(channel, NODES3, 1, [Launch(exit_code=None), Launch(exit_code=0, polls=3)])
     probes = DeadProbe([])
     config = Config(run=RunConfig(spare_nodes=spare_nodes, loop_interval_s=0.05),
-                    detect={"warmup_timeout_s": 2.0, "init_allowance_s": 2.0})  # fmt: skip
+                    detect=DetectConfig.from_mapping({"warmup_timeout_s": 2.0, "init_allowance_s": 2.0}))  # fmt: skip
     sup = Supervisor(CampaignPaths(root), spec, config, env, slurm,  # type: ignore[arg-type]
                      channel_factory=lambda *_: channel, start_step=launcher, inbox=FakeInbox(),  # type: ignore[arg-type]
                      start_probe=probes)  # fmt: skip
