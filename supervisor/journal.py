@@ -21,7 +21,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -240,26 +240,3 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# ---- pure fold helpers -------------------------------------------------------------------------------------
-
-
-def fold(events: Iterable[Event], step: Callable[[T, Event], T], initial: T) -> T:
-    """Left fold over events: how the ledger, budgets and goodput are derived from the journal."""
-    state = initial
-    for event in events:
-        state = step(state, event)
-    return state
-
-
-def of_type(events: Iterable[Event], *types: str) -> list[Event]:
-    return [e for e in events if e.get("type") in types]
-
-
-def last_of_type(events: Iterable[Event], *types: str) -> Event | None:
-    found = None
-    for event in events:
-        if event.get("type") in types:
-            found = event
-    return found

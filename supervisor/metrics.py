@@ -1,8 +1,9 @@
 """Prometheus metrics of a running campaign (optional extra ``metrics``: prometheus-client), off by default.
 
 ``[metrics] listen = "127.0.0.1:9464"`` turns the endpoint on. The supervision loop feeds it through one call,
-:meth:`Metrics.update` (the live document it writes to live.json anyway, and the journal events so far); a
-scrape reads only the state kept here, never the live table or the journal file. Series: per-rank step rate and
+:meth:`Metrics.update` (the live document it writes to live.json anyway, and the campaign state it keeps: the
+journal's one fold); a scrape reads only the figures copied here, never the live table, the loop's state or the
+journal file. Series: per-rank step rate and
 beat age (the worst ``max_rank_series`` ranks, as live.json shows them), iteration time percentiles across ranks,
 interruptions by class, restarts, excluded nodes, goodput so far, checkpoint age.
 """
@@ -16,6 +17,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from supervisor.decisions.campaign_state import CampaignState
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 # ------------------------------------------------------------------------------------------------ state (pure)
 
 QUANTILES = (0.5, 0.9, 0.99)
+GOODPUT_S = 10.0  # goodput (a pass over the campaign's timed events) is recomputed at most this often
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -69,38 +73,27 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 
 @dataclass
-class CampaignState:
-    """What the endpoint shows, folded incrementally from journal events plus the latest live snapshot."""
+class Figures:
+    """What the endpoint shows, taken from the campaign state (``campaign_state.CampaignState``, the journal's one
+    fold) and the latest live snapshot at each update: a scrape reads only this copy, never the loop's state."""
 
     interruptions: dict[str, int] = field(default_factory=dict)
     launches: int = 0
-    attempts: int = 0
     excluded: set[str] = field(default_factory=set)
     checkpoint_t: float | None = None
     checkpoint_step: int | None = None
-    events_seen: int = 0
+    goodput: Mapping[str, Any] | None = None
     ranks: list[Mapping[str, Any]] = field(default_factory=list)
     iteration_s: list[float] = field(default_factory=list)
 
-    def fold(self, events: Sequence[Mapping[str, Any]]) -> None:
-        """Take the events not seen yet (``events`` is the whole journal so far, in order)."""
-        for e in events[self.events_seen:]:
-            kind = e.get("type")
-            if kind == "interruption":
-                cls = str(e.get("class", "unknown"))
-                self.interruptions[cls] = self.interruptions.get(cls, 0) + 1
-            elif kind == "step_launched":
-                self.launches += 1
-            elif kind == "attempt_started":
-                self.attempts += 1
-            elif kind == "nodes_excluded":
-                self.excluded = {str(n) for n in e.get("nodes") or ()}
-            elif kind == "node_forgiven":
-                self.excluded.discard(str(e.get("node")))
-            elif kind == "checkpoint_committed":
-                self.checkpoint_t = _float(e.get("t"))
-                self.checkpoint_step = e.get("step") if isinstance(e.get("step"), int) else None
-        self.events_seen = max(self.events_seen, len(events))
+    def take_state(self, state: CampaignState, goodput: Mapping[str, Any] | None) -> None:
+        self.interruptions = dict(state.interruptions)
+        self.launches = len(state.accounting.launches)
+        self.excluded = set(state.excluded_now)
+        self.checkpoint_t = state.last_commit_t
+        latest = state.accounting.latest_ckpt or {}
+        self.checkpoint_step = latest.get("step") if isinstance(latest.get("step"), int) else None
+        self.goodput = goodput
 
     def take_live(self, live: Any, max_ranks: int) -> None:
         """``live``: the live.json document, or the aggregator's ``Snapshot`` (``server.latest``), whose rows are
@@ -136,8 +129,8 @@ class Metrics:
         from prometheus_client import CollectorRegistry
 
         self.campaign, self.job_id, self.max_rank_series, self.clock = campaign, job_id, max_rank_series, clock
-        self.state = CampaignState()
-        self.events: Sequence[Mapping[str, Any]] = ()
+        self.figures = Figures()
+        self.goodput_at = float("-inf")
         self._live: Any = None
         self._lock = threading.Lock()
         self.registry = CollectorRegistry(auto_describe=False)
@@ -146,15 +139,19 @@ class Metrics:
         self._thread: Any = None
         self.address: tuple[str, int] | None = None
 
-    def update(self, live: Any, events: Sequence[Mapping[str, Any]]) -> None:
+    def update(self, live: Any, state: CampaignState) -> None:
         """The one call the supervision loop makes, each pass: ``live`` is the aggregator's latest ``Snapshot``
-        (``server.latest``) or a live.json document, ``events`` the journal so far (only new ones are folded;
-        the rank rows are built when scraped). Never raises."""
+        (``server.latest``) or a live.json document, ``state`` the campaign state the loop keeps (its figures are
+        copied here; goodput, a pass over the campaign's timed events, at most every ``GOODPUT_S``; the rank rows
+        are built when scraped). Never raises."""
         try:
+            now = self.clock()
+            goodput = self.figures.goodput
+            if now - self.goodput_at >= GOODPUT_S:
+                self.goodput_at, goodput = now, state.report(now)["goodput"]
             with self._lock:
-                self.state.fold(events)
+                self.figures.take_state(state, goodput)
                 self._live = live
-                self.events = events
                 job = live.get("job") if isinstance(live, Mapping) else getattr(live, "job", None)
                 if job:
                     self.job_id = str(job)
@@ -180,14 +177,14 @@ class Metrics:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         with self._lock:
-            s, events = self.state, list(self.events)
+            s = self.figures
             try:
                 s.take_live(self._live, self.max_rank_series)
             except Exception:  # noqa: BLE001 - a malformed document shows no rank series, never an error
                 s.ranks, s.iteration_s = [], []
             ranks, iters = list(s.ranks), list(s.iteration_s)
             interruptions, excluded = dict(s.interruptions), sorted(s.excluded)
-            launches, ckpt_t, ckpt_step = s.launches, s.checkpoint_t, s.checkpoint_step
+            launches, ckpt_t, ckpt_step, goodput = s.launches, s.checkpoint_t, s.checkpoint_step, s.goodput
         now = self.clock()
         base = {"campaign": self.campaign, "job": self.job_id}
         labels = list(base)
@@ -243,21 +240,15 @@ class Metrics:
             step.add_metric(list(base.values()), ckpt_step)
         yield step
 
-        yield from self._goodput(events, now, base)
+        yield from self._goodput(goodput, base)
 
-    def _goodput(self, events: list[Mapping[str, Any]], now: float, base: dict[str, str]) -> Iterator[Any]:
+    def _goodput(self, g: Mapping[str, Any] | None, base: dict[str, str]) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
-
-        from supervisor import report
 
         ettr = GaugeMetricFamily("supervise_goodput_ratio", "Productive time / wall time so far (ETTR)",
                                  labels=list(base))  # fmt: skip
         seconds = GaugeMetricFamily("supervise_goodput_seconds", "Wall time so far, split into productive and badput",
                                     labels=[*base, "kind"])  # fmt: skip
-        try:
-            g = report.fold([dict(e) for e in events], now)["goodput"]
-        except Exception:  # noqa: BLE001 - a malformed journal must not break the endpoint
-            g = None
         if g is not None:
             if g.get("ettr") is not None:
                 ettr.add_metric(list(base.values()), g["ettr"])

@@ -26,10 +26,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from supervisor.client.slot import (
     RANK_FLAG_EXITING,
@@ -318,14 +317,3 @@ def _unlink(path: Path) -> None:
         path.unlink()
     except OSError:
         pass
-
-
-def without_stack(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """From journal ``stacks`` events: the ranks that got no stack, and why (the last word per node/rank wins:
-    a later saved dump clears an earlier failure)."""
-    last: dict[tuple[Any, Any], Mapping[str, Any]] = {}
-    for e in events:
-        if e.get("type") == "stacks":
-            last[(e.get("node"), e.get("rank"))] = e
-    return [{"node": n, "rank": r, "why": e.get("detail")} for (n, r), e in sorted(last.items(), key=str)
-            if e.get("result") != "stacks_saved"]  # fmt: skip

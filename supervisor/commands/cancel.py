@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from supervisor.decisions.campaign_state import CampaignState
 
 HELP = "stop a campaign for good (optionally checkpointing first); never requeued"
 POLL_S = 0.5
@@ -28,21 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--checkpoint); then the job is cancelled with scancel")  # fmt: skip
 
 
-def _ended(events: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The campaign's end, unless a later attempt started after it (a resubmitted campaign)."""
-    for e in reversed(events):
-        if e["type"] == "campaign_ended":
-            return e
-        if e["type"] == "attempt_started":
-            return None
-    return None
+def _state(path: Path) -> CampaignState:
+    """The journal's one fold (an empty campaign before the first run wrote anything)."""
+    from supervisor import journal
+    from supervisor.decisions import campaign_state
 
-
-def _job_of(events: list[dict[str, Any]]) -> str | None:
-    for e in reversed(events):
-        if e["type"] in ("attempt_started", "campaign_started") and e.get("job_id"):
-            return str(e["job_id"])
-    return None
+    return campaign_state.fold(journal.read(path) if path.exists() else [])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,12 +52,12 @@ def run(args: argparse.Namespace) -> int:
     cfg = config.from_mapping(spec.config, str(paths.spec))
     if args.timeout is not None and not (0 < args.timeout <= 86400):
         raise UsageError(f"--timeout {args.timeout:g} is out of range", "give seconds in (0, 86400]")
-    events = journal.read(paths.journal) if paths.journal.exists() else []
-    ended = _ended(events)
+    state = _state(paths.journal)
+    ended = state.ended  # campaign_ended after the newest attempt (a resubmitted campaign starts again)
     if ended is not None:
         print(f"supervise: campaign {paths.root} already ended ({ended['state']}: {ended.get('reason', '')})")
         return 0
-    job_id = args.job or _job_of(events)
+    job_id = args.job or state.job_id
     if job_id is None:
         raise UsageError(f"no Slurm job is known for campaign {paths.root} yet (it has not started)",
                          "pass the job id `supervise submit` printed: --job JOBID")  # fmt: skip
@@ -87,31 +83,26 @@ def run(args: argparse.Namespace) -> int:
                 ended = {"state": "stopped", "reason": stop_request.REASON}
     finally:
         stop_request.clear(paths.root)
-    saved = _saved_line(journal.read(paths.journal), args.checkpoint)
+    saved = _saved_line(_state(paths.journal), args.checkpoint)
     print(f"supervise: campaign {paths.root} {ended['state']}: {ended.get('reason', '')} (job {job_id}){saved}")
     return 0 if ended["state"] == "stopped" else 1
 
 
-def _wait_for_end(path: Any, timeout: float) -> dict[str, Any] | None:
-    from supervisor import journal
-
+def _wait_for_end(path: Path, timeout: float) -> Mapping[str, Any] | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ended = _ended(journal.read(path)) if path.exists() else None
+        ended = _state(path).ended
         if ended is not None:
             return ended
         time.sleep(POLL_S)
     return None
 
 
-def _saved_line(events: list[dict[str, Any]], asked: bool) -> str:
+def _saved_line(state: CampaignState, asked: bool) -> str:
     if not asked:
         return ""
-    since = max((i for i, e in enumerate(events) if e["type"] == "checkpoint_requested"), default=None)
-    if since is None:
+    if state.checkpoint_request_t is None:
         return "; no checkpoint was requested (the training was not running)"
-    later = events[since:]
-    committed = [e for e in later if e["type"] == "checkpoint_committed"]
-    if committed:
-        return f"; checkpoint saved at step {committed[-1]['step']}"
+    if state.saved_since_request is not None:
+        return f"; checkpoint saved at step {state.saved_since_request}"
     return "; the requested checkpoint did not commit (see `supervise report`)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 HELP = "report a campaign: attempts and their outcomes, exclusions, checkpoints, goodput"
 
@@ -18,14 +19,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from supervisor import campaign, journal, report
+    from supervisor.decisions import campaign_state
+    from supervisor.plot.timeline import TimelineView
 
     paths, _ = campaign.load(args.campaign)
     events = journal.read(paths.journal) if paths.journal.exists() else []
-    doc = report.fold(events, now=time.time())
+    view = TimelineView()  # the picture's view, fed by the same one fold as the report
+    now = time.time()
+    doc = campaign_state.fold(events, views=(view,) if args.plot else ()).report(now)
     if doc["campaign"] is None:
         doc["campaign"] = str(paths.root)
     if args.plot:
-        _plot(events, doc, args.plot)
+        _plot(view.timeline(now, doc.get("goodput")), doc, args.plot)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
@@ -33,11 +38,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plot(events: list, doc: dict, target: str) -> None:
+def _plot(tl: Any, doc: dict, target: str) -> None:
     from supervisor.errors import UsageError
     from supervisor.plot import PlotError, write_timeline
 
     try:
-        write_timeline(events, time.time(), doc.get("goodput"), target, str(doc.get("campaign") or ""))
+        write_timeline(tl, target, str(doc.get("campaign") or ""))
     except PlotError as err:
         raise UsageError(err.problem, err.fix) from None

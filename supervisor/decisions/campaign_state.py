@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from supervisor.decisions import events as ev
 from supervisor.decisions import goodput
+from supervisor.decisions.checkpoint_interval import IntervalInputs
 from supervisor.decisions.ledger import Ledger, LedgerConfig
 from supervisor.decisions.policy import History, PolicyConfig, over_budget
 
@@ -166,13 +167,22 @@ def _row_goodput(row: Mapping[str, Any]) -> dict[str, Any]:
             "badput_s": goodput.to_seconds({k: b[k] for k in goodput.BADPUT}), "kept_steps": row["kept_steps"]}
 
 
+class View(Protocol):
+    """A reader's own view of the journal, fed by the one fold (``fold(events, views=...)``) in the same pass,
+    e.g. the plot's timeline: a reader never walks the journal itself."""
+
+    def apply(self, e: Event) -> None: ...
+
+
 @dataclass
 class CampaignState:
-    """What the journal says about the campaign, as of its last event."""
+    """What the journal says about the campaign, as of its last event. The supervision loop keeps one and applies
+    each event it journals (``driver.recorder``); every other reader folds the journal once (:func:`fold`)."""
 
     history: History = field(default_factory=History)
     ledger: Ledger = field(default_factory=Ledger)
     accounting: Accounting = field(default_factory=Accounting)
+    interval: IntervalInputs = field(default_factory=IntervalInputs)  # the checkpoint interval's measured inputs
     started: bool = False  # campaign_started was journaled (by the first Slurm run)
     timeouts: Mapping[str, Any] | None = None  # the last learned step-time histograms (timeouts_learned)
     quarantined: set[str] = field(default_factory=set)  # paths of quarantined checkpoints
@@ -183,25 +193,44 @@ class CampaignState:
     failsafe: Event | None = None  # an agent's failsafe ended the open attempt (its batch host was lost)
     last_attempt: Event | None = None  # the newest attempt_started, ended or not
     ended: Event | None = None  # campaign_ended after the newest attempt_started
+    job_id: str | None = None  # the newest Slurm job the journal names (attempt_started, else campaign_started)
+    attempts: int = 0  # Slurm runs started
+    interruptions: dict[str, int] = field(default_factory=dict)  # every interruption by class, completed included
+    excluded_now: set[str] = field(default_factory=set)  # the ExcNodeList last written, forgiven nodes taken out
+    last_commit_t: float | None = None  # when the newest checkpoint was journaled as committed
+    checkpoint_request_t: float | None = None  # when the newest checkpoint_requested was journaled
+    saved_since_request: int | None = None  # the step of the newest checkpoint committed since that request
+    views: tuple[View, ...] = ()  # the caller's own views, fed in the same pass
 
     def apply(self, e: Event) -> None:
         kind = e.get("type")
         self.history = self.history.apply(e)
         self.ledger.apply(e)
         self.accounting.apply(e)
+        self.interval.apply(e)
+        for view in self.views:
+            view.apply(e)
         self.last_seen = float(e.get("t", self.last_seen))
         if kind == ev.CAMPAIGN_STARTED:
             self.started = True
+            self.job_id = str(e["job_id"]) if e.get("job_id") else self.job_id
         elif kind == ev.TIMEOUTS_LEARNED:  # the last one wins: a requeued run keeps what was learned
             self.timeouts = e.get("histograms", {})
         elif kind in (ev.CHECKPOINT_QUARANTINED, ev.CHECKPOINT_REFUSED):  # each said once per campaign
             self.quarantined.add(str(e.get("path")))
         elif kind == ev.CHECKPOINT_COMMITTED and isinstance(e.get("step"), int):
             self.best_step = max(self.best_step or 0, e["step"])
+            self.last_commit_t = float(e.get("t", self.last_seen))
+            if self.checkpoint_request_t is not None:
+                self.saved_since_request = e["step"]
+        elif kind == ev.CHECKPOINT_REQUESTED:
+            self.checkpoint_request_t, self.saved_since_request = float(e.get("t", self.last_seen)), None
         elif kind == ev.ATTEMPT_STARTED:
             self.open_attempt = self.last_attempt = e
             self.silent_nodes = set()
             self.failsafe = self.ended = None
+            self.attempts += 1
+            self.job_id = str(e["job_id"]) if e.get("job_id") else self.job_id
         elif kind in (ev.ATTEMPT_ENDED, ev.CAMPAIGN_ENDED):
             self.open_attempt = None
             self.ended = e if kind == ev.CAMPAIGN_ENDED else self.ended
@@ -209,14 +238,22 @@ class CampaignState:
             self.failsafe = e
         elif kind == ev.DETECTION and e.get("kind") in ("node_silent", "node_lost") and self.open_attempt is not None:
             self.silent_nodes.update(e.get("nodes", []))
+        elif kind == ev.INTERRUPTION:
+            cls = str(e.get("class", ev.UNKNOWN))
+            self.interruptions[cls] = self.interruptions.get(cls, 0) + 1
+        elif kind == ev.NODES_EXCLUDED:
+            self.excluded_now = {str(n) for n in e.get("nodes") or ()}
+        elif kind == ev.NODE_FORGIVEN:
+            self.excluded_now.discard(str(e.get("node")))
 
     def report(self, now: float) -> dict[str, Any]:
         return self.accounting.report(now)
 
 
-def fold(events: Iterable[Event], ledger_config: LedgerConfig | None = None) -> CampaignState:
-    """The campaign state after ``events`` (in journal order)."""
-    state = CampaignState(ledger=Ledger(ledger_config))
+def fold(events: Iterable[Event], ledger_config: LedgerConfig | None = None, views: Iterable[View] = ()
+         ) -> CampaignState:  # fmt: skip
+    """The campaign state after ``events`` (in journal order); ``views`` are fed every event in the same pass."""
+    state = CampaignState(ledger=Ledger(ledger_config), views=tuple(views))
     for e in events:
         state.apply(e)
     return state

@@ -191,60 +191,63 @@ def _median(values: list[float]) -> float | None:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def measured_from_journal(events: Iterable[Mapping[str, Any]], now: float) -> Measured:
-    """Fold the journal into the advice's inputs. The stall is the median of the ``checkpoint_stall`` events (the
-    slowest rank's time in the checkpoint phase, measured by the client), else of checkpoint events' ``stall_s``
-    or ``duration_s``; the restart runs from an interruption to the next launch's first step (``step_progress``),
-    else to the next ``step_launched``."""
-    stalls: list[float] = []
-    measured: list[float] = []
-    restarts: list[float] = []
-    pending_from: float | None = None  # an interruption whose next launch has not stepped yet
-    times: list[float] = []
-    observed = 0.0
-    running_since: float | None = None
-    waiting_since: float | None = None
-    for e in events:
+class IntervalInputs:
+    """The advice's inputs folded from the journal (a view of ``campaign_state.fold``). The stall is the median of
+    the ``checkpoint_stall`` events (the slowest rank's time in the checkpoint phase, measured by the client), else
+    of checkpoint events' ``stall_s`` or ``duration_s``; the restart runs from an interruption to the next
+    launch's first step (``step_progress``), else to the next ``step_launched``."""
+
+    def __init__(self) -> None:
+        self.stalls: list[float] = []
+        self.measured_stalls: list[float] = []
+        self.restarts: list[float] = []
+        self.pending_from: float | None = None  # an interruption whose next launch has not stepped yet
+        self.times: list[float] = []
+        self.observed = 0.0
+        self.running_since: float | None = None
+        self.waiting_since: float | None = None
+
+    def apply(self, e: Mapping[str, Any]) -> None:
         t, kind = e.get("t"), e.get("type")
-        if not isinstance(t, (int, float)):
-            continue
+        if not isinstance(t, (int, float)) or isinstance(t, bool):
+            return
         if kind == "step_launched":
-            pending_from = waiting_since
-            if waiting_since is not None:
-                restarts.append(max(0.0, t - waiting_since))  # replaced by the first step's time if journaled
-                waiting_since = None
-            running_since = float(t)
-        elif kind == "step_progress" and pending_from is not None:
-            restarts[-1] = max(0.0, t - pending_from)
-            pending_from = None
+            self.pending_from = self.waiting_since
+            if self.waiting_since is not None:
+                self.restarts.append(max(0.0, t - self.waiting_since))  # replaced by the first step's time if any
+                self.waiting_since = None
+            self.running_since = float(t)
+        elif kind == "step_progress" and self.pending_from is not None:
+            self.restarts[-1] = max(0.0, t - self.pending_from)
+            self.pending_from = None
         elif kind == "checkpoint_stall":
             value = e.get("stall_s")
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-                measured.append(float(value))
+                self.measured_stalls.append(float(value))
         elif kind == "checkpoint_committed":
             value = e.get("stall_s", e.get("duration_s"))
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-                stalls.append(float(value))
+                self.stalls.append(float(value))
         elif kind in ("interruption", "attempt_ended", "campaign_ended"):
-            if running_since is not None:
-                observed += max(0.0, t - running_since)
-                running_since = None
+            if self.running_since is not None:
+                self.observed += max(0.0, t - self.running_since)
+                self.running_since = None
             cls = e.get("class") if kind == "interruption" else None
-            pending_from = None
+            self.pending_from = None
             if kind == "interruption" and cls not in ("completed", "cancelled"):
-                times.append(float(t))
-                waiting_since = float(t)
+                self.times.append(float(t))
+                self.waiting_since = float(t)
             elif kind == "campaign_ended":
-                waiting_since = None
-    if running_since is not None:
-        observed += max(0.0, now - running_since)
-    return Measured(_median(measured or stalls), _median(restarts), tuple(times), observed)
+                self.waiting_since = None
+
+    def measured(self, now: float) -> Measured:
+        observed = self.observed + (max(0.0, now - self.running_since) if self.running_since is not None else 0.0)
+        return Measured(_median(self.measured_stalls or self.stalls), _median(self.restarts), tuple(self.times),
+                        observed)  # fmt: skip
 
 
-def advise_from_journal(setting: str | float, events: Iterable[Mapping[str, Any]], now: float, nodes: int,
-                        prior_mtbf_s: float | None = None) -> Advice:  # fmt: skip
-    """:func:`advise` with its inputs folded from the campaign's journal (the call ``report``/``status`` and the
-    supervisor loop make)."""
-    m = measured_from_journal(events, now)
+def advise_measured(setting: str | float, m: Measured, nodes: int, prior_mtbf_s: float | None = None) -> Advice:
+    """:func:`advise` with its inputs as the journal measured them (``CampaignState.interval.measured(now)``: the
+    call ``report``/``status`` and the supervisor loop make)."""
     return advise(setting, delta_s=m.delta_s, restart_s=m.restart_s, nodes=nodes,
                   interruption_times=m.interruption_times, observed_s=m.observed_s, prior_mtbf_s=prior_mtbf_s)  # fmt: skip

@@ -2,7 +2,8 @@
 
 Under ``"auto"`` the interval is Daly's, from the checkpoint stall the clients measured (``checkpoint_stall``
 events), the restart cost and this campaign's interruption rate, else the configured or site prior MTBF
-(``decisions.checkpoint_interval.advise_from_journal``, recomputed every ``ADVICE_S``); before any stall was
+(``decisions.checkpoint_interval.advise_measured`` on the campaign state's measured inputs, recomputed every
+``ADVICE_S``); before any stall was
 measured, a first checkpoint is asked ``FIRST_ASK_S`` after the launch's first step, to measure it. When that much time has
 passed since the launch's last checkpoint (or its first step), every rank is asked through the checkpoint-request
 path (``CheckpointRequest``: the slot's FLAG_CHECKPOINT with a new request number), so ``client.should_checkpoint()``
@@ -12,24 +13,25 @@ when it changes, so ``report`` and ``status`` show the interval in force, its in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from supervisor.decisions import checkpoint_interval as ci
 from supervisor.decisions import events as ev
+from supervisor.decisions.campaign_state import CampaignState
 from supervisor.driver.checkpoint_request import CheckpointRequest
 
-ADVICE_S = 60.0  # the advice is recomputed from the journal this often
+ADVICE_S = 60.0  # the advice is recomputed this often
 CHANGE = 0.05  # a new interval is journaled when it moved by more than this fraction (or its inputs' source)
 
 
 class IntervalAsker:
     def __init__(self, setting: str | float, *, prior_mtbf_s: float | None, nodes: int,
-                 history: Callable[[], Sequence[dict[str, Any]]], record: Callable[[dict[str, Any]], None],
+                 state: CampaignState, record: Callable[[dict[str, Any]], None],
                  clock: Callable[[], float], channel: Any, flag: int) -> None:  # fmt: skip
         self.setting = ci.parse_setting(setting)
         self.prior_mtbf_s, self.nodes = prior_mtbf_s or None, nodes
-        self.history, self.record, self.clock, self.channel, self.flag = history, record, clock, channel, flag
+        self.state, self.record, self.clock, self.channel, self.flag = state, record, clock, channel, flag
         self.advice: ci.Advice | None = None
         self.next_advice = float("-inf")
         self.launched()
@@ -43,7 +45,7 @@ class IntervalAsker:
     def advise(self, now: float) -> ci.Advice:
         if self.advice is None or now >= self.next_advice:
             self.next_advice = now + ADVICE_S
-            advice = ci.advise_from_journal(self.setting, self.history(), now, self.nodes, self.prior_mtbf_s)
+            advice = ci.advise_measured(self.setting, self.state.interval.measured(now), self.nodes, self.prior_mtbf_s)
             if _changed(self.advice, advice):
                 self.record(ev.checkpoint_interval(now, str(self.setting), advice.to_dict()))
             self.advice = advice

@@ -117,7 +117,8 @@ class Supervisor:
             nodes=env.nodelist, tasks_per_node=env.tasks_per_node[0] if env.tasks_per_node else 1,
             spare_nodes=config.run.spare_nodes,
         )  # fmt: skip
-        self.recorder = Recorder(Journal(paths.journal, clock=clock))
+        journal = Journal(paths.journal, clock=clock)
+        self.recorder = Recorder(journal, read(paths.journal), config.ledger)  # the journal folded once
         self.guard = Guard(self.record, clock)  # a stage's exception is journaled; supervision goes on
         self.launches = 0
         self.scheduled_end: float | None = None
@@ -132,9 +133,8 @@ class Supervisor:
 
     # ----------------------------------------------------------------------------------------- an attempt
     def run(self) -> int:
-        past = read(self.paths.journal)
-        self.recorder.history = list(past)
-        state = campaign_state.fold(past, self.ledger_config)
+        state = self.recorder.state
+        ended_before = state.ended
         if state.timeouts is not None:  # a requeued run keeps what earlier runs learned
             self.detector.timeouts.restore(state.timeouts)
         from supervisor.checkpoint.trust import campaign_key
@@ -152,10 +152,9 @@ class Supervisor:
         died = self._death_note(state)
         for event in campaign_state.infer_previous_outcome(state, down, job, died):
             self.record(event)
-        stop = campaign_state.after_supervisor_death(campaign_state.fold(self.recorder.history, self.ledger_config),
-                                                     died, self.policy, now)  # fmt: skip
+        stop = campaign_state.after_supervisor_death(state, died, self.policy, now)
         if stop is not None:
-            return self._end_at_start(state.ended is None, *stop)
+            return self._end_at_start(ended_before is None, *stop)
         self.record(ev.attempt_started(now, self.job_id, self.env.restart_count, self.layout.nodes, None))
         job, _ = self._query_job()
         self.scheduled_end = (job.end_time if job is not None else None) or self.env.end_time
@@ -201,7 +200,7 @@ class Supervisor:
         self.progress = ProgressLog(self.record, self.clock)  # the goodput ledger's per-rank records
         self.interval = IntervalAsker(
             run.checkpoint_interval, prior_mtbf_s=run.mtbf_prior_s, nodes=self.layout.train_nodes,
-            history=lambda: self.recorder.history, record=self.record, clock=self.clock, channel=self.channel,
+            state=self.recorder.state, record=self.record, clock=self.clock, channel=self.channel,
             flag=slot_flag("FLAG_CHECKPOINT"),
         )  # fmt: skip
         self.agents = AgentStep(
@@ -283,7 +282,7 @@ class Supervisor:
     def _metrics_pass(self) -> None:
         if self.notifier.metrics is not None:
             live = getattr(self.channel, "latest", None) or self.channel.table.snapshot()
-            self.notifier.update_metrics(live, self.recorder.history)
+            self.notifier.update_metrics(live, self.recorder.state)
 
     def _shutdown(self) -> None:
         poller: PreemptionPoller | None = getattr(self, "preemption", None)
@@ -322,11 +321,12 @@ class Supervisor:
             else:  # too few nodes passed the preflight: the training does not start; the policy answers
                 launch = prelaunch.not_started(self.launches, self._attempt_logs() / "preflight.log")
                 watched, found = WatchResult("preflight"), checked.evidence or Evidence()
-            state = campaign_state.fold(self.recorder.history, self.ledger_config)
+            state = self.recorder.state
+            history = state.history  # the campaign before this interruption (History is immutable)
             now = self.clock()
             request = stop_request.read(self.paths.root) if watched.reason == "stop_request" else None
             interruption, decision = stop_request.respond(request) if request is not None else respond(
-                found, state.history, state.ledger, nodes=placement.usable_nodes(self.layout, self.nodeloss.lost), needed=self.layout.train_nodes,
+                found, history, state.ledger, nodes=placement.usable_nodes(self.layout, self.nodeloss.lost), needed=self.layout.train_nodes,
                 config=self.policy, now=now, step_running=launch.proc.poll() is None,
                 restarts_here=max(0, self.launches - 1), signatures=self.signatures,
                 slurm_kills_on_node_failure=not self._no_kill(), min_needed=self.config.run.min_nodes or None,
@@ -334,7 +334,7 @@ class Supervisor:
             restarts = evidence.torchrun_restarts(launch.log_path, launch.nodes, self.layout.tasks_per_node)
             self.record({**interruption.to_event(self.clock()), "launch": launch.number, "last_step": last_step(found),
                          **({"torchrun_restarts": restarts} if restarts else {})})  # torchrun's own, docs/launch.md
-            outcome = self.actuators.carry_out(Situation(launch, interruption, decision, found, state.history))
+            outcome = self.actuators.carry_out(Situation(launch, interruption, decision, found, history))
             self._final_progress(launch)  # a checkpoint saved on the way out (preemption, time limit, cancel)
             if interruption.cls == ev.NUMERICAL:  # the launch is gone now: no checkpoint can appear after this
                 self.guard.call(CHECKPOINT_SCAN, self.checkpoints.quarantine_after_divergence, default=None)
@@ -388,7 +388,7 @@ class Supervisor:
         return self.guard.call(SLURM_QUERY, query_nodes, self.slurm, self.layout.nodes, default=None)
 
     def _ledger_exclusions(self) -> tuple[str, ...]:
-        ledger = campaign_state.fold(self.recorder.history, self.ledger_config).ledger
+        ledger = self.recorder.state.ledger
         return placement.ledger_exclusions(self.layout, ledger.excluded_nodes(self.clock()))
 
     def _no_kill(self) -> bool:

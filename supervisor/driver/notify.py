@@ -6,18 +6,20 @@ supervision path, the Prometheus endpoint fed each pass.
   to the dispatcher. The run goes on.
 * Alerts go through one ``alerts.Dispatcher`` (a worker thread with a bounded queue, dedup/cooldown, retries,
   escalation): a slow or broken sink never blocks nor ends the loop.
-* ``metrics.start`` (off unless ``[metrics] listen`` is set) is fed the live snapshot and the journal each pass.
+* ``metrics.start`` (off unless ``[metrics] listen`` is set) is fed the live snapshot and the campaign state each
+  pass.
 
 Each part that fails is journaled as ``supervisor_error`` (``driver.guard``) and the loop goes on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from supervisor import alerts, metrics
 from supervisor.decisions import policy
+from supervisor.decisions.campaign_state import CampaignState
 from supervisor.decisions.detect import DetectionEvent
 from supervisor.driver.guard import METRICS, WARNING, Guard
 
@@ -83,9 +85,9 @@ class Notifier:
                                  actions_taken=["node left out of the next launch" if fatal and not capacity
                                                 else "journaled"]))  # fmt: skip
 
-    def update_metrics(self, live: Any, history: Sequence[Mapping[str, Any]]) -> None:
+    def update_metrics(self, live: Any, state: CampaignState) -> None:
         if self.metrics is not None:
-            self.guard.call(METRICS, self.metrics.update, live, history, default=None)
+            self.guard.call(METRICS, self.metrics.update, live, state, default=None)
 
     def close(self) -> None:
         if self.metrics is not None:

@@ -6,7 +6,7 @@ extra. Writers raise :class:`PlotError` with a one-line problem and fix.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +44,10 @@ def _write_text(path: str, text: str) -> None:
         raise PlotError(f"cannot write {path}: {err.strerror}", "pick a writable path") from None
 
 
-def write_timeline(events: Iterable[Mapping[str, Any]], now: float, goodput: Mapping[str, Any] | None,
-                   path: str, campaign: str = "") -> None:  # fmt: skip
-    """A campaign's journal events as a timeline picture at ``path`` (.png, .svg or .html)."""
+def write_timeline(tl: _timeline.Timeline, path: str, campaign: str = "") -> None:
+    """A campaign's timeline (``timeline.TimelineView``, fed by the journal's one fold) as a picture at ``path``
+    (.png, .svg or .html)."""
     kind = check_target(path)
-    tl = _timeline.build(events, now, goodput)
     tl.campaign = tl.campaign or campaign
     if kind == "html":
         from supervisor.plot import html

@@ -1,4 +1,4 @@
-"""What a campaign picture shows, read straight from the journal's events. Pure.
+"""What a campaign picture shows: a view of the journal's one fold (``TimelineView``). Pure.
 
 The journal is the one source: ``attempt_started``/``attempt_ended`` give the Slurm runs (bands coloured by
 outcome), ``step_launched`` each launch and its nodes (node lanes) and the step it resumed from, ``interruption``
@@ -9,6 +9,7 @@ line is work that was lost. The goodput split comes from ``report.fold`` (its pu
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -88,76 +89,105 @@ def _step(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def build(events: Iterable[Mapping[str, Any]], now: float, goodput: Mapping[str, Any] | None = None) -> Timeline:
-    """``goodput``: the report's ``goodput`` object (wall_s, productive_s, badput_s) for the split bar."""
-    events = [e for e in events if isinstance(e.get("t"), (int, float))]
-    t0 = min((float(e["t"]) for e in events), default=now)
-    tl = Timeline("", "pending", t0, max([float(e["t"]) for e in events] + [t0 + 1.0]))
-    attempt: Span | None = None
-    launch: Span | None = None
-    last_step = 0
-    ended = False
-    for e in events:
-        t, kind = float(e["t"]), e.get("type")
+class TimelineView:
+    """The timeline as a view of the journal's one fold: ``campaign_state.fold(events, views=[view])`` feeds it
+    every event, then :meth:`timeline` closes the picture at ``now``."""
+
+    def __init__(self) -> None:
+        self.tl = Timeline("", "pending", math.inf, -math.inf)
+        self.attempt: Span | None = None
+        self.launch: Span | None = None
+        self.last_step = 0
+        self.ended = False
+
+    def apply(self, e: Mapping[str, Any]) -> None:
+        raw_t, kind = e.get("t"), e.get("type")
+        if not isinstance(raw_t, (int, float)) or isinstance(raw_t, bool):
+            return
+        t, tl, launch = float(raw_t), self.tl, self.launch
+        tl.t0, tl.t1 = min(tl.t0, t), max(tl.t1, t)
         if kind == ev.CAMPAIGN_STARTED:
             tl.campaign = str(e.get("campaign") or "")
         elif kind == ev.ATTEMPT_STARTED:
-            attempt = Span(t, None, label=f"job {e.get('job_id')} run {e.get('restart', 0)}",
-                           nodes=tuple(e.get("nodes") or ()))  # fmt: skip
-            tl.attempts.append(attempt)
+            self.attempt = Span(t, None, label=f"job {e.get('job_id')} run {e.get('restart', 0)}",
+                                nodes=tuple(e.get("nodes") or ()))  # fmt: skip
+            tl.attempts.append(self.attempt)
             tl.state = "running"
         elif kind == ev.STEP_LAUNCHED:
             if launch is not None and launch.end is None:
                 launch.end = t
             step = _step(e.get("resume_step")) or 0
-            launch = Span(t, None, label=f"launch {e.get('launch')}", nodes=tuple(e.get("nodes") or ()))
-            tl.launches.append(launch)
+            self.launch = Span(t, None, label=f"launch {e.get('launch')}", nodes=tuple(e.get("nodes") or ()))
+            tl.launches.append(self.launch)
             if tl.progress:  # no progress while down, then the rewind to the resumed checkpoint
                 tl.progress.append((t, tl.progress[-1][1]))
             tl.progress.append((t, step))
-            last_step = step
+            self.last_step = step
         elif kind == ev.CHECKPOINT_COMMITTED and _step(e.get("step")) is not None:
             tl.checkpoints.append((t, int(e["step"])))
-            if launch is not None and launch.end is None and int(e["step"]) >= last_step:
-                last_step = int(e["step"])
-                tl.progress.append((t, last_step))
+            if launch is not None and launch.end is None and int(e["step"]) >= self.last_step:
+                self.last_step = int(e["step"])
+                tl.progress.append((t, self.last_step))
         elif kind == ev.INTERRUPTION:
-            cls = str(e.get("class", ev.UNKNOWN))
-            blamed = tuple(e.get("blamed_nodes") or ())
-            evidence = "; ".join(str(x) for x in (e.get("evidence") or [])[:2])
-            reached = _step(e.get("last_step"))
-            if reached is not None and launch is not None and launch.end is None:
-                last_step = max(last_step, reached)
-                tl.progress.append((t, last_step))
-            if launch is not None and launch.end is None:
-                launch.end, launch.outcome, launch.blamed, launch.evidence = t, cls, blamed, evidence
-            if cls != ev.COMPLETED:
-                tl.interruptions.append(Mark(t, cls, blamed, evidence))
+            self._interruption(t, e)
         elif kind == ev.ATTEMPT_ENDED:
-            outcome = e.get("outcome") or {}
-            cls = str(outcome.get("class", ev.UNKNOWN))
-            if launch is not None and launch.end is None:
-                launch.end, launch.outcome = t, cls
-                launch.blamed = tuple(outcome.get("blamed_nodes") or ())
-            if attempt is not None and attempt.end is None:
-                attempt.end, attempt.outcome = t, cls
-                attempt.blamed = tuple(outcome.get("blamed_nodes") or ())
-                attempt.evidence = "; ".join(str(x) for x in (outcome.get("evidence") or [])[:2])
-            tl.state = "pending"
+            self._attempt_ended(t, e.get("outcome") or {})
         elif kind == ev.CAMPAIGN_ENDED:
             tl.state = str(e.get("state", tl.state))
-            ended = True
-    if not ended:
-        tl.t1 = max(tl.t1, now)
-    for span in (*tl.attempts, *tl.launches):  # still running: draw up to the end of the picture
-        if span.end is None and span.outcome is None:
-            span.outcome = "running"
-    if goodput:
-        tl.wall_s = float(goodput.get("wall_s") or 0.0)
-        tl.goodput = [("productive", float(goodput.get("productive_s") or 0.0))] + [
-            (str(k), float(v)) for k, v in (goodput.get("badput_s") or {}).items() if float(v or 0) > 0
-        ]
-    return tl
+            self.ended = True
+
+    def _interruption(self, t: float, e: Mapping[str, Any]) -> None:
+        cls = str(e.get("class", ev.UNKNOWN))
+        blamed = tuple(e.get("blamed_nodes") or ())
+        evidence = "; ".join(str(x) for x in (e.get("evidence") or [])[:2])
+        reached, launch = _step(e.get("last_step")), self.launch
+        if reached is not None and launch is not None and launch.end is None:
+            self.last_step = max(self.last_step, reached)
+            self.tl.progress.append((t, self.last_step))
+        if launch is not None and launch.end is None:
+            launch.end, launch.outcome, launch.blamed, launch.evidence = t, cls, blamed, evidence
+        if cls != ev.COMPLETED:
+            self.tl.interruptions.append(Mark(t, cls, blamed, evidence))
+
+    def _attempt_ended(self, t: float, outcome: Mapping[str, Any]) -> None:
+        cls = str(outcome.get("class", ev.UNKNOWN))
+        launch, attempt = self.launch, self.attempt
+        if launch is not None and launch.end is None:
+            launch.end, launch.outcome = t, cls
+            launch.blamed = tuple(outcome.get("blamed_nodes") or ())
+        if attempt is not None and attempt.end is None:
+            attempt.end, attempt.outcome = t, cls
+            attempt.blamed = tuple(outcome.get("blamed_nodes") or ())
+            attempt.evidence = "; ".join(str(x) for x in (outcome.get("evidence") or [])[:2])
+        self.tl.state = "pending"
+
+    def timeline(self, now: float, goodput: Mapping[str, Any] | None = None) -> Timeline:
+        """The picture as of ``now``; ``goodput``: the report's ``goodput`` object (wall_s, productive_s, badput_s)
+        for the split bar."""
+        tl = copy.deepcopy(self.tl)
+        if tl.t0 == math.inf:  # no events yet
+            tl.t0 = tl.t1 = now
+        tl.t1 = max(tl.t1, tl.t0 + 1.0)
+        if not self.ended:
+            tl.t1 = max(tl.t1, now)
+        for span in (*tl.attempts, *tl.launches):  # still running: draw up to the end of the picture
+            if span.end is None and span.outcome is None:
+                span.outcome = "running"
+        if goodput:
+            tl.wall_s = float(goodput.get("wall_s") or 0.0)
+            tl.goodput = [("productive", float(goodput.get("productive_s") or 0.0))] + [
+                (str(k), float(v)) for k, v in (goodput.get("badput_s") or {}).items() if float(v or 0) > 0
+            ]
+        return tl
+
+
+def build(events: Iterable[Mapping[str, Any]], now: float, goodput: Mapping[str, Any] | None = None) -> Timeline:
+    """The timeline of a journal: its one fold with a :class:`TimelineView` fed in the same pass."""
+    from supervisor.decisions import campaign_state
+
+    view = TimelineView()
+    campaign_state.fold(events, views=(view,))
+    return view.timeline(now, goodput)
 
 
 def duration(seconds: float) -> str:

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor import config
+from supervisor.decisions import campaign_state
 from supervisor.decisions import checkpoint_interval as ci
 from supervisor.errors import ConfigError
 
@@ -102,11 +103,11 @@ def test_inputs_folded_from_a_journal() -> None:
         ev.interruption_event(t0 + 1010, "completed", [], 0.95, ["exit 0"]),
         ev.campaign_ended(t0 + 1010, "completed"),
     ]
-    m = ci.measured_from_journal(journal, now=9999.0)
+    m = campaign_state.fold(journal).interval.measured(9999.0)
     assert m.delta_s == pytest.approx(1.0) and m.restart_s == pytest.approx(50.0)
     assert m.interruption_times == (t0 + 410, t0 + 870)
     assert m.observed_s == pytest.approx(400 + 400 + 100)
-    advice = ci.advise_from_journal("auto", journal, now=9999.0, nodes=1, prior_mtbf_s=M)
+    advice = ci.advise_measured("auto", m, nodes=1, prior_mtbf_s=M)
     assert advice.mtbf_source == "configured prior" and advice.interval_s == pytest.approx(ci.daly_interval(1.0, M))
-    running = ci.measured_from_journal(journal[:4], now=t0 + 110)
+    running = campaign_state.fold(journal[:4]).interval.measured(t0 + 110)
     assert running.observed_s == pytest.approx(100.0) and running.restart_s is None

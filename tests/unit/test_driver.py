@@ -242,7 +242,7 @@ def test_exclusions_are_not_written_when_the_current_list_cannot_be_read(tmp_pat
     original = slurm.job
 
     def job_then_unreachable(job_id: str | int) -> JobInfo | None:
-        if any(e["type"] == ev.ATTEMPT_ENDED for e in sup.recorder.history):
+        if sup.recorder.state.open_attempt is None and sup.recorder.state.attempts:  # the attempt has ended
             slurm.unreachable = True
         return original(job_id)
 

@@ -16,6 +16,7 @@ from test_driver import JOB, make, run
 from supervisor.client import slot
 from supervisor.commands.status import summary_line
 from supervisor.config import from_mapping
+from supervisor.decisions import campaign_state
 from supervisor.decisions import checkpoint_interval as ci
 from supervisor.decisions import events as ev
 from supervisor.driver.interval import IntervalAsker
@@ -31,8 +32,16 @@ def keep_sigterm() -> Iterator[None]:
 
 
 def asker(setting: Any, history: list[dict], now: list[float], channel: FakeChannel, **kw: Any) -> IntervalAsker:
+    """``history``: the journal so far; what the asker records is appended to it and applied to the state it
+    reads (as the loop's recorder does)."""
+    state = campaign_state.fold(history)
+
+    def record(event: dict) -> None:
+        history.append(event)
+        state.apply(event)
+
     return IntervalAsker(setting, prior_mtbf_s=kw.get("prior"), nodes=kw.get("nodes", 2048),
-                         history=lambda: history, record=history.append, clock=lambda: now[0], channel=channel,
+                         state=state, record=record, clock=lambda: now[0], channel=channel,
                          flag=slot.FLAG_CHECKPOINT)  # fmt: skip
 
 
@@ -100,7 +109,7 @@ def test_auto_asks_a_first_checkpoint_early_to_measure_the_stall_and_off_never_a
     # follows is Daly's for it, journaled although the interval may not have moved by 5 %
     now[0] += 3
     a.observe(live(ckpt_ms=2000))
-    history.append(ev.checkpoint_stall(now[0], 1, 10, 2.0, now[0], 2))
+    a.record(ev.checkpoint_stall(now[0], 1, 10, 2.0, now[0], 2))  # journaled by the loop (its recorder)
     sends = len(flag_sends(channel))
     now[0] += 61  # the advice is recomputed every minute
     a.observe(live(ckpt_ms=2000))

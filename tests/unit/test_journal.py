@@ -124,14 +124,6 @@ def test_event_without_type_is_rejected_before_writing(tmp_path):
     assert path.read_bytes() == b""
 
 
-def test_fold_helpers():
-    events = [{"type": "a", "n": 1}, {"type": "b", "n": 2}, {"type": "a", "n": 3}]
-    assert journal.fold(events, lambda acc, e: acc + e["n"], 0) == 6
-    assert journal.of_type(events, "a") == [events[0], events[2]]
-    assert journal.last_of_type(events, "a") == events[2]
-    assert journal.last_of_type(events, "c") is None
-
-
 def test_a_lost_final_newline_loses_no_event(tmp_path):
     path = tmp_path / "journal.jsonl"
     _write(path, [{"type": "action", "n": 1}])

@@ -8,6 +8,7 @@ import urllib.request
 import pytest
 
 from supervisor import metrics
+from supervisor.decisions import campaign_state
 from supervisor.decisions import events as ev
 
 pytest.importorskip("prometheus_client")
@@ -47,8 +48,12 @@ def test_scraped_on_loopback() -> None:
     m = metrics.Metrics("/runs/c", clock=lambda: 1100.0)
     address = m.serve("127.0.0.1:0")
     try:
-        m.update(LIVE, EVENTS[:4])
-        m.update(LIVE, EVENTS)  # the whole journal again: only new events are folded
+        state = campaign_state.fold(EVENTS[:4])
+        m.update(LIVE, state)
+        for e in EVENTS[4:]:  # the loop applies each event it journals to the state it keeps
+            state.apply(e)
+        m.goodput_at = float("-inf")  # (goodput is recomputed at most every GOODPUT_S)
+        m.update(LIVE, state)
         text = _scrape(address)
     finally:
         m.close()
@@ -84,7 +89,8 @@ def test_started_from_config_and_a_bad_update_never_raises() -> None:
     m = metrics.start(metrics.MetricsConfig(listen="127.0.0.1:0"), campaign="/runs/x")
     assert m is not None and m.address is not None
     try:
-        m.update({"ranks": "garbage"}, [{"type": "interruption"}, "not an event"])  # type: ignore[list-item]
+        m.update({"ranks": "garbage"}, campaign_state.fold([{"type": "interruption"}]))
+        m.update(None, "not a state")  # type: ignore[arg-type]
         assert "supervise_restarts_total" in _scrape(m.address)
     finally:
         m.close()
@@ -115,7 +121,7 @@ def test_fed_with_the_aggregators_snapshot() -> None:
     m = metrics.Metrics("/runs/s")
     address = m.serve("127.0.0.1:0")
     try:
-        m.update(table.snapshot(), EVENTS)
+        m.update(table.snapshot(), campaign_state.fold(EVENTS))
         text = _scrape(address)
     finally:
         m.close()

@@ -53,7 +53,7 @@ def test_timeline_model_from_the_journal() -> None:
 
 def test_html_is_self_contained_and_draws_everything(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "c.html"
-    write_timeline(journal(), T0 + 5000, fold(journal(), T0 + 5000)["goodput"], str(path))
+    write_timeline(timeline.build(journal(), T0 + 5000, fold(journal(), T0 + 5000)["goodput"]), str(path))
     page = path.read_text()
     assert "<script" not in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
     svg = ET.fromstring(page[page.index("<svg"):page.index("</svg>") + 6])
@@ -81,9 +81,9 @@ def _ink(path) -> float:  # type: ignore[no-untyped-def]
 def test_png_and_svg_render_with_content(tmp_path) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("matplotlib")
     goodput = fold(journal(), T0 + 5000)["goodput"]
-    write_timeline(journal(), T0 + 5000, goodput, str(tmp_path / "c.png"))
+    write_timeline(timeline.build(journal(), T0 + 5000, goodput), str(tmp_path / "c.png"))
     assert _ink(tmp_path / "c.png") > 0.05
-    write_timeline(journal(), T0 + 5000, goodput, str(tmp_path / "c.svg"))
+    write_timeline(timeline.build(journal(), T0 + 5000, goodput), str(tmp_path / "c.svg"))
     assert "node_failure (n2)" in (tmp_path / "c.svg").read_text()
 
 
@@ -98,8 +98,8 @@ def test_simulate_plot(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def
 def test_a_running_campaign_is_drawn_up_to_now(tmp_path) -> None:  # type: ignore[no-untyped-def]
     tl = timeline.build(journal()[:5], now=T0 + 300, goodput=None)
     assert tl.t1 == T0 + 300 and tl.attempts[0].outcome == "running" and tl.goodput == []
-    write_timeline(journal()[:5], T0 + 300, None, str(tmp_path / "r.html"))
-    write_timeline([], T0, None, str(tmp_path / "empty.html"))  # an empty journal still draws
+    write_timeline(timeline.build(journal()[:5], T0 + 300, None), str(tmp_path / "r.html"))
+    write_timeline(timeline.build([], T0, None), str(tmp_path / "empty.html"))  # an empty journal still draws
 
 
 def test_missing_matplotlib_and_bad_formats_are_one_line_errors(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -112,12 +112,12 @@ def test_missing_matplotlib_and_bad_formats_are_one_line_errors(tmp_path, monkey
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(PlotError) as err:
-        write_timeline(journal(), T0, None, str(tmp_path / "c.png"))
+        write_timeline(timeline.build(journal(), T0, None), str(tmp_path / "c.png"))
     assert "matplotlib" in err.value.problem and "slurm-supervisor[plot]" in err.value.fix
     with pytest.raises(PlotError, match="unknown picture format"):
         write_comparison({}, str(tmp_path / "c.gif"))
     with pytest.raises(PlotError, match="cannot write"):
-        write_timeline(journal(), T0, None, str(tmp_path / "missing" / "c.html"))
+        write_timeline(timeline.build(journal(), T0, None), str(tmp_path / "missing" / "c.html"))
 
 
 def test_report_plot_through_the_command_line(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

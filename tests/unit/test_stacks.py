@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.agent.stacks import StackDumps, find_pyspy, process_state, send_checked, without_stack
+from supervisor.agent.stacks import StackDumps, find_pyspy, process_state, send_checked
 from supervisor.client.layout import SlotRecord
 from supervisor.client.slot import RANK_FLAG_STACK_DUMPS
 from supervisor.heartbeat import wire
@@ -128,13 +128,20 @@ def test_a_failing_pyspy_is_reported_not_raised(tmp_path: Path, rank_process) ->
 
 
 def test_ranks_without_a_stack_from_the_journal() -> None:
+    """The last word per node and rank wins: a later saved dump clears an earlier failure (the journal's fold)."""
+    from supervisor.decisions import campaign_state
+    from supervisor.decisions import events as ev
+
     events = [
+        ev.step_launched(1.0, 1, ["n1", "n2"]),
         {"type": "stacks", "node": "n1", "rank": 0, "result": "stacks_failed", "detail": "no dump within 3 s"},
         {"type": "stacks", "node": "n1", "rank": 0, "result": "stacks_saved", "detail": "/c/stacks/a.txt"},
         {"type": "stacks", "node": "n2", "rank": 5, "result": "stacks_failed", "detail": "no stack: pid 9 is gone"},
         {"type": "action", "kind": "kill_step"},
     ]
-    assert without_stack(events) == [{"node": "n2", "rank": 5, "why": "no stack: pid 9 is gone"}]
+    stacks = campaign_state.fold(events).report(2.0)["attempts"][0]["stacks"]
+    assert stacks["without_stack"] == [{"node": "n2", "rank": 5, "why": "no stack: pid 9 is gone"}]
+    assert stacks["saved"] == [{"node": "n1", "rank": 0, "path": "/c/stacks/a.txt"}]
 
 
 @needs_pyspy
