@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from slurm.client import get_client
     from slurm.env import SlurmEnv
     from supervisor import config
-    from supervisor.driver.loop import Supervisor
+    from supervisor.driver.compose import Attempt
     from supervisor.heartbeat.secret import create_secret
     from supervisor.logsetup import configure
 
@@ -86,4 +86,4 @@ def run(args: argparse.Namespace) -> int:
     if not paths.secret.exists():
         create_secret(paths.root)
     configure(paths.logs / "supervisor.jsonl")
-    return Supervisor(paths, spec, cfg, env, get_client()).run()
+    return Attempt(paths, spec, cfg, env, get_client()).run()

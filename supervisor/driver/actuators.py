@@ -20,6 +20,7 @@ from slurm.client import SlurmClient
 from slurm.errors import SlurmError
 from supervisor import alerts, procstate
 from supervisor.agent.stacks import MAX_DUMP_S
+from supervisor.client.layout import FLAG_CHECKPOINT, FLAG_STOP
 from supervisor.config import AlertConfig
 from supervisor.decisions import classify as cl
 from supervisor.decisions import events as ev
@@ -27,7 +28,8 @@ from supervisor.decisions import policy
 from supervisor.decisions.respond import last_step
 from supervisor.driver import launcher
 from supervisor.driver.checkpoint_request import CheckpointRequest
-from supervisor.driver.guard import ACTION, CHECKPOINT_SCAN, Guard
+from supervisor.driver.context import Context
+from supervisor.driver.guard import ACTION, CHECKPOINT_SCAN
 from supervisor.driver.launcher import Launch
 from supervisor.driver.ports import Channel
 from supervisor.driver.requeue import JobActions
@@ -64,42 +66,26 @@ class Situation:
 Actuator = Callable[[policy.Action, Situation], "int | None"]
 
 
-def slot_flag(name: str) -> int:
-    from supervisor.client import slot
-
-    return int(getattr(slot, name))
-
-
 class Actuators:
     """``carry_out`` runs a decision's actions in order; each kind has one method, found through ``table``.
 
     An actuator returns None to go on with the next action, :data:`RELAUNCH`, or the exit code of this run."""
 
     def __init__(
-        self,
-        *,
-        slurm: SlurmClient,
-        channel: Channel,
-        inbox: SignalInbox,
-        jobs: JobActions,
-        record: Callable[[dict[str, Any]], None],
-        clock: Callable[[], float],
-        job_id: str,
-        campaign: str,
-        alerts_config: AlertConfig,
-        checkpoint_grace_s: float,
-        ranks_of: Callable[[Launch], Sequence[Any]],
-        guard: Guard | None = None,
-        checkpoints: Any = None,
-        submit_alert: Callable[[alerts.Alert | None], None] | None = None,
-        budgets: Any = None,
-    ) -> None:
+        self, ctx: Context, *, slurm: SlurmClient, channel: Channel, inbox: SignalInbox, jobs: JobActions,
+        job_id: str, campaign: str, alerts_config: AlertConfig, checkpoint_grace_s: float,
+        ranks_of: Callable[[Launch], Sequence[Any]], checkpoints: Any = None,
+        submit_alert: Callable[[alerts.Alert | None], None] | None = None, budgets: Any = None,
+    ) -> None:  # fmt: skip
+        """``ranks_of(launch)``: the launch's rank views (``Watcher.ranks``); ``checkpoints``: the
+        ``CheckpointTracker`` (was the requested save committed?); ``submit_alert``: the alert dispatcher (off the
+        loop's path)."""
+        self.record, self.clock, self.guard = ctx.record, ctx.clock, ctx.guard
         self.slurm, self.channel, self.inbox, self.jobs = slurm, channel, inbox, jobs
-        self.record, self.clock, self.job_id, self.campaign = record, clock, job_id, campaign
+        self.job_id, self.campaign = job_id, campaign
         self.alerts_config, self.checkpoint_grace_s, self.ranks_of = alerts_config, checkpoint_grace_s, ranks_of
-        self.guard = guard or Guard(record, clock)
-        self.checkpoints = checkpoints  # driver.checkpoints.CheckpointTracker: was the requested save committed?
-        self.submit_alert, self.budgets = submit_alert, budgets  # the alert dispatcher (off the loop's path)
+        self.checkpoints = checkpoints
+        self.submit_alert, self.budgets = submit_alert, budgets
         self.table: dict[str, Actuator] = {
             policy.ALERT: self.alert,
             policy.CHECKPOINT_NOW: self.stop_step,
@@ -166,7 +152,7 @@ class Actuators:
         # Each rank gets the request once it shows up (ranks starting after Slurm's USR1 included), again if
         # its flags do not show it; then the save is awaited: the launch ends once every rank saved and stopped.
         request = CheckpointRequest(self.channel, lambda: self.ranks_of(launch),
-                                    slot_flag("FLAG_CHECKPOINT") | slot_flag("FLAG_STOP"))  # fmt: skip
+                                    FLAG_CHECKPOINT | FLAG_STOP)  # fmt: skip
         before = self.checkpoints.best_step if self.checkpoints is not None else None
         self.record(ev.checkpoint_requested(self.clock(), "checkpoint and stop"))
         started = time.monotonic()

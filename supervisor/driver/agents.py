@@ -7,14 +7,14 @@ the step dies under a failed node, told to exit at the end. Each start or gap is
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from slurm import srun
 from slurm.client import SlurmClient
 from slurm.errors import SlurmError
 from supervisor.decisions import events as ev
+from supervisor.driver.context import Context
 from supervisor.driver.ports import Channel, Process, StepLauncher
 from supervisor.heartbeat import wire
 
@@ -24,33 +24,24 @@ AGENT_RESTART_MIN_S = 10.0  # at most one restart of the agents' step per this m
 
 class AgentStep:
     def __init__(
-        self,
-        *,
-        channel: Channel,
-        slurm: SlurmClient,
-        start: StepLauncher,
-        record: Callable[[dict[str, Any]], None],
-        clock: Callable[[], float],
-        nodes: tuple[str, ...],
-        python: str,
-        campaign: Path,
-        extra_args: Sequence[str],
-        env: Callable[[], Mapping[str, str]],
-        log_path: Path,
-        cwd: str | None,
-    ) -> None:
-        self.channel, self.slurm, self.start_step, self.record, self.clock = channel, slurm, start, record, clock
+        self, ctx: Context, *, channel: Channel, slurm: SlurmClient, start: StepLauncher, nodes: tuple[str, ...],
+        python: str, campaign: Path, extra_args: Sequence[str], env: Mapping[str, str], log_path: Path,
+        cwd: str | None, avoid: Collection[str] = (),
+    ) -> None:  # fmt: skip
+        """``env``: the agents' environment; ``avoid``: the nodes found lost (a live set: a node added later is never
+        given an agent again in this attempt)."""
+        self.ctx, self.record, self.clock = ctx, ctx.record, ctx.clock
+        self.channel, self.slurm, self.start_step = channel, slurm, start
         self.nodes, self.python, self.campaign, self.extra_args = nodes, python, campaign, list(extra_args)
-        self.env, self.log_path, self.cwd = env, log_path, cwd
+        self.env, self.log_path, self.cwd, self.avoid = dict(env), log_path, cwd, avoid
         self.proc: Process | None = None
         self.started = 0.0
-        self.avoid: set[str] = set()  # nodes found lost: never given an agent again in this attempt
 
     def spawn(self, nodes: tuple[str, ...]) -> None:
         host, port = self.channel.address
         argv = srun.agents(nodes, [self.python, "-m", "supervisor.agent", "--campaign", str(self.campaign),
                                    "--supervisor", f"{host}:{port}", *self.extra_args])  # fmt: skip
-        self.proc = self.start_step(argv, self.env(), self.log_path, self.cwd)
+        self.proc = self.start_step(argv, self.env, self.log_path, self.cwd)
         self.started = time.monotonic()
 
     def wait_until_reported(self, timeout_s: float = AGENT_START_TIMEOUT_S) -> None:

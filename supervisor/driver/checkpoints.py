@@ -3,33 +3,26 @@ progress), and quarantine those that may hold diverged weights after a NaN/Inf l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from supervisor.decisions import events as ev
+from supervisor.driver.context import Context
 
 log = structlog.get_logger("supervisor")
 
 
 class CheckpointTracker:
     def __init__(
-        self,
-        checkpoint_dir: str | None,
-        record: Callable[[dict[str, Any]], None],
-        clock: Callable[[], float],
-        quarantined: Iterable[str] = (),
-        best_step: int | None = None,
-        *,
-        key: bytes | None = None,
-        adopt_foreign: bool = True,
-    ) -> None:
+        self, ctx: Context, checkpoint_dir: str | None, quarantined: Iterable[str] = (), best_step: int | None = None,
+        *, key: bytes | None = None, adopt_foreign: bool = True,
+    ) -> None:  # fmt: skip
         self.checkpoint_dir = checkpoint_dir
         self.key, self.adopt_foreign = key, adopt_foreign  # manifests signed by this campaign; foreign ones
-        self.record = record
-        self.clock = clock
+        self.record, self.clock = ctx.record, ctx.clock
         self.quarantined: set[str] = set(quarantined)  # what earlier runs journaled is not journaled again
         self.best_step = best_step
         self.last_finite_loss_step: int | None = None  # the newest iteration seen with a finite loss

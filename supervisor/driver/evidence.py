@@ -8,7 +8,7 @@ and the launch log's tail. The classifier gets all of it in one record, so no fi
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +19,15 @@ from slurm.client import SlurmClient
 from slurm.errors import SlurmError
 from slurm.model import JobInfo, NodeInfo
 from supervisor import procstate
+from supervisor.client.layout import RANK_FLAG_SIGTERM
 from supervisor.decisions import classify as cl
+from supervisor.decisions import events as ev
 from supervisor.decisions import tasklog
 from supervisor.decisions.detect import DetectionEvent
 from supervisor.decisions.respond import job_state_of
+from supervisor.driver import health
+from supervisor.driver.context import Context
+from supervisor.driver.guard import HEALTH, SLURM_QUERY
 from supervisor.driver.signals import Received
 
 log = structlog.get_logger("supervisor")
@@ -182,3 +187,52 @@ def build(
         gpu_faults=dict(gpu_faults or {}),  # the node agents' fatal health findings (driver/health.py)
         health_findings=tuple(health_findings),
     )
+
+
+def guarded_job(ctx: Context, slurm: SlurmClient, job_id: str) -> tuple[JobInfo | None, bool]:
+    """Slurm's job record; a query that fails in any way (not only SlurmError) is unknown, journaled."""
+    return ctx.guard.call(SLURM_QUERY, query_job, slurm, job_id, default=(None, False))
+
+
+def guarded_nodes(ctx: Context, slurm: SlurmClient, nodes: Sequence[str]) -> dict[str, NodeInfo] | None:
+    """Slurm's node records, or None (unknown, journaled) when the query failed in any way."""
+    return ctx.guard.call(SLURM_QUERY, query_nodes, slurm, nodes, default=None)
+
+
+class Gatherer:
+    """Gathers the one Evidence of each ending: the detections that led to it are journaled first, then Slurm is
+    asked (a failed query is journaled and listed as unknown), the health reports read, and :func:`build` makes
+    the record."""
+
+    def __init__(self, ctx: Context, *, slurm: SlurmClient, job_id: str, health: Any, channel: Any,
+                 job_nodes: tuple[str, ...], tasks_per_node: int, signal_lead_s: float,
+                 scheduled_end: Callable[[], float | None], node_addresses: Mapping[str, str]) -> None:  # fmt: skip
+        self.ctx, self.slurm, self.job_id, self.health, self.channel = ctx, slurm, job_id, health, channel
+        self.job_nodes, self.tasks_per_node, self.signal_lead_s = job_nodes, tasks_per_node, signal_lead_s
+        self.scheduled_end, self.node_addresses = scheduled_end, node_addresses
+
+    def job(self) -> tuple[JobInfo | None, bool]:
+        return guarded_job(self.ctx, self.slurm, self.job_id)
+
+    def nodes(self) -> dict[str, NodeInfo] | None:
+        return guarded_nodes(self.ctx, self.slurm, self.job_nodes)
+
+    def gather(self, launch_nodes: tuple[str, ...], log_path: Path, watched: WatchResult,
+               ranks: Sequence[Any]) -> cl.Evidence:  # fmt: skip
+        """``ranks``: the launch's rank views (earlier launches' left out)."""
+        now = self.ctx.clock()
+        for d in watched.detections:
+            self.ctx.record(ev.detection_event(d, now))
+        job, job_known = self.job()
+        unfit = self.ctx.guard.call(HEALTH, self._unfit, launch_nodes, default={})
+        return build(
+            watched, now=self.ctx.clock(), ranks=ranks, sigterm_flag=RANK_FLAG_SIGTERM, job=job, job_known=job_known,
+            nodes=self.nodes(), log_lines=tail(log_path), step_nodes=launch_nodes, job_nodes=self.job_nodes,
+            signal_lead_s=self.signal_lead_s, scheduled_end=self.scheduled_end(), tasks_per_node=self.tasks_per_node,
+            node_addresses=self.node_addresses, gpu_faults=health.gpu_faults(unfit),
+            health_findings=health.detections(unfit),
+        )  # fmt: skip
+
+    def _unfit(self, nodes: tuple[str, ...]) -> dict[str, Any]:
+        self.health.update(self.channel.table)
+        return self.health.faults(nodes)  # type: ignore[no-any-return]

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from supervisor.decisions import events as ev
+from supervisor.driver.context import Context
 from supervisor.heartbeat.wire import HealthItem, HealthReport
 
 SHARED_CHECK_PREFIXES = ("fs_",)  # checks of a filesystem that may be shared by every node
@@ -48,11 +49,10 @@ def _finding(item: HealthItem) -> dict[str, str]:
 class HealthWatch:
     """Reads the table's health reports (``update``), journals changes, answers which nodes are unfit."""
 
-    def __init__(self, record: Callable[[dict[str, Any]], None], clock: Callable[[], float],
-                 allocation: Iterable[str] = (),
+    def __init__(self, ctx: Context, allocation: Iterable[str] = (),
                  on_news: Callable[[str, tuple[HealthItem, ...]], None] | None = None) -> None:  # fmt: skip
         """``on_news(node, items)``: problems a node did not have in its previous report (the alerts)."""
-        self.record, self.clock, self.on_news = record, clock, on_news
+        self.record, self.clock, self.on_news = ctx.record, ctx.clock, on_news
         self.allocation = tuple(allocation)  # the job's nodes: whose reports tell a shared filesystem apart
         self.received: dict[str, float] = {}  # node -> receipt time of the report last looked at
         self.reports: dict[str, HealthReport] = {}  # node -> its newest report

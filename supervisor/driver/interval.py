@@ -13,25 +13,25 @@ when it changes, so ``report`` and ``status`` show the interval in force, its in
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from supervisor.decisions import checkpoint_interval as ci
 from supervisor.decisions import events as ev
 from supervisor.decisions.campaign_state import CampaignState
 from supervisor.driver.checkpoint_request import CheckpointRequest
+from supervisor.driver.context import Context
 
 ADVICE_S = 60.0  # the advice is recomputed this often
 CHANGE = 0.05  # a new interval is journaled when it moved by more than this fraction (or its inputs' source)
 
 
 class IntervalAsker:
-    def __init__(self, setting: str | float, *, prior_mtbf_s: float | None, nodes: int,
-                 state: CampaignState, record: Callable[[dict[str, Any]], None],
-                 clock: Callable[[], float], channel: Any, flag: int) -> None:  # fmt: skip
+    def __init__(self, ctx: Context, setting: str | float, *, prior_mtbf_s: float | None, nodes: int,
+                 state: CampaignState, channel: Any, flag: int) -> None:  # fmt: skip
         self.setting = ci.parse_setting(setting)
         self.prior_mtbf_s, self.nodes = prior_mtbf_s or None, nodes
-        self.state, self.record, self.clock, self.channel, self.flag = state, record, clock, channel, flag
+        self.record, self.clock = ctx.record, ctx.clock
+        self.state, self.channel, self.flag = state, channel, flag
         self.advice: ci.Advice | None = None
         self.next_advice = float("-inf")
         self.launched()

@@ -1,24 +1,36 @@
-"""Launch and stop the job steps the supervisor owns: the node agents and the training step.
+"""Start and stop the training's launches: one srun of the training per launch, relaunched in the same allocation
+after a crash or hang.
 
-The agents run as one overlapping step (one task per node) so they outlive training-step restarts; the training
-step is relaunched in the same allocation after a crash or hang. Steps are named (``train-<n>``) so the
-supervisor can find a step's id and kill it on every node at once with scancel, even when ranks are stopped.
-All commands are argument lists.
+:class:`TrainingLauncher` starts each launch: its number in the attempt, its nodes in rank order
+(``decisions.placement``), the env:// variables of the launch (``distenv``: a fresh MASTER_PORT each time), the
+supervision variables every step of the attempt gets (the campaign, the slot directory, where to resume), the
+srun line (``slurm.srun``) and the launch's log; each launch is journaled (``step_launched``) before it starts.
+Steps are named (``train-<n>``) so the supervisor can find a step's id and kill it on every node at once with
+scancel (:func:`kill_step`), even when ranks are stopped. All commands are argument lists.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from slurm import srun
 from slurm.client import SlurmClient
 from slurm.errors import SlurmError
-from supervisor.driver.ports import Process
+from supervisor.decisions import events as ev
+from supervisor.decisions import placement
+from supervisor.driver import distenv
+from supervisor.driver.context import Context
+from supervisor.driver.ports import Process, StepLauncher
+from supervisor.paths import SLOT_DIR_ENV, slot_dir_template
+
+RESUME_ENV = "SUPERVISOR_RESUME_FROM"
 
 
 @dataclasses.dataclass
@@ -33,6 +45,80 @@ class Launch:
     started: float
     nodes: tuple[str, ...]
     worker_restarts: bool = False  # torchrun may restart its workers inside the launch (--max-restarts > 0)
+
+
+def resume_value(resume: str | None, checkpoint_dir_known: bool, scan_ok: bool) -> str | None:
+    """What a launch tells the program about where to resume (``SUPERVISOR_RESUME_FROM``): the validated checkpoint's
+    path, "" for a fresh start (there is none), or None, unset, when it is unknown (no checkpoint directory named,
+    or the last scan failed): the program then looks itself."""
+    if resume is None and (not checkpoint_dir_known or not scan_ok):
+        return None
+    return resume or ""
+
+
+class TrainingLauncher:
+    def __init__(
+        self, ctx: Context, *, start: StepLauncher, layout: placement.Layout, command: Sequence[str], cwd: str | None,
+        srun_args: Sequence[str], job_id: str, restart_count: int, campaign: Path, log_dir: Path,
+        node_addresses: Mapping[str, str], checkpoint_dir_known: bool, environ: Mapping[str, str] = os.environ,
+    ) -> None:  # fmt: skip
+        self.ctx, self.start, self.layout, self.command, self.cwd = ctx, start, layout, tuple(command), cwd
+        self.srun_args, self.job_id, self.restart_count = tuple(srun_args), job_id, restart_count
+        self.campaign, self.log_dir, self.node_addresses = campaign, log_dir, node_addresses
+        self.checkpoint_dir_known, self.environ = checkpoint_dir_known, environ
+        self.launches = 0
+        self.master_ports: list[int] = []  # each launch's MASTER_PORT: a relaunch never reuses one
+        self.slot_token = secrets.token_hex(8)  # this Slurm run's slot directories get unguessable names
+
+    def step_env(self, resume: str | None = "") -> dict[str, str]:
+        """The environment of a job step of this attempt (agents, preflight, training): the user's, the campaign,
+        the slot directory template; ``resume``: ``SUPERVISOR_RESUME_FROM`` (None: unset, see :func:`resume_value`)."""
+        env = dict(self.environ)
+        env["SUPERVISOR_CAMPAIGN"] = str(self.campaign)
+        env[SLOT_DIR_ENV] = slot_dir_template(self.job_id, self.slot_token)
+        if resume is None:
+            env.pop(RESUME_ENV, None)
+        else:
+            env[RESUME_ENV] = resume
+        return env
+
+    def launch(self, resume: str | None, resume_step: int | None, excluded: Sequence[str], rank_shift: int,
+               scan_ok: bool = True) -> Launch:  # fmt: skip
+        """The next launch (journaled as ``step_launched``, the contract's name), on the usable nodes without
+        ``excluded``, its ranks moved by ``rank_shift`` nodes."""
+        self.launches += 1
+        number, name = self.launches, srun.training_job_name(self.launches)
+        nodes = placement.step_nodes(self.layout, excluded, rank_shift)  # in rank order
+        moved = placement.moved(self.layout, nodes)
+        dist = self._dist_env(nodes, moved)  # MASTER_ADDR: rank 0's node, moved or not
+        argv = srun.training(dist.wrap(self.command), launch=number, nodes=len(nodes),
+                             tasks_per_node=self.layout.tasks_per_node, exclude=excluded,
+                             nodelist=() if moved else nodes, arbitrary=moved, extra=self.srun_args)  # fmt: skip
+        log_path = self.log_dir / f"{name}.log"
+        env = {**self.step_env(resume_value(resume, self.checkpoint_dir_known, scan_ok)), **dist.env}
+        if moved:  # rank 0 is no longer on the first node of the step's node list: say where it is
+            hosts = self.log_dir / f"{name}.hosts"
+            hosts.write_text(srun.hostfile_text(nodes, self.layout.tasks_per_node))
+            env["SLURM_HOSTFILE"] = str(hosts)
+        launched = {**ev.step_launched(self.ctx.clock(), number, nodes, excluded, resume), "resume_step": resume_step,
+                    "master": f"{dist.env.get('MASTER_ADDR', '')}:{dist.env.get('MASTER_PORT', '')}"}
+        if moved:
+            launched["rank_nodes"] = list(nodes)
+        self.ctx.record(launched)
+        proc = self.start(argv, env, log_path, self.cwd)
+        return Launch(number, name, proc, log_path, time.monotonic(), nodes,
+                      worker_restarts=distenv.torchrun_restarts_on(self.command, self.environ))
+
+    def _dist_env(self, nodes: tuple[str, ...], moved: bool) -> distenv.DistEnv:
+        """torch's env:// variables (and torchrun's defaults) for this launch; the user's own win."""
+        user = self.environ
+        master = user.get("MASTER_ADDR") or self.node_addresses.get(nodes[0]) or nodes[0]
+        port = int(user["MASTER_PORT"]) if user.get("MASTER_PORT", "").isdigit() else distenv.pick_port(
+            master, self.master_ports)
+        self.master_ports.append(port)
+        run_id = f"{self.job_id or 'job'}-{self.restart_count}-{self.launches}"
+        return distenv.plan(nodes, self.layout.tasks_per_node, self.node_addresses, port, user, run_id, placed=moved,
+                            node_rank_flag=distenv.static_rendezvous(self.command, user))
 
 
 def start(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: str | None = None) -> subprocess.Popen[bytes]:

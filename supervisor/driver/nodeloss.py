@@ -10,36 +10,26 @@ so it is never watched, relaunched on, or given an agent again in this attempt.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from slurm.errors import SlurmError
 from slurm.probe import Probe, ProbeStarter
 from supervisor.decisions import nodeloss as nl
 from supervisor.decisions.detect import NODE_LOST, DetectionEvent
-from supervisor.driver.guard import SLURM_QUERY, Guard
+from supervisor.driver.context import Context
+from supervisor.driver.guard import SLURM_QUERY
 from supervisor.driver.ports import Channel
 
 SLURM_CHECK_S = 2.0  # while some node is suspect, Slurm's view of the suspects is read at most this often
 
 
 class NodeLossWatch:
-    def __init__(
-        self,
-        *,
-        judge: nl.NodeLossJudge,
-        channel: Channel,
-        slurm: Any,
-        start_probe: ProbeStarter,
-        record: Callable[[dict[str, Any]], None],
-        clock: Callable[[], float],
-        nodes: tuple[str, ...],
-        batch_host: str | None,
-        guard: Guard | None = None,
-    ) -> None:
+    def __init__(self, ctx: Context, *, judge: nl.NodeLossJudge, channel: Channel, slurm: Any,
+                 start_probe: ProbeStarter, nodes: tuple[str, ...], batch_host: str | None) -> None:  # fmt: skip
+        self.record, self.clock, self.guard = ctx.record, ctx.clock, ctx.guard
         self.judge, self.channel, self.slurm, self.start_probe = judge, channel, slurm, start_probe
-        self.record, self.clock, self.nodes, self.batch_host = record, clock, nodes, batch_host
-        self.guard = guard or Guard(record, clock)
+        self.nodes, self.batch_host = nodes, batch_host
         self.probes: dict[str, Probe] = {}
         self.lost: set[str] = set()
         self.pending: tuple[str, ...] = ()

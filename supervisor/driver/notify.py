@@ -14,35 +14,27 @@ Each part that fails is journaled as ``supervisor_error`` (``driver.guard``) and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from supervisor import alerts, metrics
 from supervisor.decisions import policy
 from supervisor.decisions.campaign_state import CampaignState
 from supervisor.decisions.detect import DetectionEvent
-from supervisor.driver.guard import METRICS, WARNING, Guard
+from supervisor.driver.context import Context
+from supervisor.driver.guard import METRICS, WARNING
 
 
 class Notifier:
-    def __init__(
-        self,
-        *,
-        alerts_config: Any,
-        metrics_config: metrics.MetricsConfig,
-        policy_config: policy.PolicyConfig,
-        record: Callable[[dict[str, Any]], None],
-        clock: Callable[[], float],
-        guard: Guard,
-        job_id: str,
-        campaign: str,
-    ) -> None:
-        self.policy_config, self.record, self.clock, self.guard = policy_config, record, clock, guard
-        self.job_id, self.campaign = job_id, campaign
-        self.dispatcher: alerts.Dispatcher = guard.call(
+    def __init__(self, ctx: Context, *, alerts_config: Any, metrics_config: metrics.MetricsConfig,
+                 policy_config: policy.PolicyConfig, job_id: str, campaign: str, state: CampaignState) -> None:  # fmt: skip
+        """``state``: the campaign state the loop keeps (what the metrics endpoint shows besides the live table)."""
+        self.ctx, self.record, self.clock, self.guard = ctx, ctx.record, ctx.clock, ctx.guard
+        self.policy_config, self.job_id, self.campaign, self.state = policy_config, job_id, campaign, state
+        self.dispatcher: alerts.Dispatcher = self.guard.call(
             "alerts", alerts.Dispatcher.from_config, alerts_config, default=None) or alerts.Dispatcher()
-        self.metrics: metrics.Metrics | None = guard.call(METRICS, metrics.start, metrics_config, campaign, job_id,
-                                                          default=None)  # fmt: skip
+        self.metrics: metrics.Metrics | None = self.guard.call(METRICS, metrics.start, metrics_config, campaign,
+                                                               job_id, default=None)  # fmt: skip
 
     def submit(self, alert: alerts.Alert | None) -> None:
         if alert is not None:
@@ -85,9 +77,15 @@ class Notifier:
                                  actions_taken=["node left out of the next launch" if fatal and not capacity
                                                 else "journaled"]))  # fmt: skip
 
-    def update_metrics(self, live: Any, state: CampaignState) -> None:
+    def update_metrics(self, channel: Any) -> None:
+        """Feed the metrics endpoint (when on) the heartbeat channel's newest snapshot and the campaign state."""
         if self.metrics is not None:
-            self.guard.call(METRICS, self.metrics.update, live, state, default=None)
+            self.guard.call(METRICS, self._update_metrics, channel, default=None)
+
+    def _update_metrics(self, channel: Any) -> None:
+        assert self.metrics is not None
+        live = getattr(channel, "latest", None) or channel.table.snapshot()
+        self.metrics.update(live, self.state)
 
     def close(self) -> None:
         if self.metrics is not None:

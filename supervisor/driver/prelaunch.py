@@ -28,6 +28,7 @@ from typing import Any
 from supervisor.agent.discover import HELPER_ENV
 from supervisor.decisions import classify as cl
 from supervisor.decisions import events as ev
+from supervisor.driver.context import Context
 from supervisor.driver.health import HealthWatch, detections, gpu_faults
 from supervisor.driver.ports import StepLauncher
 from supervisor.health import preflight
@@ -65,22 +66,13 @@ class Checked:
 
 class Prelaunch:
     def __init__(
-        self,
-        *,
-        config: preflight.PreflightConfig,
-        health: HealthWatch,
-        channel: Any,
-        record: Callable[[dict[str, Any]], None],
-        clock: Callable[[], float],
-        work_dir: Path,
-        python: str,
-        env: Callable[[], Mapping[str, str]],
-        start: StepLauncher,
-        log_dir: Callable[[], Path],
-        health_enabled: bool = True,
+        self, ctx: Context, *, config: preflight.PreflightConfig, health: HealthWatch, channel: Any, work_dir: Path,
+        python: str, env: Mapping[str, str], start: StepLauncher, log_dir: Path, health_enabled: bool = True,
         runner: Runner = preflight.run,
-    ) -> None:
-        self.config, self.health, self.channel, self.record, self.clock = config, health, channel, record, clock
+    ) -> None:  # fmt: skip
+        """``env``: the measurement step's environment; ``log_dir``: where its srun output goes (this attempt's)."""
+        self.record, self.clock = ctx.record, ctx.clock
+        self.config, self.health, self.channel = config, health, channel
         self.work_dir, self.python, self.env, self.health_enabled = work_dir, python, env, health_enabled
         self.start, self.log_dir, self.runner = start, log_dir, runner
         self.runs = 0
@@ -148,9 +140,9 @@ class Prelaunch:
         self.runs += 1
         try:
             verdict = self.runner(list(nodes), self.work_dir, budget_s=budget_s, factor=self.config.factor,
-                                  env={**self.env(), HELPER_ENV: "preflight"}, python=self.python,
+                                  env={**self.env, HELPER_ENV: "preflight"}, python=self.python,
                                   srun_args=["--mem=0", *self.config.srun_args], start=self.start,
-                                  log_path=self.log_dir() / f"preflight-{self.runs}.log")  # fmt: skip
+                                  log_path=self.log_dir / f"preflight-{self.runs}.log")  # fmt: skip
         finally:
             for path in set(self.work_dir.iterdir()) - before:  # the rendezvous files, pid files, results
                 shutil.rmtree(path, ignore_errors=True)

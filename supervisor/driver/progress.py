@@ -12,19 +12,18 @@ The ranks' clients publish their step and the time they spent in checkpoint phas
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from supervisor.decisions import events as ev
+from supervisor.driver.context import Context
 
 PROGRESS_S = 30.0  # a progress record at most this often while steps advance (about 3,000 a day)
 MS_WRAP = 2**32  # the client's checkpoint milliseconds are a u32
 
 
 class ProgressLog:
-    def __init__(self, record: Callable[[dict[str, Any]], None], clock: Callable[[], float],
-                 every_s: float = PROGRESS_S) -> None:  # fmt: skip
-        self.record, self.clock, self.every_s = record, clock, every_s
+    def __init__(self, ctx: Context, every_s: float = PROGRESS_S) -> None:
+        self.record, self.clock, self.every_s = ctx.record, ctx.clock, every_s
         self.launched(0)
 
     def launched(self, launch: int) -> None:

@@ -14,6 +14,7 @@ from slurm.client import SlurmClient
 from slurm.errors import SlurmError
 from supervisor.decisions import events as ev
 from supervisor.decisions.respond import job_state_of
+from supervisor.driver.context import Context
 from supervisor.driver.evidence import query_job
 from supervisor.driver.ports import Channel
 from supervisor.driver.signals import SignalInbox
@@ -28,19 +29,11 @@ EXPEDITED_START_S = 5
 
 
 class JobActions:
-    def __init__(
-        self,
-        *,
-        slurm: SlurmClient,
-        channel: Channel,
-        inbox: SignalInbox,
-        record: Callable[[dict[str, Any]], None],
-        clock: Callable[[], float],
-        job_id: str,
-        restart_count: int,
-        scheduled_end: Callable[[], float | None],
-    ) -> None:
-        self.slurm, self.channel, self.inbox, self.record, self.clock = slurm, channel, inbox, record, clock
+    def __init__(self, ctx: Context, *, slurm: SlurmClient, channel: Channel, inbox: SignalInbox, job_id: str,
+                 restart_count: int, scheduled_end: Callable[[], float | None]) -> None:  # fmt: skip
+        """``scheduled_end()``: the job's EndTime as known now (``time_limit_watch.JobDeadline.current``)."""
+        self.record, self.clock = ctx.record, ctx.clock
+        self.slurm, self.channel, self.inbox = slurm, channel, inbox
         self.job_id, self.restart_count, self.scheduled_end = job_id, restart_count, scheduled_end
 
     def requeue(self, exclude: tuple[str, ...], hold: bool = False, lost: tuple[str, ...] = ()) -> None:

@@ -41,3 +41,22 @@ class TimeLimitClock:
             return False
         self.fired_at = now
         return True
+
+
+class JobDeadline:
+    """The job's EndTime as this attempt knows it: Slurm's at the start (else ``SLURM_JOB_END_TIME``), then the one
+    in the preemption poller's newest answer once the time-limit clock confirms with it (a limit extended meanwhile
+    is kept). Read by the clock, the requeue (a cancel shows on 22.05 only through EndTime) and the evidence."""
+
+    def __init__(self, end: float | None, answers: Callable[[], tuple[bool, float | None]]) -> None:
+        """``answers()``: (whether Slurm has answered, the EndTime in its newest answer; None: no time limit)."""
+        self.end, self.answers = end, answers
+
+    def current(self) -> float | None:
+        return self.end
+
+    def confirmed(self) -> tuple[bool, float | None]:
+        known, end = self.answers()
+        if known and end:
+            self.end = end
+        return known, end

@@ -1,5 +1,5 @@
 """The supervisor loop and its actuators driven without Slurm: a fake Slurm client, heartbeat channel, step
-launcher and signal inbox (tests/unit/fakes.py) around the real ``Supervisor``. One test per interruption class
+launcher and signal inbox (tests/unit/fakes.py) around the real supervision loop (``driver.compose.Attempt``). One test per interruption class
 asserts what the journal records (class, blame, actions) and what was asked of Slurm."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from supervisor.config import Config
 from supervisor.decisions import events as ev
 from supervisor.decisions import policy
 from supervisor.driver.actuators import Actuators
-from supervisor.driver.loop import Supervisor, node_addresses
+from supervisor.driver.compose import Attempt, node_addresses
+from supervisor.driver.context import Context
 from supervisor.heartbeat.server import ChannelError, bind_address
 from supervisor.journal import read
 
@@ -57,7 +58,7 @@ class Run:
 
 
 def make(tmp_path: Path, launches: Sequence[Launch], sbatch_flags: Sequence[str] = ()
-         ) -> tuple[Supervisor, FakeSlurm, FakeLauncher, FakeChannel, FakeInbox]:  # fmt: skip
+         ) -> tuple[Attempt, FakeSlurm, FakeLauncher, FakeChannel, FakeInbox]:  # fmt: skip
     root = tmp_path / "campaign"
     root.mkdir(exist_ok=True)
     paths = CampaignPaths(root)
@@ -69,12 +70,12 @@ def make(tmp_path: Path, launches: Sequence[Launch], sbatch_flags: Sequence[str]
     slurm = FakeSlurm(job, NODES, channel)
     launcher = FakeLauncher(channel, NODES, 1, launches)
     inbox = FakeInbox()
-    sup = Supervisor(paths, spec, Config(), env, slurm, channel_factory=lambda root, job, bind, allowed: channel,
+    sup = Attempt(paths, spec, Config(), env, slurm, channel_factory=lambda root, job, bind, allowed: channel,
                      start_step=launcher, inbox=inbox)  # type: ignore[arg-type]  # fmt: skip
     return sup, slurm, launcher, channel, inbox
 
 
-def run(sup: Supervisor, slurm: FakeSlurm, launcher: FakeLauncher, channel: FakeChannel) -> Run:
+def run(sup: Attempt, slurm: FakeSlurm, launcher: FakeLauncher, channel: FakeChannel) -> Run:
     code = sup.run()
     return Run(code, read(sup.paths.journal), slurm, launcher, channel)
 
@@ -215,10 +216,9 @@ def test_every_policy_action_kind_has_an_actuator() -> None:
     kinds = {v for k, v in vars(policy).items() if k.isupper() and isinstance(v, str) and k not in ("_UNLIMITED",)}
     kinds -= {policy.STRAGGLER, policy.LOSS_SPIKE}  # detection kinds the policy imports, not action kinds
     kinds -= {"L1", "L2", "L3", "L4"}
-    probe = object.__new__(Actuators)
-    Actuators.__init__(probe, slurm=None, channel=None, inbox=None, jobs=None, record=print, clock=time.time,  # type: ignore[arg-type]
-                       job_id=JOB, campaign="/c", alerts_config=Config().alerts, checkpoint_grace_s=1.0,
-                       ranks_of=lambda step: [])  # fmt: skip
+    probe = Actuators(Context.of(print), slurm=None, channel=None, inbox=None, jobs=None,  # type: ignore[arg-type]
+                      job_id=JOB, campaign="/c", alerts_config=Config().alerts, checkpoint_grace_s=1.0,
+                      ranks_of=lambda step: [])  # fmt: skip
     assert kinds <= set(probe.table), f"no actuator for {sorted(kinds - set(probe.table))}"
 
 
@@ -278,9 +278,9 @@ def test_every_rank_gone_while_srun_tears_the_step_down_slowly_is_a_finish_not_a
     """Under load srun may take longer than the exit grace to end after its ranks (a relaunch that resumed at the
     last step exits at once): the agents cannot read a non-child's exit code, so srun's is the evidence; waiting
     for it gives "completed" instead of "no evidence explains the stop"."""
-    from supervisor.driver import watch
+    from supervisor.decisions import triage
 
-    monkeypatch.setattr(watch, "EXIT_GRACE_S", 0.05)
+    monkeypatch.setattr(triage, "EXIT_GRACE_S", 0.05)
     slow_srun = Launch(0, polls=400, ranks={"state": "exited", "exit_code": None})
     r = supervise(tmp_path, slow_srun)
     assert r.classes() == [ev.COMPLETED] and r.code == 0

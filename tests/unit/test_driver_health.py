@@ -19,8 +19,9 @@ from supervisor.campaign import CampaignPaths, CampaignSpec
 from supervisor.config import Config, RunConfig
 from supervisor.decisions import events as ev
 from supervisor.decisions import policy
+from supervisor.driver.compose import Attempt
+from supervisor.driver.context import Context
 from supervisor.driver.health import HealthWatch, detections, gpu_faults
-from supervisor.driver.loop import Supervisor
 from supervisor.health.checks import Limits
 from supervisor.health.preflight import PreflightConfig
 from supervisor.heartbeat.wire import HealthItem, HealthReport
@@ -53,7 +54,7 @@ class Table:
 
 def _watch(nodes: tuple[str, ...] = ("n1", "n2", "n3")) -> tuple[HealthWatch, list[dict[str, Any]], Table]:
     journal: list[dict[str, Any]] = []
-    return HealthWatch(journal.append, lambda: 5.0, nodes), journal, Table()
+    return HealthWatch(Context.of(journal.append, lambda: 5.0), nodes), journal, Table()
 
 
 def test_changes_are_journaled_and_a_fatal_finding_stays_for_the_run() -> None:
@@ -161,7 +162,7 @@ def _supervise(tmp_path: Path, launches: list[Launch], *, nodes: tuple[str, ...]
         channel.table.health[node] = (1.0, HealthReport("ok", (ECC,)))
     cfg = Config(run=RunConfig(spare_nodes=spares, checkpoint_dir=str(tmp_path / "ckpt"), health_interval_s=10.0),
                  **config)  # fmt: skip
-    sup = Supervisor(CampaignPaths(root), spec, cfg, env, slurm, channel_factory=lambda *a: channel,
+    sup = Attempt(CampaignPaths(root), spec, cfg, env, slurm, channel_factory=lambda *a: channel,
                      start_step=launcher, inbox=FakeInbox())  # type: ignore[arg-type]  # fmt: skip
     code = sup.run()
     return code, read(sup.paths.journal), launcher
@@ -247,10 +248,10 @@ def test_an_inconclusive_measurement_blames_nobody_and_a_missing_torch_is_found_
 
     journal: list[dict[str, Any]] = []
     channel = FakeChannel(JOB)
-    pre = Prelaunch(config=PreflightConfig(enabled=True), health=HealthWatch(journal.append, time.time, NODES),
-                    channel=channel, record=journal.append, clock=time.time, work_dir=tmp_path / "pf",
-                    python="python3", env=dict, start=FakeLauncher(channel, NODES, 1, []),
-                    log_dir=lambda: tmp_path, runner=runner)  # type: ignore[arg-type]  # fmt: skip
+    ctx = Context.of(journal.append)
+    pre = Prelaunch(ctx, config=PreflightConfig(enabled=True), health=HealthWatch(ctx, NODES), channel=channel,
+                    work_dir=tmp_path / "pf", python="python3", env={}, start=FakeLauncher(channel, NODES, 1, []),
+                    log_dir=tmp_path, runner=runner)  # type: ignore[arg-type]  # fmt: skip
     first = pre.check(NODES, (), 2, 1)
     assert first.enough and first.excluded == () and first.blamed == {}
     assert not list((tmp_path / "pf").iterdir())
@@ -283,7 +284,7 @@ def test_stopped_ranks_are_asked_for_stacks_too_and_a_silent_agent_is_said(tmp_p
                   end_time=int(time.time()) + 3600)  # fmt: skip
     slurm = FakeSlurm(job, nodes, channel)
     launcher = FakeLauncher(channel, nodes, 1, [hung, DONE])
-    sup = Supervisor(CampaignPaths(root), CampaignSpec(command=("python", "t.py"), python="python3"),
+    sup = Attempt(CampaignPaths(root), CampaignSpec(command=("python", "t.py"), python="python3"),
                      Config(preflight=PreflightConfig(enabled=False)), SlurmEnv(job_id=JOB, nodelist=nodes, tasks_per_node=(1,),
                      restart_count=0, node_name="n1"), slurm, channel_factory=lambda *a: channel, start_step=launcher,
                      inbox=FakeInbox())  # type: ignore[arg-type]  # fmt: skip
@@ -297,14 +298,15 @@ def test_stopped_ranks_are_asked_for_stacks_too_and_a_silent_agent_is_said(tmp_p
 def test_new_problems_are_alerted_with_their_figures_once() -> None:
     from supervisor import alerts
     from supervisor.config import AlertConfig
-    from supervisor.driver.guard import Guard
+    from supervisor.decisions import campaign_state
     from supervisor.driver.notify import Notifier
+    from supervisor.metrics import MetricsConfig
 
     journal: list[dict[str, Any]] = []
     sent: list[alerts.Alert] = []
-    notifier = Notifier(alerts_config=AlertConfig(), metrics_config={}, policy_config=policy.PolicyConfig(),
-                        record=journal.append, clock=lambda: 5.0, guard=Guard(journal.append, lambda: 5.0),
-                        job_id="7", campaign="/c")  # fmt: skip
+    notifier = Notifier(Context.of(journal.append, lambda: 5.0), alerts_config=AlertConfig(),
+                        metrics_config=MetricsConfig(), policy_config=policy.PolicyConfig(), job_id="7", campaign="/c",
+                        state=campaign_state.fold([]))  # fmt: skip
     notifier.submit = sent.append  # type: ignore[method-assign, assignment]
     watch, _, table = _watch()
     watch.on_news = notifier.health

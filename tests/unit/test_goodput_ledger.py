@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from supervisor.decisions import events as ev
 from supervisor.decisions.goodput import BUCKETS, ideal_step_ms, ledger
+from supervisor.driver.context import Context
 from supervisor.driver.progress import ProgressLog
 from supervisor.journal import Journal, read
 from supervisor.report import fold
@@ -184,7 +185,7 @@ def _rank(pid: int, step: int, age: float, ckpt_ms: int = 0, ckpt_step: int = -1
 def test_progress_log_journals_first_step_stalls_and_the_last_step() -> None:
     out: list[dict] = []
     now = [100.0]
-    log = ProgressLog(out.append, lambda: now[0], every_s=30.0)
+    log = ProgressLog(Context.of(out.append, lambda: now[0]), every_s=30.0)
     log.launched(1)
     log.observe(SimpleNamespace(ranks=[]))
     assert out == []  # no rank stepped yet: still starting up

@@ -19,6 +19,7 @@ from supervisor.config import from_mapping
 from supervisor.decisions import campaign_state
 from supervisor.decisions import checkpoint_interval as ci
 from supervisor.decisions import events as ev
+from supervisor.driver.context import Context
 from supervisor.driver.interval import IntervalAsker
 from supervisor.heartbeat import wire
 from supervisor.report import fold, render_text
@@ -40,9 +41,8 @@ def asker(setting: Any, history: list[dict], now: list[float], channel: FakeChan
         history.append(event)
         state.apply(event)
 
-    return IntervalAsker(setting, prior_mtbf_s=kw.get("prior"), nodes=kw.get("nodes", 2048),
-                         state=state, record=record, clock=lambda: now[0], channel=channel,
-                         flag=slot.FLAG_CHECKPOINT)  # fmt: skip
+    return IntervalAsker(Context.of(record, lambda: now[0]), setting, prior_mtbf_s=kw.get("prior"),
+                         nodes=kw.get("nodes", 2048), state=state, channel=channel, flag=slot.FLAG_CHECKPOINT)
 
 
 def flag_sends(channel: FakeChannel) -> list[tuple[str, int, int]]:

@@ -23,7 +23,8 @@ from supervisor.decisions import events as ev
 from supervisor.decisions import nodeloss as nl
 from supervisor.decisions.classify import Evidence, classify
 from supervisor.decisions.detect import NODE_LOST, DetectConfig, DetectionEvent
-from supervisor.driver.loop import Supervisor
+from supervisor.driver.compose import Attempt
+from supervisor.driver.context import Context
 from supervisor.heartbeat.table import NodeView
 from supervisor.journal import read
 
@@ -215,7 +216,7 @@ def supervise_with_silent_node(tmp_path: Path, spare_nodes: int, sbatch_flags: t
     probes = DeadProbe([])
     config = Config(run=RunConfig(spare_nodes=spare_nodes, loop_interval_s=0.05),
                     detect=DetectConfig.from_mapping({"warmup_timeout_s": 2.0, "init_allowance_s": 2.0}))  # fmt: skip
-    sup = Supervisor(CampaignPaths(root), spec, config, env, slurm,  # type: ignore[arg-type]
+    sup = Attempt(CampaignPaths(root), spec, config, env, slurm,  # type: ignore[arg-type]
                      channel_factory=lambda *_: channel, start_step=launcher, inbox=FakeInbox(),  # type: ignore[arg-type]
                      start_probe=probes)  # fmt: skip
     original = launcher.__call__
@@ -260,8 +261,8 @@ def requeue_actions(job: JobInfo, slurm: Any) -> tuple[Any, list[dict[str, Any]]
     from supervisor.driver.requeue import JobActions
 
     events: list[dict[str, Any]] = []
-    actions = JobActions(slurm=slurm, channel=FakeChannel("7"), inbox=FakeInbox(), record=events.append,  # type: ignore[arg-type]
-                         clock=time.time, job_id="7", restart_count=0, scheduled_end=lambda: None)  # fmt: skip
+    actions = JobActions(Context.of(events.append), slurm=slurm, channel=FakeChannel("7"), inbox=FakeInbox(),  # type: ignore[arg-type]
+                         job_id="7", restart_count=0, scheduled_end=lambda: None)  # fmt: skip
     return actions, events
 
 

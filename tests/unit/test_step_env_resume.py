@@ -7,29 +7,29 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.campaign import CampaignPaths
-from supervisor.config import Config
-from supervisor.driver.loop import Supervisor
+from supervisor.driver.context import Context
+from supervisor.driver.launcher import resume_value
 
 
-def _sup(checkpoint_dir: str) -> Supervisor:
-    sup = Supervisor.__new__(Supervisor)  # only the fields _step_env reads
-    sup.paths, sup.job_id, sup.slot_token = CampaignPaths(Path("/c")), "7", "0123abcd"
-    cfg = Config()
-    sup.config = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, checkpoint_dir=checkpoint_dir))
-    return sup
-
-
-@pytest.mark.parametrize(("ckpt_dir", "resume", "expected"), [
-    ("", None, None),                   # nobody knows where checkpoints are: left unset, never "fresh start"
-    ("/ck", None, ""),                  # known directory, nothing valid in it: fresh start
-    ("/ck", "/ck/step_1", "/ck/step_1"),
-    ("", "/ck/step_1", "/ck/step_1"),
+@pytest.mark.parametrize(("ckpt_dir", "resume", "scan_ok", "expected"), [
+    ("", None, True, None),                   # nobody knows where checkpoints are: left unset, never "fresh start"
+    ("/ck", None, True, ""),                  # known directory, nothing valid in it: fresh start
+    ("/ck", None, False, None),               # the scan failed: unknown, the program looks itself
+    ("/ck", "/ck/step_1", True, "/ck/step_1"),
+    ("", "/ck/step_1", True, "/ck/step_1"),
 ])
-def test_resume_env(ckpt_dir, resume, expected, monkeypatch):
-    monkeypatch.setenv("SUPERVISOR_RESUME_FROM", "/inherited/from/the/batch/env")
-    env = _sup(ckpt_dir)._step_env(resume)
+def test_resume_env(ckpt_dir, resume, scan_ok, expected, tmp_path):
+    from supervisor.decisions.placement import Layout
+    from supervisor.driver.context import Context
+    from supervisor.driver.launcher import TrainingLauncher
+
+    trainer = TrainingLauncher(Context.of(lambda e: None), start=None, layout=Layout(("n1",), 1), command=("x",),  # type: ignore[arg-type]
+                               cwd=None, srun_args=(), job_id="7", restart_count=0, campaign=Path("/c"),
+                               log_dir=tmp_path, node_addresses={}, checkpoint_dir_known=bool(ckpt_dir),
+                               environ={"SUPERVISOR_RESUME_FROM": "/inherited/from/the/batch/env"})  # fmt: skip
+    env = trainer.step_env(resume_value(resume, bool(ckpt_dir), scan_ok))
     assert env.get("SUPERVISOR_RESUME_FROM") == expected
+    assert env["SUPERVISOR_CAMPAIGN"] == "/c" and "7" in env["SUPERVISOR_SLOT_DIR"]
 
 
 def test_pick_resume_refuses_a_planted_checkpoint_in_a_shared_root_and_journals_why(tmp_path):
@@ -37,7 +37,6 @@ def test_pick_resume_refuses_a_planted_checkpoint_in_a_shared_root_and_journals_
     never handed to the ranks; the campaign's own signed checkpoint is, and the journal says why."""
     import os
     import pickle
-    import time
 
     from supervisor.checkpoint import trust
     from supervisor.checkpoint.durable import write_durable
@@ -67,7 +66,7 @@ def test_pick_resume_refuses_a_planted_checkpoint_in_a_shared_root_and_journals_
     (planted / ".metadata").write_bytes(pickle.dumps({"f": "__0_0.distcp"}))
     (planted / "__0_0.distcp").write_bytes(b"x")
     journal = Journal(campaign / "journal.jsonl")
-    tracker = CheckpointTracker(str(root), journal.append, time.time, key=trust.campaign_key(campaign))
+    tracker = CheckpointTracker(Context.of(journal.append), str(root), key=trust.campaign_key(campaign))
     try:
         path, step = tracker.pick_resume()
     finally:
@@ -80,7 +79,6 @@ def test_pick_resume_refuses_a_planted_checkpoint_in_a_shared_root_and_journals_
 def test_pick_resume_reads_every_shard_a_bit_flip_in_the_newest_falls_back_to_the_previous(tmp_path):
     """The quick check reads sizes and the metadata only: a flipped bit in a shard passes it. The resume pick
     validates fully, quarantines the corrupt checkpoint (journaled) and hands out the previous one."""
-    import time
     import zipfile
 
     from supervisor.driver.checkpoints import CheckpointTracker
@@ -97,7 +95,7 @@ def test_pick_resume_reads_every_shard_a_bit_flip_in_the_newest_falls_back_to_th
     data[at] ^= 0x10
     newest.write_bytes(bytes(data))
     events: list[dict] = []
-    tracker = CheckpointTracker(str(root), events.append, time.time)
+    tracker = CheckpointTracker(Context.of(events.append), str(root))
     path, step = tracker.pick_resume()
     assert step == 10 and path.endswith("checkpoint-10.pt")
     (moved,) = [e for e in events if e["type"] == "checkpoint_quarantined"]

@@ -120,7 +120,7 @@ def test_a_rank_that_runs_again_under_torchrun_is_no_longer_a_pending_exit():
     from fakes import rank_view
 
     from supervisor.decisions.detect import RANK_EXITED, DetectionEvent
-    from supervisor.driver.watch import back_again
+    from supervisor.decisions.triage import back_again
 
     pending = [DetectionEvent(RANK_EXITED, (3,), ("node2",)), DetectionEvent(RANK_EXITED, (1,), ("node1",))]
     ranks = [rank_view("node2", 3, 100, state="gone"), rank_view("node2", 3, 200),  # old pid gone, new one runs
