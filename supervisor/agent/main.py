@@ -28,7 +28,7 @@ import psutil
 
 from supervisor.agent.discover import find_ranks
 from supervisor.agent.failsafe import Failsafe
-from supervisor.agent.health import HealthThread, health_from_args
+from supervisor.agent.health_thread import HealthThread, health_from_args
 from supervisor.agent.sampler import RankSlots
 from supervisor.agent.slotdir import make_slot_dir
 from supervisor.agent.stacks import StackDumps
@@ -39,7 +39,7 @@ from supervisor.heartbeat.secret import load_secret
 from supervisor.paths import SLOT_DIR_ENV, CampaignPaths, default_slot_dir, expand_slot_dir
 
 if TYPE_CHECKING:
-    from supervisor.health.agent import AgentHealth
+    from supervisor.health.periodic import AgentHealth
 
 DISCOVER_S = 2.0  # how often /proc is scanned for ranks that have no slot (they never call the client)
 

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from slurm.errors import SlurmUnavailable
     from supervisor.errors import EXIT_SLURM_UNAVAILABLE, HealthCheckFailed, UsageError
     from supervisor.health.checks import Limits, evaluate, fit
-    from supervisor.health.probe import node_name, read_node
+    from supervisor.health.reading import node_name, read_node
 
     if not 1 <= args.timeout <= 300:
         raise UsageError(f"--timeout {args.timeout:g} is out of range", "use 1 to 300 seconds (Slurm allows 60)")

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from supervisor import campaign, journal, report
+    from supervisor import campaign, journal, report_view
     from supervisor.decisions import campaign_state
     from supervisor.plot.timeline import TimelineView
 
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
-        print(report.render_text(doc))
+        print(report_view.render_text(doc))
     return 0
 
 

@@ -103,10 +103,10 @@ def _write_journal(target: str, world, strategy, faults) -> None:  # type: ignor
 
     from supervisor import campaign, journal
     from supervisor.simulate import engine
-    from supervisor.simulate.record import Recorder
+    from supervisor.simulate.sim_journal import SimJournal
 
     events: list[dict] = []
-    engine.simulate(world, strategy, faults, Recorder(events.append))
+    engine.simulate(world, strategy, faults, SimJournal(events.append))
     paths = campaign.create(Path(target), campaign.CampaignSpec(command=("simulated",)), "# simulated campaign\n")
     fd = os.open(paths.journal, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as out:

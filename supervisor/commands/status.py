@@ -100,7 +100,7 @@ def render_table(doc: dict[str, Any]) -> str:
 
 def campaign_summary(campaign: Path) -> dict[str, Any]:
     """The campaign's state and its latest attempt, folded from the journal (the report's first lines)."""
-    from supervisor import report
+    from supervisor import report_view
     from supervisor.journal import JournalError, read
 
     path = campaign / paths.JOURNAL_NAME
@@ -108,7 +108,7 @@ def campaign_summary(campaign: Path) -> dict[str, Any]:
         events = read(path) if path.exists() else []
     except JournalError as err:
         return {"state": "unknown", "problem": err.problem}
-    doc = report.fold(events, now=time.time())
+    doc = report_view.fold(events, now=time.time())
     last = doc["attempts"][-1] if doc["attempts"] else None
     return {"state": doc["state"], "reason": doc["reason"], "attempts": len(doc["attempts"]), "last_attempt": last,
             "excluded_nodes": doc["excluded_nodes"], "latest_checkpoint": doc["checkpoints"]["latest_valid"],
@@ -119,7 +119,7 @@ ENDED = {"completed": 0, "failed": 1, "stopped": 1}  # campaign state -> exit co
 
 
 def summary_line(summary: dict[str, Any]) -> str:
-    from supervisor.report import interval_text
+    from supervisor.report_view import interval_text
 
     last = summary.get("last_attempt") or {}
     outcome = (last.get("outcome") or {}).get("class", "running") if last else "-"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from supervisor.decisions import events as ev
-from supervisor.decisions.detect.model import (
+from supervisor.decisions.detect.findings import (
     GLOBAL_STALL,
     NODE_LOST,
     NODE_SILENT,

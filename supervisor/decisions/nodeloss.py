@@ -56,7 +56,7 @@ class NodeLossConfig:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class NodeLossVerdict:
     """One judgement about one node (or, for ``ours``, about all of them)."""
 
     verdict: str  # LOST | ALIVE | OURS
@@ -98,7 +98,7 @@ class Judgement:
     """What one pass found: probes to start, verdicts reached, and whether hang detections must wait."""
 
     to_probe: tuple[str, ...] = ()
-    verdicts: tuple[Verdict, ...] = ()
+    verdicts: tuple[NodeLossVerdict, ...] = ()
     pending: tuple[str, ...] = ()  # quiet nodes without a verdict yet: hangs wait for them
 
 
@@ -153,12 +153,12 @@ class NodeLossJudge:
         s = self.state
         watched = [n for n in staleness if n not in s.lost]
         silent = {n for n in watched if staleness[n] > timeout and ranks_silent(rank_ages.get(n, ()), timeout)}
-        verdicts: list[Verdict] = []
+        verdicts: list[NodeLossVerdict] = []
         if len(watched) > 0 and silent == set(watched):  # everyone at once: our link, not their nodes
             s.probing.clear()
             if s.ours_since is None:
                 s.ours_since = now
-                verdicts.append(Verdict(OURS, tuple(sorted(watched)), min(staleness[n] for n in watched), timeout))
+                verdicts.append(NodeLossVerdict(OURS, tuple(sorted(watched)), min(staleness[n] for n in watched), timeout))
             return Judgement(verdicts=tuple(verdicts))
         s.ours_since = None
         bad = set(not_responding)
@@ -181,22 +181,22 @@ class NodeLossJudge:
         return Judgement(tuple(to_probe), tuple(verdicts), tuple(pending))
 
     def probe_result(self, node: str, alive: bool, now: float, silent_s: float, detail: str = "",
-                     ranks_silent: bool = True) -> Verdict | None:  # fmt: skip
+                     ranks_silent: bool = True) -> NodeLossVerdict | None:  # fmt: skip
         """The probe of ``node`` answered. None when the node is no longer being probed (it spoke again), or
         when the probe failed before the node was silent past the timeout (the verdict then waits for it)."""
         if self.state.probing.pop(node, None) is None:
             return None
         if alive:
             self.state.cleared[node] = now
-            return Verdict(ALIVE, (node,), silent_s, self.timeout_s, None, detail)
+            return NodeLossVerdict(ALIVE, (node,), silent_s, self.timeout_s, None, detail)
         if silent_s > self.timeout_s and ranks_silent:
             return self._lost(node, silent_s, BY_PROBE, detail)
         self.state.failed[node] = detail
         return None
 
-    def _lost(self, node: str, silent_s: float, by: str, detail: str = "") -> Verdict:
+    def _lost(self, node: str, silent_s: float, by: str, detail: str = "") -> NodeLossVerdict:
         self.state.lost.add(node)
-        return Verdict(LOST, (node,), silent_s, self.timeout_s, by, detail)
+        return NodeLossVerdict(LOST, (node,), silent_s, self.timeout_s, by, detail)
 
     def forget(self, node: str) -> None:
         """The node is out of the watch (excluded, or the allocation changed)."""

@@ -23,7 +23,7 @@ from supervisor.decisions import policy
 
 
 @dataclass(frozen=True)
-class Layout:
+class TrainingLayout:
     """How the training step is laid out in the allocation."""
 
     nodes: tuple[str, ...]  # allocation nodes, in Slurm order
@@ -35,7 +35,7 @@ class Layout:
         return len(self.nodes) - self.spare_nodes
 
 
-def step_nodes(layout: Layout, exclude: Sequence[str] = (), shift: int = 0) -> tuple[str, ...]:
+def step_nodes(layout: TrainingLayout, exclude: Sequence[str] = (), shift: int = 0) -> tuple[str, ...]:
     """The training step's nodes in rank order: the first usable ones (``exclude`` left out), rotated left by
     ``shift`` so that different ranks land on each node (task ``i`` on node ``i // tasks_per_node``)."""
     usable = [n for n in layout.nodes if n not in set(exclude)][: layout.train_nodes]
@@ -43,14 +43,14 @@ def step_nodes(layout: Layout, exclude: Sequence[str] = (), shift: int = 0) -> t
     return tuple(usable[k:] + usable[:k])
 
 
-def moved(layout: Layout, nodes: Sequence[str]) -> bool:
+def moved(layout: TrainingLayout, nodes: Sequence[str]) -> bool:
     """Whether ``nodes`` (rank order) differs from Slurm's own order of the same nodes: rank 0 is then not on the
     step's first node, and the tasks must be placed by a hostfile."""
     chosen = set(nodes)
     return tuple(nodes) != tuple(n for n in layout.nodes if n in chosen)
 
 
-def ledger_exclusions(layout: Layout, suspects: Collection[str]) -> tuple[str, ...]:
+def ledger_exclusions(layout: TrainingLayout, suspects: Collection[str]) -> tuple[str, ...]:
     """The ledger's suspects that this allocation holds, left out when enough nodes remain for the training;
     none when leaving them all out would leave too few (the policy decides what to do about them then)."""
     here = tuple(n for n in layout.nodes if n in suspects)
@@ -72,6 +72,6 @@ def rank_shift_after(interruption: cl.Interruption) -> int:
     return 1 if interruption.cls == ev.APP_ERROR and kept_to_one else 0
 
 
-def usable_nodes(layout: Layout, lost: Collection[str]) -> tuple[str, ...]:
+def usable_nodes(layout: TrainingLayout, lost: Collection[str]) -> tuple[str, ...]:
     """The allocation's nodes without those our own verdict found lost in this attempt."""
     return tuple(n for n in layout.nodes if n not in lost)

@@ -18,7 +18,7 @@ from typing import Any
 
 from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Interruption
-from supervisor.decisions.detect.model import LOSS_SPIKE, STRAGGLER, WARNING_KINDS, DetectionEvent
+from supervisor.decisions.detect.findings import LOSS_SPIKE, STRAGGLER, WARNING_KINDS, DetectionEvent
 
 # Action kinds (the journal's "action" events carry these).
 ALERT = "alert"  # tier L1: log; L2+: also the alert hook (webhook/command)

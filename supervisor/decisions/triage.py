@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor import procstate
+from supervisor.decisions.detect.findings import HANG_KINDS, RANK_EXITED, DetectionEvent
 from supervisor.decisions.detect.hang import finished_normally
-from supervisor.decisions.detect.model import HANG_KINDS, RANK_EXITED, DetectionEvent
 
 EXIT_GRACE_S = 5.0  # a rank gone while srun still runs for this long is a fault (not a normal finish)
 # Every rank of the launch gone while srun still runs: srun is tearing the step down (seconds on a loaded machine);
@@ -54,7 +54,7 @@ def exit_grace_s(pending: Sequence[DetectionEvent], ranks: Sequence[Any], worker
 
 
 @dataclass(frozen=True)
-class Verdict:
+class PassVerdict:
     """One pass's answer: the warnings to journal, and the detections that end the watch (None: go on)."""
 
     warnings: tuple[DetectionEvent, ...] = ()
@@ -72,7 +72,7 @@ class Triage:
     held: list[DetectionEvent] = field(default_factory=list)  # hangs waiting for the verdict on a quiet node
     exited_since: float | None = None  # when the first pending exit was seen (monotonic seconds)
 
-    def sort(self, found: Iterable[DetectionEvent], now: float, nodes_undecided: bool) -> Verdict:
+    def sort(self, found: Iterable[DetectionEvent], now: float, nodes_undecided: bool) -> PassVerdict:
         """One pass of detections. ``nodes_undecided``: some node is quiet without a node-loss verdict yet."""
         warnings: list[DetectionEvent] = []
         faults: list[DetectionEvent] = []
@@ -87,10 +87,10 @@ class Triage:
             else:
                 faults.append(d)
         if faults:
-            return Verdict(tuple(warnings), (*self.pending, *self.held, *faults))
+            return PassVerdict(tuple(warnings), (*self.pending, *self.held, *faults))
         if self.held and not nodes_undecided:
-            return Verdict(tuple(warnings), (*self.pending, *self.held))
-        return Verdict(tuple(warnings))
+            return PassVerdict(tuple(warnings), (*self.pending, *self.held))
+        return PassVerdict(tuple(warnings))
 
     def exits_overdue(self, now: float, ranks: Sequence[Any]) -> bool:
         """Whether the pending exits are a fault now (``ranks``: the launch's rank views this pass)."""

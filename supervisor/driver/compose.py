@@ -32,11 +32,11 @@ from supervisor.decisions.detect import Detector
 from supervisor.driver import launcher
 from supervisor.driver.actuators import Actuators
 from supervisor.driver.agents import AgentStep
-from supervisor.driver.checkpoints import CheckpointTracker
+from supervisor.driver.checkpoint_tracker import CheckpointTracker
 from supervisor.driver.context import Context
 from supervisor.driver.evidence import Gatherer, guarded_job
 from supervisor.driver.guard import GuardedChannel
-from supervisor.driver.health import HealthWatch
+from supervisor.driver.health_watch import HealthWatch
 from supervisor.driver.interrupts import Interrupts
 from supervisor.driver.interval import IntervalAsker
 from supervisor.driver.launcher import TrainingLauncher
@@ -128,7 +128,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
     """Every part of the attempt, built once, each handed the parts it works with."""
     config, env, spec, paths, run = a.config, a.env, a.spec, a.paths, a.config.run
     job_id, state = env.job_id or "", a.recorder.state
-    layout = placement.Layout(nodes=env.nodelist, tasks_per_node=env.tasks_per_node[0] if env.tasks_per_node else 1,
+    layout = placement.TrainingLayout(nodes=env.nodelist, tasks_per_node=env.tasks_per_node[0] if env.tasks_per_node else 1,
                               spare_nodes=run.spare_nodes)  # fmt: skip
     log_dir = paths.attempt_logs(job_id, env.restart_count)
     python = spec.python or "python3"

@@ -25,7 +25,7 @@ from supervisor.decisions import events as ev
 from supervisor.decisions import tasklog
 from supervisor.decisions.detect import DetectionEvent
 from supervisor.decisions.respond import job_state_of
-from supervisor.driver import health
+from supervisor.driver import health_watch
 from supervisor.driver.context import Context
 from supervisor.driver.guard import HEALTH, SLURM_QUERY
 from supervisor.driver.signals import Received
@@ -229,8 +229,8 @@ class Gatherer:
             watched, now=self.ctx.clock(), ranks=ranks, sigterm_flag=RANK_FLAG_SIGTERM, job=job, job_known=job_known,
             nodes=self.nodes(), log_lines=tail(log_path), step_nodes=launch_nodes, job_nodes=self.job_nodes,
             signal_lead_s=self.signal_lead_s, scheduled_end=self.scheduled_end(), tasks_per_node=self.tasks_per_node,
-            node_addresses=self.node_addresses, gpu_faults=health.gpu_faults(unfit),
-            health_findings=health.detections(unfit),
+            node_addresses=self.node_addresses, gpu_faults=health_watch.gpu_faults(unfit),
+            health_findings=health_watch.detections(unfit),
         )  # fmt: skip
 
     def _unfit(self, nodes: tuple[str, ...]) -> dict[str, Any]:

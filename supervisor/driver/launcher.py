@@ -58,7 +58,7 @@ def resume_value(resume: str | None, checkpoint_dir_known: bool, scan_ok: bool) 
 
 class TrainingLauncher:
     def __init__(
-        self, ctx: Context, *, start: StepLauncher, layout: placement.Layout, command: Sequence[str], cwd: str | None,
+        self, ctx: Context, *, start: StepLauncher, layout: placement.TrainingLayout, command: Sequence[str], cwd: str | None,
         srun_args: Sequence[str], job_id: str, restart_count: int, campaign: Path, log_dir: Path,
         node_addresses: Mapping[str, str], checkpoint_dir_known: bool, environ: Mapping[str, str] = os.environ,
     ) -> None:  # fmt: skip

@@ -26,11 +26,11 @@ from supervisor.decisions.respond import last_step, respond
 from supervisor.driver import evidence, prelaunch
 from supervisor.driver.actuators import Actuators, Situation
 from supervisor.driver.agents import AgentStep
-from supervisor.driver.checkpoints import CheckpointTracker
+from supervisor.driver.checkpoint_tracker import CheckpointTracker
 from supervisor.driver.context import Context
 from supervisor.driver.evidence import Gatherer, WatchResult
 from supervisor.driver.guard import CHECKPOINT_SCAN, DETECT, PREFLIGHT, GuardedChannel
-from supervisor.driver.health import HealthWatch
+from supervisor.driver.health_watch import HealthWatch
 from supervisor.driver.interval import IntervalAsker
 from supervisor.driver.launcher import Launch, TrainingLauncher
 from supervisor.driver.nodeloss import NodeLossWatch
@@ -50,7 +50,7 @@ class Parts:
     ctx: Context
     state: campaign_state.CampaignState  # the journal's fold, kept current by the recorder
     config: Config
-    layout: placement.Layout
+    layout: placement.TrainingLayout
     paths: CampaignPaths
     job_id: str
     channel: GuardedChannel

@@ -62,7 +62,7 @@ class Notifier:
         self.guard.call(WARNING, self._health, node, items, default=None)
 
     def _health(self, node: str, items: Sequence[Any]) -> None:
-        from supervisor.driver.health import CAPACITY_CHECK_PREFIXES, as_detection
+        from supervisor.driver.health_watch import CAPACITY_CHECK_PREFIXES, as_detection
 
         first = sorted(items, key=lambda i: i.severity != "fatal")[0]
         fatal = first.severity == "fatal"

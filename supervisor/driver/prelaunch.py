@@ -29,7 +29,7 @@ from supervisor.agent.discover import HELPER_ENV
 from supervisor.decisions import classify as cl
 from supervisor.decisions import events as ev
 from supervisor.driver.context import Context
-from supervisor.driver.health import HealthWatch, detections, gpu_faults
+from supervisor.driver.health_watch import HealthWatch, detections, gpu_faults
 from supervisor.driver.ports import StepLauncher
 from supervisor.health import preflight
 

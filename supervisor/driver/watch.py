@@ -19,11 +19,11 @@ from supervisor.decisions import events as ev
 from supervisor.decisions.detect import NODE_LOST, NODE_SILENT, DetectionEvent, Detector, snapshot_from_live
 from supervisor.decisions.triage import Triage
 from supervisor.driver.agents import AgentStep
-from supervisor.driver.checkpoints import CheckpointTracker
+from supervisor.driver.checkpoint_tracker import CheckpointTracker
 from supervisor.driver.context import Context
 from supervisor.driver.evidence import WatchResult
 from supervisor.driver.guard import AGENTS, CHECKPOINT_SCAN, DETECT, HEALTH
-from supervisor.driver.health import HealthWatch
+from supervisor.driver.health_watch import HealthWatch
 from supervisor.driver.interrupts import Interrupts
 from supervisor.driver.launcher import Launch
 from supervisor.driver.nodeloss import NodeLossWatch

@@ -7,7 +7,7 @@ from typing import Any
 
 
 def agent_checks(*args: Any, **kwargs: Any) -> Any:
-    """See :func:`supervisor.health.agent.agent_checks` (imported lazily: NVML and psutil load on first use)."""
-    from supervisor.health.agent import agent_checks as run
+    """See :func:`supervisor.health.periodic.agent_checks` (imported lazily: NVML and psutil load on first use)."""
+    from supervisor.health.periodic import agent_checks as run
 
     return run(*args, **kwargs)

@@ -17,7 +17,7 @@ OVERLAP_SINCE = (20, 11)  # srun --overlap appeared in 20.11, when steps stopped
 
 
 @dataclass(frozen=True)
-class Finding:
+class ConfigFinding:
     setting: str
     value: str
     status: str  # ok | warn | fail
@@ -40,54 +40,54 @@ def judge(
     *,
     checkpoint_grace_s: float = 60.0,
     signal_lead_s: float = 120.0,
-) -> list[Finding]:
+) -> list[ConfigFinding]:
     """One finding per setting; ``checkpoint_grace_s``/``signal_lead_s`` from the campaign config (defaults)."""
-    out: list[Finding] = []
+    out: list[ConfigFinding] = []
     get = config.get
 
     version = version_of(config)
     if version is None:
-        out.append(Finding("SLURM_VERSION", get("SLURM_VERSION", "(missing)"), WARN,
+        out.append(ConfigFinding("SLURM_VERSION", get("SLURM_VERSION", "(missing)"), WARN,
                            "srun --overlap (agents next to the training step) needs Slurm >= 20.11",
                            "check `scontrol show config` prints SLURM_VERSION"))  # fmt: skip
     elif version < OVERLAP_SINCE:
-        out.append(Finding("SLURM_VERSION (--overlap)", get("SLURM_VERSION", ""), FAIL,
+        out.append(ConfigFinding("SLURM_VERSION (--overlap)", get("SLURM_VERSION", ""), FAIL,
                            "the node agents and the training step run as overlapping steps (srun --overlap, 20.11+)",
                            "upgrade Slurm to 20.11 or newer"))  # fmt: skip
     else:
-        out.append(Finding("SLURM_VERSION (--overlap)", get("SLURM_VERSION", ""), OK,
+        out.append(ConfigFinding("SLURM_VERSION (--overlap)", get("SLURM_VERSION", ""), OK,
                            "srun --overlap is supported: the node agents run next to the training step"))  # fmt: skip
 
     requeue = get("JobRequeue", "")
-    out.append(Finding("JobRequeue", requeue or "(missing)", OK,
+    out.append(ConfigFinding("JobRequeue", requeue or "(missing)", OK,
                        "supervise submits with --requeue, so its jobs can be requeued whatever the default"
                        + ("" if requeue == "1" else "; other jobs are not requeued by default")))  # fmt: skip
 
     ptype, pmode = get("PreemptType", ""), get("PreemptMode", "").upper()
     preempting = not _null(ptype) and ptype != "preempt/none"
     if not preempting:
-        out.append(Finding("PreemptType", ptype or "preempt/none", OK, "no preemption: nothing to prepare for"))
+        out.append(ConfigFinding("PreemptType", ptype or "preempt/none", OK, "no preemption: nothing to prepare for"))
     else:
         modes = {m.strip() for m in pmode.split(",")}
         if modes & {"SUSPEND", "GANG"}:
-            out.append(Finding("PreemptMode", pmode, FAIL,
+            out.append(ConfigFinding("PreemptMode", pmode, FAIL,
                                "a suspended job's ranks are stopped (SIGSTOP): the supervisor sees a hang and kills "
                                "the step, and the collective timeouts fire on resume",
                                "set PreemptMode=REQUEUE (globally or on the partitions that run training)"))  # fmt: skip
         elif "CANCEL" in modes:
-            out.append(Finding("PreemptMode", pmode, WARN,
+            out.append(ConfigFinding("PreemptMode", pmode, WARN,
                                "a preempted job is cancelled, not requeued: the campaign stops and must be resubmitted",
                                "set PreemptMode=REQUEUE"))  # fmt: skip
         else:
-            out.append(Finding("PreemptMode", pmode or "(missing)", OK,
+            out.append(ConfigFinding("PreemptMode", pmode or "(missing)", OK,
                                "a preempted job is requeued: the campaign resumes from its checkpoint"))  # fmt: skip
         params = {p.strip().lower() for p in get("SlurmctldParameters", "").split(",")}
         if "preempt_send_user_signal" in params:
-            out.append(Finding("SlurmctldParameters", get("SlurmctldParameters", ""), OK,
+            out.append(ConfigFinding("SlurmctldParameters", get("SlurmctldParameters", ""), OK,
                                "preempt_send_user_signal: at preemption the batch step gets USR1 (--signal) and the "
                                "supervisor asks the ranks to checkpoint"))  # fmt: skip
         else:
-            out.append(Finding("SlurmctldParameters", get("SlurmctldParameters", "(null)"), WARN,
+            out.append(ConfigFinding("SlurmctldParameters", get("SlurmctldParameters", "(null)"), WARN,
                                "without preempt_send_user_signal a preempted job's ranks get SIGTERM at once and the "
                                "supervisor no USR1: only ranks that checkpoint on SIGTERM save anything",
                                "add preempt_send_user_signal to SlurmctldParameters"))  # fmt: skip
@@ -99,7 +99,7 @@ def judge(
     return out
 
 
-def _grace(part: Mapping[str, str], global_mode: str, checkpoint_grace_s: float) -> list[Finding]:
+def _grace(part: Mapping[str, str], global_mode: str, checkpoint_grace_s: float) -> list[ConfigFinding]:
     mode = (part.get("PreemptMode") or global_mode).upper()
     if "OFF" in mode or not mode:
         return []
@@ -107,77 +107,77 @@ def _grace(part: Mapping[str, str], global_mode: str, checkpoint_grace_s: float)
     grace = seconds(part.get("GraceTime", "0")) or 0.0
     why = "between preemption and the kill the ranks must finish a checkpoint"
     if grace <= 0:
-        return [Finding(name, "0", WARN, why + "; with 0 a preempted job is killed at once",
+        return [ConfigFinding(name, "0", WARN, why + "; with 0 a preempted job is killed at once",
                         f"set GraceTime={int(checkpoint_grace_s)} (>= run.checkpoint_grace_s) on the partition")]
     if grace < checkpoint_grace_s:
-        return [Finding(name, f"{grace:g}", WARN, why + f"; {grace:g} s is less than run.checkpoint_grace_s "
+        return [ConfigFinding(name, f"{grace:g}", WARN, why + f"; {grace:g} s is less than run.checkpoint_grace_s "
                         f"({checkpoint_grace_s:g} s)", f"raise GraceTime to {int(checkpoint_grace_s)} or lower "
                         "run.checkpoint_grace_s to what a checkpoint takes")]  # fmt: skip
-    return [Finding(name, f"{grace:g}", OK, why)]
+    return [ConfigFinding(name, f"{grace:g}", OK, why)]
 
 
-def _timing(config: Mapping[str, str], signal_lead_s: float) -> list[Finding]:
-    out: list[Finding] = []
+def _timing(config: Mapping[str, str], signal_lead_s: float) -> list[ConfigFinding]:
+    out: list[ConfigFinding] = []
     kill_wait = seconds(config.get("KillWait"))
     why = "after Slurm's SIGTERM (requeue, cancel, time limit) the supervisor journals the attempt and sets the " \
           "exclusions before SIGKILL"
     if kill_wait is None:
-        out.append(Finding("KillWait", config.get("KillWait", "(missing)"), WARN, why, "check scontrol show config"))
+        out.append(ConfigFinding("KillWait", config.get("KillWait", "(missing)"), WARN, why, "check scontrol show config"))
     elif kill_wait < 5:
-        out.append(Finding("KillWait", f"{kill_wait:g} s", FAIL, why + f"; {kill_wait:g} s is too short",
+        out.append(ConfigFinding("KillWait", f"{kill_wait:g} s", FAIL, why + f"; {kill_wait:g} s is too short",
                            "set KillWait=30 (the default)"))  # fmt: skip
     elif kill_wait < 10:
-        out.append(Finding("KillWait", f"{kill_wait:g} s", WARN, why + "; under 10 s a busy batch host may not make it",
+        out.append(ConfigFinding("KillWait", f"{kill_wait:g} s", WARN, why + "; under 10 s a busy batch host may not make it",
                            "set KillWait=30 (the default)"))  # fmt: skip
     else:
-        out.append(Finding("KillWait", f"{kill_wait:g} s", OK, why))
+        out.append(ConfigFinding("KillWait", f"{kill_wait:g} s", OK, why))
 
     min_age = seconds(config.get("MinJobAge"))
     why = "the supervisor reads its own job's final state (preempted, cancelled, requeued) after the step ends"
     if min_age is not None and 0 < min_age < 30:
-        out.append(Finding("MinJobAge", f"{min_age:g} s", WARN, why + "; the record may be gone before it looks",
+        out.append(ConfigFinding("MinJobAge", f"{min_age:g} s", WARN, why + "; the record may be gone before it looks",
                            "set MinJobAge=300 (the default)"))  # fmt: skip
     else:
-        out.append(Finding("MinJobAge", config.get("MinJobAge", "(missing)"), OK, why))
+        out.append(ConfigFinding("MinJobAge", config.get("MinJobAge", "(missing)"), OK, why))
 
     slurmd_timeout = seconds(config.get("SlurmdTimeout"))
     why = "Slurm marks a dead node DOWN (and requeues its jobs) after SlurmdTimeout; the supervisor notices a " \
           "silent node itself in about 10 s"
     if slurmd_timeout is not None and (slurmd_timeout == 0 or math.isinf(slurmd_timeout)):
-        out.append(Finding("SlurmdTimeout", "0 (never)", WARN, why + "; with 0 a dead node is never marked DOWN and "
+        out.append(ConfigFinding("SlurmdTimeout", "0 (never)", WARN, why + "; with 0 a dead node is never marked DOWN and "
                            "a requeue may land on it again", "set SlurmdTimeout=300 (the default)"))  # fmt: skip
     elif slurmd_timeout is not None and slurmd_timeout > 600:
-        out.append(Finding("SlurmdTimeout", f"{slurmd_timeout:g} s", WARN, why + "; over 10 minutes a requeue waits "
+        out.append(ConfigFinding("SlurmdTimeout", f"{slurmd_timeout:g} s", WARN, why + "; over 10 minutes a requeue waits "
                            "that long for Slurm to give up on the node", "set SlurmdTimeout=300"))  # fmt: skip
     else:
-        out.append(Finding("SlurmdTimeout", config.get("SlurmdTimeout", "(missing)"), OK, why))
+        out.append(ConfigFinding("SlurmdTimeout", config.get("SlurmdTimeout", "(missing)"), OK, why))
 
     over = config.get("OverTimeLimit", "0 min")
     over_s = seconds(over)
     why = f"the supervisor checkpoints and requeues signal_lead_s ({signal_lead_s:g} s) before the time limit"
     if over_s is not None and math.isinf(over_s):
-        out.append(Finding("OverTimeLimit", over, WARN, why + "; UNLIMITED lets jobs run on past their limit, so "
+        out.append(ConfigFinding("OverTimeLimit", over, WARN, why + "; UNLIMITED lets jobs run on past their limit, so "
                            "the time limit no longer marks the end of an attempt", "set OverTimeLimit=0"))  # fmt: skip
     else:
-        out.append(Finding("OverTimeLimit", over, OK, why))
+        out.append(ConfigFinding("OverTimeLimit", over, OK, why))
     return out
 
 
-def _health(config: Mapping[str, str]) -> list[Finding]:
+def _health(config: Mapping[str, str]) -> list[ConfigFinding]:
     program = config.get("HealthCheckProgram")
     interval = seconds(config.get("HealthCheckInterval")) or 0.0
     why = "Slurm runs HealthCheckProgram on every node periodically; `supervise healthcheck --drain` drains a node " \
           "with a failing GPU, disk or memory check before the scheduler places a campaign on it"
     if _null(program):
-        return [Finding("HealthCheckProgram", "(null)", WARN, why,
+        return [ConfigFinding("HealthCheckProgram", "(null)", WARN, why,
                         "set HealthCheckProgram to a script running `supervise healthcheck --drain` and "
                         "HealthCheckInterval=300 (see docs/health.md)")]  # fmt: skip
     if interval <= 0:
-        return [Finding("HealthCheckProgram", str(program), WARN, why + "; HealthCheckInterval is 0, so it never runs",
+        return [ConfigFinding("HealthCheckProgram", str(program), WARN, why + "; HealthCheckInterval is 0, so it never runs",
                         "set HealthCheckInterval=300")]  # fmt: skip
-    return [Finding("HealthCheckProgram", f"{program} every {interval:g} s", OK, why)]
+    return [ConfigFinding("HealthCheckProgram", f"{program} every {interval:g} s", OK, why)]
 
 
-def worst(findings: Sequence[Finding]) -> str:
+def worst(findings: Sequence[ConfigFinding]) -> str:
     statuses = {f.status for f in findings}
     return FAIL if FAIL in statuses else WARN if WARN in statuses else OK

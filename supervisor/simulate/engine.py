@@ -26,8 +26,8 @@ from supervisor.decisions import checkpoint_interval as ci
 from supervisor.decisions import policy
 from supervisor.decisions.classify import classify
 from supervisor.decisions.ledger import Ledger, LedgerConfig
-from supervisor.simulate import evidence as sim_evidence
-from supervisor.simulate.record import Recorder
+from supervisor.simulate import fault_evidence as sim_evidence
+from supervisor.simulate.sim_journal import SimJournal
 from supervisor.simulate.trace import Fault, node_name
 
 BUCKETS = ("productive", "lost_work", "checkpoint", "detection", "restart", "queue", "preflight", "operator")
@@ -152,7 +152,7 @@ def segment(length_s: float, interval_s: float, stall_s: float, write_s: float, 
 class _Campaign:
     """Mutable state of one simulated campaign (kept private: the public surface is :func:`simulate`)."""
 
-    def __init__(self, world: World, strategy: Strategy, recorder: Recorder | None = None) -> None:
+    def __init__(self, world: World, strategy: Strategy, recorder: SimJournal | None = None) -> None:
         self.world, self.s, self.rec = world, strategy, recorder
         self.step = 0  # the step of the newest committed checkpoint (one step per second of compute)
         self.out = Outcome(strategy.name, world.horizon_s)
@@ -310,7 +310,7 @@ class _Campaign:
         return cls
 
 
-def simulate(world: World, strategy: Strategy, faults: Sequence[Fault], recorder: Recorder | None = None) -> Outcome:
+def simulate(world: World, strategy: Strategy, faults: Sequence[Fault], recorder: SimJournal | None = None) -> Outcome:
     """Play ``faults`` (sorted by time) against ``strategy`` over ``world.horizon_s``; ``recorder`` gets the
     campaign's journal events (record.py)."""
     c = _Campaign(world, strategy, recorder)

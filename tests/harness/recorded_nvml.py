@@ -2,7 +2,7 @@
 
 The product knows nothing of it: ``nvml_shadow/pynvml.py`` is a module named ``pynvml`` that the tests put first
 on the import path (``PYTHONPATH`` for the node agents on the local cluster, ``sys.modules`` in unit tests), so
-``import pynvml`` in ``supervisor/health/probe.py`` gets it and the real probe code (``probe._gpu``,
+``import pynvml`` in ``supervisor/health/reading.py`` gets it and the real probe code (``probe._gpu``,
 ``XidWatcher``) runs on NVML-shaped answers: integration tests feed a node agent a GPU fault on a machine without
 GPUs, and a reading taken on a GPU machine can be replayed. ``SUPERVISOR_HEALTH_RECORDED=FILE`` (a JSON file
 every node can read) maps a node name (``SLURMD_NODENAME``; or ``"*"``: every other node) to::

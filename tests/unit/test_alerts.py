@@ -16,7 +16,7 @@ from supervisor.config import AlertConfig
 from supervisor.decisions import events as ev
 from supervisor.decisions import policy
 from supervisor.decisions.classify import Interruption
-from supervisor.decisions.detect.model import DetectionEvent
+from supervisor.decisions.detect.findings import DetectionEvent
 
 
 class _Recorder(BaseHTTPRequestHandler):

@@ -17,7 +17,7 @@ from supervisor.client import slot
 from supervisor.config import from_mapping
 from supervisor.decisions import events as ev
 from supervisor.driver import checkpoint_request as cr
-from supervisor.driver.checkpoints import CheckpointTracker
+from supervisor.driver.checkpoint_tracker import CheckpointTracker
 from supervisor.heartbeat import wire
 
 WANTED = slot.FLAG_CHECKPOINT | slot.FLAG_STOP

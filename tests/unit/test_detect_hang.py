@@ -18,9 +18,9 @@ from supervisor.decisions.detect import (
     DetectConfig,
     Detector,
     HangConfig,
-    NodeView,
+    LaunchView,
+    NodeRanks,
     RankView,
-    Snapshot,
     TimeoutConfig,
 )
 
@@ -64,9 +64,9 @@ class Cluster:
             for r in self.last_beat
         ]
         nodes = tuple(
-            NodeView(n, self.node_age[n], tuple(v for v in views if v.node == n)) for n in ("node1", "node2")
+            NodeRanks(n, self.node_age[n], tuple(v for v in views if v.node == n)) for n in ("node1", "node2")
         )
-        return Snapshot(nodes=nodes, launch_age_s=now)
+        return LaunchView(nodes=nodes, launch_age_s=now)
 
 
 def run(detector, cluster, start, end, dt=0.25, durations=None):
@@ -140,7 +140,7 @@ def test_exited_and_zombie_ranks_are_reported_with_their_exit_code():
     views = list(snap.ranks())
     views[0] = RankView(0, "node1", 1000, 5, "step", 0.1, state="exited", exit_signal=9)
     views[1] = RankView(1, "node1", 1001, 5, "step", 0.1, state="zombie")
-    snap = Snapshot((NodeView("node1", 0.0, tuple(views[:2])), NodeView("node2", 0.0, tuple(views[2:]))))
+    snap = LaunchView((NodeRanks("node1", 0.0, tuple(views[:2])), NodeRanks("node2", 0.0, tuple(views[2:]))))
     found = det.observe(snap, 5.0)
     assert sorted((e.kind, e.ranks) for e in found) == [(RANK_EXITED, (0,)), (RANK_EXITED, (1,))]
     assert any("code -9" in line for e in found for line in e.evidence)
@@ -165,7 +165,7 @@ def test_ranks_without_the_client_are_never_called_hung():
     det = Detector(fast_config())
     views = tuple(RankView(r, "node1", 10 + r, state="sleeping") for r in range(2))
     for t in range(0, 5000, 100):
-        assert det.observe(Snapshot((NodeView("node1", 0.0, views),)), float(t)) == []
+        assert det.observe(LaunchView((NodeRanks("node1", 0.0, views),)), float(t)) == []
 
 
 def test_first_step_gets_the_init_allowance():
@@ -173,7 +173,7 @@ def test_first_step_gets_the_init_allowance():
     for t in range(0, 99):
         view = RankView(0, "node1", 1, step=0, phase="step", beat_age_s=float(t))
         other = RankView(1, "node1", 2, step=0, phase="step", beat_age_s=float(t))
-        assert det.observe(Snapshot((NodeView("node1", 0.0, (view, other)),)), float(t)) == []
+        assert det.observe(LaunchView((NodeRanks("node1", 0.0, (view, other)),)), float(t)) == []
 
 
 def test_relaunch_keeps_learned_timeouts_and_state_is_copyable():
@@ -225,7 +225,7 @@ def test_ranks_waiting_for_a_peers_checkpoint_are_not_hung_but_a_stuck_checkpoin
     def table(t, saver_phase="checkpoint"):
         views = [RankView(0, "node1", 1000, 30, saver_phase, t - 30.0, state="sleeping")]
         views += [RankView(r, NODES[r], 1000 + r, 30, "step", t - 30.0, state="sleeping") for r in (1, 2, 3)]
-        return Snapshot(tuple(NodeView(n, 0.0, tuple(v for v in views if v.node == n)) for n in ("node1", "node2")))
+        return LaunchView(tuple(NodeRanks(n, 0.0, tuple(v for v in views if v.node == n)) for n in ("node1", "node2")))
 
     assert [e for t in range(30, 90) for e in det.observe(table(float(t)), float(t))] == []
     late = det.observe(table(91.0), 91.0)
@@ -241,7 +241,7 @@ def _collective_checkpoint(t, hung_rank=None, hung_since=None, step=30, start=30
             views.append(RankView(r, node, 1000 + r, step - 1, "step", t - hung_since, state="sleeping"))
         else:
             views.append(RankView(r, node, 1000 + r, step, "checkpoint", t - start, state="sleeping"))
-    return Snapshot(tuple(NodeView(n, 0.0, tuple(v for v in views if v.node == n)) for n in ("node1", "node2")))
+    return LaunchView(tuple(NodeRanks(n, 0.0, tuple(v for v in views if v.node == n)) for n in ("node1", "node2")))
 
 
 def test_a_hang_right_before_a_collective_checkpoint_is_judged_by_the_step_timeout():

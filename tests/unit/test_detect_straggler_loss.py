@@ -13,11 +13,11 @@ from supervisor.decisions.detect import (
     LOSS_SPIKE,
     NONFINITE_LOSS,
     STRAGGLER,
+    LaunchView,
     LossConfig,
     LossDetector,
-    NodeView,
+    NodeRanks,
     RankView,
-    Snapshot,
     StragglerConfig,
     StragglerDetector,
 )
@@ -29,7 +29,7 @@ def table(ewmas, step=10):
         RankView(r, f"node{r // 2 + 1}", 100 + r, step, "step", 0.1, ewma_s=e)
         for r, e in enumerate(ewmas)
     )
-    return Snapshot((NodeView("all", 0.0, views),))
+    return LaunchView((NodeRanks("all", 0.0, views),))
 
 
 def test_a_persistently_slow_rank_is_reported_once_after_m_checks():
@@ -74,7 +74,7 @@ def test_median_without_matches_the_naive_computation(values, pick):
 
 def loss_table(losses, step):
     views = tuple(RankView(r, "node1", 1, step, "step", 0.1, loss=v) for r, v in enumerate(losses))
-    return Snapshot((NodeView("node1", 0.0, views),))
+    return LaunchView((NodeRanks("node1", 0.0, views),))
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])

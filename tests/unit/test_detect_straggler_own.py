@@ -11,23 +11,23 @@ from hypothesis import strategies as st
 
 from supervisor.decisions.detect import (
     STRAGGLER,
-    NodeView,
+    LaunchView,
+    NodeRanks,
     RankView,
-    Snapshot,
     StragglerConfig,
     StragglerDetector,
 )
 from supervisor.decisions.detect.straggler import OWN, PERIOD
 
 
-def sync_table(own: list[float | None], period: float = 0.8) -> Snapshot:
+def sync_table(own: list[float | None], period: float = 0.8) -> LaunchView:
     """Every rank steps at the same period (they wait for the slowest); own times as given (None: not measured)."""
     views = tuple(RankView(r, f"node{r + 1}", 100 + r, 10, "step", 0.1, ewma_s=period, own_s=o)
                   for r, o in enumerate(own))  # fmt: skip
-    return Snapshot((NodeView("all", 0.0, views),))
+    return LaunchView((NodeRanks("all", 0.0, views),))
 
 
-def run(det: StragglerDetector, tables: list[Snapshot]) -> list:
+def run(det: StragglerDetector, tables: list[LaunchView]) -> list:
     return [e for i, t in enumerate(tables) for e in det.observe(t, float(i))]
 
 
@@ -45,13 +45,13 @@ def test_without_own_times_everywhere_the_periods_are_compared_as_before():
     det = StragglerDetector(StragglerConfig(consecutive=1, interval_s=0))
     assert run(det, [sync_table([0.3, None, 0.72])]) == []  # equal periods: nothing to see (the known limit)
     views = tuple(RankView(r, f"node{r + 1}", 1, 10, "step", 0.1, ewma_s=p) for r, p in enumerate([1.0, 1.0, 2.0]))
-    (event,) = det.observe(Snapshot((NodeView("all", 0.0, views),)), 1.0)
+    (event,) = det.observe(LaunchView((NodeRanks("all", 0.0, views),)), 1.0)
     assert event.metric == PERIOD and event.ranks == (2,)
 
 
 def test_a_switch_of_metric_starts_the_streaks_over():
     det = StragglerDetector(StragglerConfig(consecutive=2, interval_s=0))
-    slow_period = Snapshot((NodeView("all", 0.0, tuple(
+    slow_period = LaunchView((NodeRanks("all", 0.0, tuple(
         RankView(r, f"node{r + 1}", 1, 10, "step", 0.1, ewma_s=p) for r, p in enumerate([1.0, 1.0, 2.0]))),))  # fmt: skip
     assert run(det, [slow_period, sync_table([0.3, 0.3, 0.72])]) == []  # one check each: no streak of 2
     assert det.state.metric == OWN and det.state.streaks == {2: 1}
@@ -63,7 +63,7 @@ def test_ranks_outside_the_step_phase_or_silent_are_left_out():
              RankView(1, "n2", 1, 10, "step", 0.1, ewma_s=1.0, own_s=0.3),
              RankView(2, "n3", 1, 10, "checkpoint", 0.1, ewma_s=1.0, own_s=0.9),
              RankView(3, "n4", 1, 10, "step", 99.0, ewma_s=1.0, own_s=0.9))  # fmt: skip
-    assert det.observe(Snapshot((NodeView("all", 0.0, views),)), 0.0) == []  # 2 ranks left: fewer than min_ranks
+    assert det.observe(LaunchView((NodeRanks("all", 0.0, views),)), 0.0) == []  # 2 ranks left: fewer than min_ranks
 
 
 @settings(max_examples=80, deadline=None)

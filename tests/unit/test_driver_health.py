@@ -21,7 +21,7 @@ from supervisor.decisions import events as ev
 from supervisor.decisions import policy
 from supervisor.driver.compose import Attempt
 from supervisor.driver.context import Context
-from supervisor.driver.health import HealthWatch, detections, gpu_faults
+from supervisor.driver.health_watch import HealthWatch, detections, gpu_faults
 from supervisor.health.checks import Limits
 from supervisor.health.preflight import PreflightConfig
 from supervisor.heartbeat.wire import HealthItem, HealthReport

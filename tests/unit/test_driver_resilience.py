@@ -23,7 +23,7 @@ from supervisor.config import from_mapping
 from supervisor.decisions import events as ev
 from supervisor.decisions.detect.loss import LossConfig, LossDetector
 from supervisor.driver import guard as guard_module
-from supervisor.driver.checkpoints import CheckpointTracker
+from supervisor.driver.checkpoint_tracker import CheckpointTracker
 from supervisor.driver.guard import Guard, GuardedChannel
 
 DONE = {"state": "exited", "exit_code": 0}

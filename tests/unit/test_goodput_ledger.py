@@ -13,7 +13,7 @@ from supervisor.decisions.goodput import BUCKETS, ideal_step_ms, ledger
 from supervisor.driver.context import Context
 from supervisor.driver.progress import ProgressLog
 from supervisor.journal import Journal, read
-from supervisor.report import fold
+from supervisor.report_view import fold
 
 
 def progress(t: float, launch: int, step: int, step_t: float | None = None) -> dict:

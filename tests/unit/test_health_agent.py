@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.agent.health import HealthThread, report_event
+from supervisor.agent.health_thread import HealthThread, report_event
 from supervisor.agent.main import Agent, build_parser
-from supervisor.health import probe
-from supervisor.health.agent import AgentHealth
+from supervisor.health import reading
 from supervisor.health.checks import FATAL, WARN, Limits, evaluate
+from supervisor.health.periodic import AgentHealth
 from supervisor.heartbeat import wire
 from supervisor.heartbeat.table import LiveTable
 
@@ -152,11 +152,11 @@ def test_recorded_lost_gpu_missing_devices_and_throttling(tmp_path: Path, monkey
     hot = {**HEALTHY_GPU, "temperature_c": 95, "throttle_reasons": 0x40 | 0x4}
     _record(tmp_path, {"*": {"gpus": [hot, {"lost": True}]}}, monkeypatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
-    reading = probe.read_node(2, node="any", kernel_log=False)
-    found = {(p.severity, p.check, p.value) for p in evaluate(reading)}
+    got = reading.read_node(2, node="any", kernel_log=False)
+    found = {(p.severity, p.check, p.value) for p in evaluate(got)}
     assert found == {(FATAL, "gpus_missing", "2"), (FATAL, "gpu1_query", "error"), (WARN, "gpu0_temperature", "95C"),
                      (WARN, "gpu0_throttle", "hw_thermal_slowdown")}  # fmt: skip
-    assert probe.read_node(3, node="any", kernel_log=False).gpus[1].error == "GPU is lost"
+    assert reading.read_node(3, node="any", kernel_log=False).gpus[1].error == "GPU is lost"
 
 
 def test_no_gpu_is_a_clear_reading_never_an_exception(tmp_path: Path, monkeypatch) -> None:
@@ -167,14 +167,14 @@ def test_no_gpu_is_a_clear_reading_never_an_exception(tmp_path: Path, monkeypatc
     assert health.poll(0.0) == []
     health.close()
     monkeypatch.setenv(RECORDED, str(tmp_path / "missing.json"))
-    nvml, status = probe.open_nvml()
+    nvml, status = reading.open_nvml()
     assert nvml is None and "recorded readings unreadable" in status
 
 
 def test_a_checkpoint_dir_not_made_yet_is_read_on_its_filesystem(tmp_path: Path) -> None:
-    reading = probe.read_fs(str(tmp_path / "ckpt" / "later"), "checkpoint", nearest_existing=True)
-    assert reading.error is None and reading.free_bytes
-    assert probe.read_fs(str(tmp_path / "nope"), "checkpoint").error  # the operator's command says so
+    got = reading.read_fs(str(tmp_path / "ckpt" / "later"), "checkpoint", nearest_existing=True)
+    assert got.error is None and got.free_bytes
+    assert reading.read_fs(str(tmp_path / "nope"), "checkpoint").error  # the operator's command says so
 
 
 # ------------------------------------------------------------------------------------------- the agent
@@ -215,7 +215,7 @@ def test_the_agent_sends_its_health_reports_and_measures_the_clock_offset(tmp_pa
     args = build_parser().parse_args(["--campaign", str(tmp_path), "--job-id", "9", "--node", "n1",
                                       "--health-fs", f"checkpoint={tmp_path}", "--health-limit", "fs_min_free_gib=1e9",
                                       "--health-interval", "30"])  # fmt: skip
-    from supervisor.agent.health import health_from_args
+    from supervisor.agent.health_thread import health_from_args
 
     agent = Agent(job="9", node="n1", key=KEY, supervisor=server.getsockname(), slot_dir=slots, campaign=tmp_path,
                   keep_slot_dir=True, health=health_from_args(args), supervisor_timeout_s=5.0)  # fmt: skip
@@ -242,7 +242,7 @@ def test_the_agent_sends_its_health_reports_and_measures_the_clock_offset(tmp_pa
 
 
 def test_bad_health_arguments_are_usage_errors() -> None:
-    from supervisor.agent.health import health_from_args
+    from supervisor.agent.health_thread import health_from_args
     from supervisor.errors import UsageError
 
     parser = build_parser()

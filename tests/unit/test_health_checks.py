@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from slurm.model import NodeInfo
 from supervisor.health import xid
-from supervisor.health.agent import AgentHealth, agent_checks
 from supervisor.health.checks import (
     FATAL,
     WARN,
@@ -22,6 +21,7 @@ from supervisor.health.checks import (
     fit,
 )
 from supervisor.health.drain import decide
+from supervisor.health.periodic import AgentHealth, agent_checks
 
 GIB = 1 << 30
 # Recorded from an H100 SXM via nvidia-ml-py (shape of the values the probe stores).

@@ -22,7 +22,7 @@ from supervisor.decisions import events as ev
 from supervisor.driver.context import Context
 from supervisor.driver.interval import IntervalAsker
 from supervisor.heartbeat import wire
-from supervisor.report import fold, render_text
+from supervisor.report_view import fold, render_text
 
 
 @pytest.fixture(autouse=True)

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from supervisor.decisions import events as ev
 from supervisor.decisions import placement, policy
 from supervisor.decisions.classify import Interruption
-from supervisor.decisions.placement import Layout
+from supervisor.decisions.placement import TrainingLayout
 
-LAYOUT = Layout(nodes=("node1", "node2", "node3"), tasks_per_node=2, spare_nodes=1)
+LAYOUT = TrainingLayout(nodes=("node1", "node2", "node3"), tasks_per_node=2, spare_nodes=1)
 
 
 def test_step_nodes_rotate_the_ranks_over_the_usable_nodes() -> None:
@@ -25,7 +25,7 @@ def test_step_nodes_rotate_the_ranks_over_the_usable_nodes() -> None:
 def test_step_nodes_never_use_an_excluded_node_nor_more_than_the_training_needs(n: int, spares: int, shift: int,
                                                                                 data: st.DataObject) -> None:
     nodes = tuple(f"n{i}" for i in range(n + spares))
-    layout = Layout(nodes=nodes, tasks_per_node=1, spare_nodes=spares)
+    layout = TrainingLayout(nodes=nodes, tasks_per_node=1, spare_nodes=spares)
     exclude = data.draw(st.lists(st.sampled_from(nodes), unique=True, max_size=len(nodes)))
     chosen = placement.step_nodes(layout, exclude, shift)
     assert not set(chosen) & set(exclude)

@@ -10,7 +10,7 @@ import pytest
 from supervisor import cli
 from supervisor.decisions import events as ev
 from supervisor.plot import PlotError, timeline, write_comparison, write_timeline
-from supervisor.report import fold
+from supervisor.report_view import fold
 
 T0 = 1_796_234_937.0  # 2026-12-02
 SVG = "{http://www.w3.org/2000/svg}"

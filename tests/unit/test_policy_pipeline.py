@@ -10,9 +10,9 @@ from supervisor.decisions.detect import (
     RANK_STOPPED,
     DetectConfig,
     Detector,
-    NodeView,
+    LaunchView,
+    NodeRanks,
     RankView,
-    Snapshot,
     TimeoutConfig,
 )
 from supervisor.decisions.ledger import Ledger
@@ -39,7 +39,7 @@ def snapshot(t, stopped_rank=None, stopped_at=None):
             RankView(r, node, 100 + r, int(last), "step", t - last, ewma_s=1.0, max_s=1.05,
                      state="stopped" if frozen else "sleeping")
         )  # fmt: skip
-    return Snapshot(tuple(NodeView(n, 0.1, tuple(v for v in views if v.node == n)) for n in ("node1", "node2")))
+    return LaunchView(tuple(NodeRanks(n, 0.1, tuple(v for v in views if v.node == n)) for n in ("node1", "node2")))
 
 
 def test_a_sigstopped_rank_goes_from_detection_to_a_journaled_restart(tmp_path):

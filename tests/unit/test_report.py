@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from supervisor.decisions import events as ev
 from supervisor.decisions.campaign_state import fold as fold_state
 from supervisor.decisions.campaign_state import infer_previous_outcome
-from supervisor.report import fold, render_text
+from supervisor.report_view import fold, render_text
 
 
 def campaign(t0: float = 1000.0) -> list[dict]:

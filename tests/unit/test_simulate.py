@@ -169,13 +169,13 @@ def test_a_broken_node_stays_out_and_preflight_catches_one_a_fading_ledger_readm
 
 def test_the_recorded_journal_folds_to_the_same_accounting() -> None:
     """The simulation as journal events, folded by the report: the two accountings agree."""
-    from supervisor.report import fold
-    from supervisor.simulate.record import Recorder
+    from supervisor.report_view import fold
+    from supervisor.simulate.sim_journal import SimJournal
 
     world = engine.World(gpus=32, days=3.0, seed=3)
     faults = trace.llama3(3, 32, 3.0, rate_scale=300)
     events: list[dict] = []
-    out = engine.simulate(world, engine.supervised(spares=1), faults, Recorder(events.append))
+    out = engine.simulate(world, engine.supervised(spares=1), faults, SimJournal(events.append))
     doc = fold(events, now=0.0)
     g = doc["goodput"]
     assert g["wall_s"] == pytest.approx(world.horizon_s)

@@ -170,7 +170,7 @@ def test_the_agent_dumps_a_rank_without_the_client_from_its_discovered_pid(tmp_p
 
 
 def test_the_report_says_which_ranks_of_a_launch_have_no_stack_and_why() -> None:
-    from supervisor import report
+    from supervisor import report_view
     from supervisor.decisions import events as ev
 
     journal = [
@@ -179,11 +179,11 @@ def test_the_report_says_which_ranks_of_a_launch_have_no_stack_and_why() -> None
         ev.stacks(51.0, "n1", 0, "stacks_saved", "/c/stacks/n1-rank0.txt"),
         ev.stacks(52.0, "n2", 1, "stacks_failed", "no answer from the node's agent within 22 s"),
     ]  # fmt: skip
-    doc = report.fold(journal, now=60.0)
+    doc = report_view.fold(journal, now=60.0)
     stacks = doc["attempts"][0]["stacks"]
     assert stacks == {"saved": [{"node": "n1", "rank": 0, "path": "/c/stacks/n1-rank0.txt"}],
                       "without_stack": [{"node": "n2", "rank": 1,
                                          "why": "no answer from the node's agent within 22 s"}]}  # fmt: skip
-    text = report.render_text(doc)
+    text = report_view.render_text(doc)
     assert "launch 1: no stack for rank 1 on n2: no answer from the node's agent within 22 s" in text
     assert "launch 1: 1 stack dump(s) saved before the kill" in text

@@ -19,11 +19,11 @@ from supervisor.driver.launcher import resume_value
     ("", "/ck/step_1", True, "/ck/step_1"),
 ])
 def test_resume_env(ckpt_dir, resume, scan_ok, expected, tmp_path):
-    from supervisor.decisions.placement import Layout
+    from supervisor.decisions.placement import TrainingLayout
     from supervisor.driver.context import Context
     from supervisor.driver.launcher import TrainingLauncher
 
-    trainer = TrainingLauncher(Context.of(lambda e: None), start=None, layout=Layout(("n1",), 1), command=("x",),  # type: ignore[arg-type]
+    trainer = TrainingLauncher(Context.of(lambda e: None), start=None, layout=TrainingLayout(("n1",), 1), command=("x",),  # type: ignore[arg-type]
                                cwd=None, srun_args=(), job_id="7", restart_count=0, campaign=Path("/c"),
                                log_dir=tmp_path, node_addresses={}, checkpoint_dir_known=bool(ckpt_dir),
                                environ={"SUPERVISOR_RESUME_FROM": "/inherited/from/the/batch/env"})  # fmt: skip
@@ -41,7 +41,7 @@ def test_pick_resume_refuses_a_planted_checkpoint_in_a_shared_root_and_journals_
     from supervisor.checkpoint import trust
     from supervisor.checkpoint.durable import write_durable
     from supervisor.checkpoint.manifest import FileEntry, Manifest
-    from supervisor.driver.checkpoints import CheckpointTracker
+    from supervisor.driver.checkpoint_tracker import CheckpointTracker
     from supervisor.heartbeat.secret import create_secret
     from supervisor.journal import Journal, read
 
@@ -81,7 +81,7 @@ def test_pick_resume_reads_every_shard_a_bit_flip_in_the_newest_falls_back_to_th
     validates fully, quarantines the corrupt checkpoint (journaled) and hands out the previous one."""
     import zipfile
 
-    from supervisor.driver.checkpoints import CheckpointTracker
+    from supervisor.driver.checkpoint_tracker import CheckpointTracker
 
     root = tmp_path / "ckpt"
     root.mkdir(mode=0o700)

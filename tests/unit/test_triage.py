@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.decisions import triage
-from supervisor.decisions.detect.model import (
+from supervisor.decisions.detect.findings import (
     FAULT_KINDS,
     HANG_KINDS,
     LOSS_SPIKE,

@@ -12,9 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from supervisor.decisions.detect.hang import HangConfig, HangDetector, HangState
-from supervisor.decisions.detect.loss import LossConfig, LossDetector, LossState
-from supervisor.decisions.detect.model import (
+from supervisor.decisions.detect.findings import (
     FAULT_KINDS,
     GLOBAL_STALL,
     HANG_KINDS,
@@ -28,11 +26,13 @@ from supervisor.decisions.detect.model import (
     STRAGGLER,
     WARNING_KINDS,
     DetectionEvent,
-    NodeView,
+    LaunchView,
+    NodeRanks,
     RankView,
-    Snapshot,
     snapshot_from_live,
 )
+from supervisor.decisions.detect.hang import HangConfig, HangDetector, HangState
+from supervisor.decisions.detect.loss import LossConfig, LossDetector, LossState
 from supervisor.decisions.detect.straggler import StragglerConfig, StragglerDetector, StragglerState
 from supervisor.decisions.detect.timeouts import LogHistogram, PhaseTimeouts, TimeoutConfig
 
@@ -60,10 +60,10 @@ __all__ = [
     "LossConfig",
     "LossDetector",
     "LossState",
-    "NodeView",
+    "NodeRanks",
     "PhaseTimeouts",
     "RankView",
-    "Snapshot",
+    "LaunchView",
     "StragglerConfig",
     "StragglerDetector",
     "StragglerState",
@@ -115,7 +115,7 @@ class Detector:
         self.straggler = StragglerDetector(self.config.straggler)
         self.loss = LossDetector(self.config.loss)
 
-    def observe(self, snapshot: Snapshot, now: float) -> list[DetectionEvent]:
+    def observe(self, snapshot: LaunchView, now: float) -> list[DetectionEvent]:
         events = self.hang.observe(snapshot, now)
         events += self.loss.observe(snapshot, now)
         events += self.straggler.observe(snapshot, now)

@@ -17,15 +17,15 @@ import math
 from dataclasses import dataclass, field
 
 from supervisor.client.layout import RANK_FLAG_EXITING
-from supervisor.decisions.detect.model import (
+from supervisor.decisions.detect.findings import (
     GLOBAL_STALL,
     NODE_SILENT,
     RANK_EXITED,
     RANK_HANG,
     RANK_STOPPED,
     DetectionEvent,
+    LaunchView,
     RankView,
-    Snapshot,
     proc_meaning,
     sorted_nodes,
 )
@@ -157,7 +157,7 @@ class HangDetector:
         """Forget rank processes (call when a new training step is launched); learned timeouts persist."""
         self.state = HangState()
 
-    def observe(self, snapshot: Snapshot, now: float) -> list[DetectionEvent]:
+    def observe(self, snapshot: LaunchView, now: float) -> list[DetectionEvent]:
         events: list[DetectionEvent] = []
         current: set[tuple[str, str]] = set()
         silent_nodes = [n for n in snapshot.nodes if n.staleness_s > self.config.node_silence_s]

@@ -12,7 +12,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from supervisor.decisions.detect.model import LOSS_SPIKE, NONFINITE_LOSS, DetectionEvent, Snapshot
+from supervisor.decisions.detect.findings import LOSS_SPIKE, NONFINITE_LOSS, DetectionEvent, LaunchView
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class LossDetector:
         self.state.quiet_until.clear()
         self.state.nonfinite.clear()
 
-    def observe(self, snapshot: Snapshot, now: float) -> list[DetectionEvent]:
+    def observe(self, snapshot: LaunchView, now: float) -> list[DetectionEvent]:
         c = self.config
         s = self.state
         events: list[DetectionEvent] = []

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from supervisor.decisions.detect.model import STRAGGLER, DetectionEvent, RankView, Snapshot, proc_meaning
+from supervisor.decisions.detect.findings import STRAGGLER, DetectionEvent, LaunchView, RankView, proc_meaning
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class StragglerDetector:
         self.config = config or StragglerConfig()
         self.state = state or StragglerState()
 
-    def observe(self, snapshot: Snapshot, now: float) -> list[DetectionEvent]:
+    def observe(self, snapshot: LaunchView, now: float) -> list[DetectionEvent]:
         c = self.config
         if self.state.last_eval_t is not None and now - self.state.last_eval_t < c.interval_s:
             return []

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from supervisor.decisions.classify import Evidence, LogLine, RankExit
-from supervisor.decisions.detect.model import NODE_SILENT, NONFINITE_LOSS, RANK_HANG, DetectionEvent
+from supervisor.decisions.detect.findings import NODE_SILENT, NONFINITE_LOSS, RANK_HANG, DetectionEvent
 
 CRASH, HANG = "crash", "hang"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor.health.checks import FATAL, Limits, NodeReading, Problem, evaluate
-from supervisor.health.probe import XidWatcher, open_nvml, read_node
+from supervisor.health.reading import XidWatcher, open_nvml, read_node
 
 DEFAULT_INTERVAL_S = 30.0
 DEFAULT_LIMITS = Limits()

@@ -22,7 +22,7 @@ Event = dict[str, Any]
 JOB = "sim"
 
 
-class Recorder:
+class SimJournal:
     def __init__(self, sink: Callable[[Event], None], base_t: float = 1_767_225_600.0) -> None:  # 2026-01-01
         self.sink, self.base = sink, base_t
         self.restart = 0

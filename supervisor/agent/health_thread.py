@@ -1,4 +1,4 @@
-"""The node agent's health checks: ``health.agent.AgentHealth`` run in a thread (at start, then every
+"""The node agent's health checks: ``health.periodic.AgentHealth`` run in a thread (at start, then every
 ``--health-interval`` seconds), each result turned into one ``wire.EVENT_HEALTH`` event for the supervisor.
 
 Why a thread: a reading may take seconds (NVML on a sick GPU, statvfs on a slow NFS mount, each under its own
@@ -19,7 +19,7 @@ from supervisor.errors import UsageError
 from supervisor.heartbeat import wire
 
 if TYPE_CHECKING:
-    from supervisor.health.agent import AgentHealth, NodeFinding
+    from supervisor.health.periodic import AgentHealth, NodeFinding
 
 
 def report_event(check_number: int, nvml: str, findings: list[NodeFinding]) -> wire.Event:
@@ -87,7 +87,7 @@ def health_from_args(args: argparse.Namespace) -> AgentHealth | None:
         raise UsageError(f"--health-interval {args.health_interval!r} must be >= 0", "pass e.g. 30 (0: no checks)")
     if args.expect_gpus is not None and args.expect_gpus < 0:
         raise UsageError("--expect-gpus must be >= 0", "pass the GPUs per node of the allocation")
-    from supervisor.health.agent import AgentHealth
+    from supervisor.health.periodic import AgentHealth
     from supervisor.health.checks import Limits
 
     try:

@@ -38,17 +38,17 @@ proc_meaning = procstate.meaning  # 'stopped', 'gone' or 'alive' (unknown states
 
 
 @dataclass(frozen=True)
-class NodeView:
+class NodeRanks:
     node: str
     staleness_s: float  # time since the node agent's last summary
     ranks: tuple[RankView, ...] = ()
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class LaunchView:
     """The live table at one instant (``launch_age_s``: time since the current training step was launched)."""
 
-    nodes: tuple[NodeView, ...]
+    nodes: tuple[NodeRanks, ...]
     launch_age_s: float = 0.0
 
     def ranks(self) -> Iterator[RankView]:
@@ -85,14 +85,14 @@ def sorted_nodes(nodes: Sequence[str] | set[str]) -> tuple[str, ...]:
     return tuple(sorted(set(nodes)))
 
 
-def snapshot_from_live(live: table.Snapshot, launch_age_s: float = 0.0) -> Snapshot:
+def snapshot_from_live(live: table.Snapshot, launch_age_s: float = 0.0) -> LaunchView:
     """Group a live-table snapshot's rank views by node, each node with its staleness (a node that lost all
     its ranks still counts: its silence is evidence)."""
     by_node: dict[str, list[RankView]] = {name: [] for name in live.nodes}
     for r in live.ranks:
         by_node.setdefault(r.node, []).append(r)
     nodes = tuple(
-        NodeView(name, live.nodes[name].staleness_s if name in live.nodes else float("inf"), tuple(views))
+        NodeRanks(name, live.nodes[name].staleness_s if name in live.nodes else float("inf"), tuple(views))
         for name, views in sorted(by_node.items())
     )
-    return Snapshot(nodes=nodes, launch_age_s=launch_age_s)
+    return LaunchView(nodes=nodes, launch_age_s=launch_age_s)
