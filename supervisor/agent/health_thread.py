@@ -87,8 +87,8 @@ def health_from_args(args: argparse.Namespace) -> AgentHealth | None:
         raise UsageError(f"--health-interval {args.health_interval!r} must be >= 0", "pass e.g. 30 (0: no checks)")
     if args.expect_gpus is not None and args.expect_gpus < 0:
         raise UsageError("--expect-gpus must be >= 0", "pass the GPUs per node of the allocation")
-    from supervisor.health.periodic import AgentHealth
     from supervisor.health.checks import Limits
+    from supervisor.health.periodic import AgentHealth
 
     try:
         limits = Limits.from_pairs(args.health_limit)

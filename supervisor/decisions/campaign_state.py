@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from slurm.model import JobInfo
 from supervisor.decisions import events as ev
 from supervisor.decisions import goodput
 from supervisor.decisions.checkpoint_interval import IntervalInputs
@@ -45,7 +46,7 @@ class Accounting:
         self.reason = ""
         self.launches: list[dict[str, Any]] = []
         self.current: dict[str, Any] | None = None
-        self.job: Event | None = None
+        self.attempt: Event | None = None  # the open attempt's attempt_started (its job id and restart count)
         self.excluded: set[str] = set()
         self.quarantined: list[dict[str, Any]] = []
         self.latest_ckpt: dict[str, Any] | None = None
@@ -68,12 +69,12 @@ class Accounting:
         if kind == ev.CAMPAIGN_STARTED:
             self.campaign = e.get("campaign")
         elif kind == ev.ATTEMPT_STARTED:
-            self.job = e
+            self.attempt = e
             self.state = "running"
         elif kind == ev.STEP_LAUNCHED:
             self.current = {
-                "job_id": (self.job or {}).get("job_id"),
-                "restart": (self.job or {}).get("restart", 0),
+                "job_id": (self.attempt or {}).get("job_id"),
+                "restart": (self.attempt or {}).get("restart", 0),
                 "launch": e.get("launch"),
                 "start": e["t"],
                 "end": None,
@@ -259,7 +260,7 @@ def fold(events: Iterable[Event], ledger_config: LedgerConfig | None = None, vie
     return state
 
 
-def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job: Any = None,
+def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job: JobInfo | None = None,
                            died: str | None = None) -> list[ev.Event]:
     """When a Slurm run ended without its supervisor recording how (Slurm requeued or killed the whole job, e.g. a
     node failure took the batch host down), infer the outcome now so the report and the ledger stay true.
@@ -289,7 +290,7 @@ def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job:
         cls, confidence = ev.NODE_FAILURE, 0.9 if down else 0.6
         evidence = [f"node {n} is DOWN/NOT_RESPONDING in Slurm after the previous run ended" for n in down]
         evidence += [f"node agent on {n} went silent before the previous run ended" for n in sorted(silent)]
-    elif job is not None and getattr(job, "preempt_time", None):
+    elif job is not None and job.preempt_time:
         blamed, cls, confidence = [], ev.PREEMPTION, 0.8
         evidence = [f"Slurm recorded a preemption time {job.preempt_time} for the job"]
     else:

@@ -121,7 +121,7 @@ class Evidence:
     unknown: tuple[str, ...] = ()  # sources whose query failed ("slurm_job", "slurm_nodes"): unknown, not empty
     last_steps: Mapping[int, int] = field(default_factory=dict)  # rank -> last iteration it reported
     # The node agents' fatal health findings behind ``gpu_faults``, detection-shaped (kind, metric, value,
-    # threshold, nodes): the interruption's alert carries their figures (driver/health.py).
+    # threshold, nodes): the interruption's alert carries their figures (driver/health_watch.py).
     health_findings: tuple[Mapping[str, Any], ...] = ()
 
 

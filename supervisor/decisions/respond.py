@@ -7,10 +7,9 @@ sockets or files.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
+from slurm.model import JobInfo
 from supervisor.decisions import classify as cl
 from supervisor.decisions import events as ev
 from supervisor.decisions import policy
@@ -18,14 +17,16 @@ from supervisor.decisions.ledger import Ledger
 from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, LogSignature
 
 
-def job_state_of(job: Any, scheduled_end: float | None) -> str | None:
+def job_state_of(job: JobInfo | None, scheduled_end: float | None) -> str | None:
     """The job's state as evidence. Slurm 22.05 shows a cancelled job only as COMPLETING, with EndTime moved to
     the moment of the cancel: an end well before the scheduled one, without a preemption or a requeue, is a
     cancel (a time limit keeps its EndTime, a requeue bumps the restart count and a preemption sets PreemptTime)."""
-    state = getattr(job, "base_state", None) or getattr(job, "state", None)
-    if job is None or state != "COMPLETING" or scheduled_end is None or getattr(job, "preempt_time", None):
+    if job is None:
+        return None
+    state = job.base_state or job.state
+    if state != "COMPLETING" or scheduled_end is None or job.preempt_time:
         return state
-    end = getattr(job, "end_time", None)
+    end = job.end_time
     if end is not None and end < scheduled_end - 30:
         return "CANCELLED"
     return state
@@ -58,9 +59,6 @@ def respond(
     keeps the job running without the dead node, and recovery inside the allocation is ours to do; otherwise a
     lost node means a requeue at once. ``min_needed``: the fewest nodes the training may go on with when the
     spares are used up (``[run] min_nodes``; None: never fewer than ``needed``)."""
-    if not evidence.app_error_history:  # where earlier app errors happened: a crash keeping to one node blames it
-        evidence = dataclasses.replace(evidence, app_error_history=history.app_error_origins,
-                                       app_error_rank_history=history.app_error_ranks)  # fmt: skip
     interruption = cl.classify(evidence, signatures)
     slurm_requeues = (
         slurm_kills_on_node_failure

@@ -177,7 +177,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
                             log_dir=log_dir, health_enabled=run.health_interval_s > 0),
         gather=Gatherer(ctx, slurm=a.slurm, job_id=job_id, health=health, channel=channel, job_nodes=layout.nodes,
                         tasks_per_node=layout.tasks_per_node, signal_lead_s=float(config.submit.signal_lead_s),
-                        scheduled_end=deadline.current, node_addresses=addresses),
+                        scheduled_end=deadline.current, node_addresses=addresses, state=state),
         actuators=Actuators(
             ctx, slurm=a.slurm, channel=channel, inbox=a.inbox, jobs=jobs, job_id=job_id, campaign=str(paths.root),
             alerts_config=config.alerts, checkpoint_grace_s=run.checkpoint_grace_s, ranks_of=watcher.ranks,

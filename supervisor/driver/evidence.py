@@ -156,8 +156,11 @@ def build(
     node_addresses: Mapping[str, str] | None = None,
     gpu_faults: Mapping[str, tuple[str, ...]] | None = None,
     health_findings: Sequence[Mapping[str, Any]] = (),
+    history: Any = None,
 ) -> cl.Evidence:
-    """The one Evidence of an ending. ``ranks``: the launch's rank views (earlier launches' left out)."""
+    """The one Evidence of an ending. ``ranks``: the launch's rank views (earlier launches' left out); ``history``:
+    the campaign's ``policy.History`` (where its earlier app errors happened: a crash keeping to one node blames
+    it)."""
     exits = merge_task_exits(rank_exits(ranks), *worker_exits(log_lines, step_nodes))
     if not exits and watched.exit_code is not None:
         exits = tuple(cl.RankExit(node=n, exit_code=watched.exit_code) for n in step_nodes[:1])
@@ -184,8 +187,10 @@ def build(
         slurm_nodes=dict(nodes or {}),
         unknown=unknown,
         last_steps={r.rank: r.step for r in ranks},
-        gpu_faults=dict(gpu_faults or {}),  # the node agents' fatal health findings (driver/health.py)
+        gpu_faults=dict(gpu_faults or {}),  # the node agents' fatal health findings (driver/health_watch.py)
         health_findings=tuple(health_findings),
+        app_error_history=history.app_error_origins if history is not None else (),
+        app_error_rank_history=history.app_error_ranks if history is not None else (),
     )
 
 
@@ -206,8 +211,10 @@ class Gatherer:
 
     def __init__(self, ctx: Context, *, slurm: SlurmClient, job_id: str, health: Any, channel: Any,
                  job_nodes: tuple[str, ...], tasks_per_node: int, signal_lead_s: float,
-                 scheduled_end: Callable[[], float | None], node_addresses: Mapping[str, str]) -> None:  # fmt: skip
+                 scheduled_end: Callable[[], float | None], node_addresses: Mapping[str, str], state: Any) -> None:  # fmt: skip
+        """``state``: the campaign state (its history: where earlier app errors happened)."""
         self.ctx, self.slurm, self.job_id, self.health, self.channel = ctx, slurm, job_id, health, channel
+        self.state = state
         self.job_nodes, self.tasks_per_node, self.signal_lead_s = job_nodes, tasks_per_node, signal_lead_s
         self.scheduled_end, self.node_addresses = scheduled_end, node_addresses
 
@@ -230,7 +237,7 @@ class Gatherer:
             nodes=self.nodes(), log_lines=tail(log_path), step_nodes=launch_nodes, job_nodes=self.job_nodes,
             signal_lead_s=self.signal_lead_s, scheduled_end=self.scheduled_end(), tasks_per_node=self.tasks_per_node,
             node_addresses=self.node_addresses, gpu_faults=health_watch.gpu_faults(unfit),
-            health_findings=health_watch.detections(unfit),
+            health_findings=health_watch.detections(unfit), history=self.state.history,
         )  # fmt: skip
 
     def _unfit(self, nodes: tuple[str, ...]) -> dict[str, Any]:

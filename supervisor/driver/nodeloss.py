@@ -17,6 +17,7 @@ from slurm.errors import SlurmError
 from slurm.probe import Probe, ProbeStarter
 from supervisor.decisions import nodeloss as nl
 from supervisor.decisions.detect import NODE_LOST, DetectionEvent
+from supervisor.decisions.detect.findings import of_silence
 from supervisor.driver.context import Context
 from supervisor.driver.guard import SLURM_QUERY
 from supervisor.driver.ports import Channel
@@ -77,10 +78,8 @@ class NodeLossWatch:
             self.record(verdict.to_event(self.clock()))
             if verdict.verdict == nl.LOST:
                 self.lost.update(verdict.nodes)
-                found.append(DetectionEvent(
-                    kind=NODE_LOST, ranks=(), nodes=verdict.nodes, metric="summary_age_s", value=verdict.silent_s,
-                    threshold=verdict.timeout_s, duration_s=verdict.silent_s, evidence=(verdict.evidence,),
-                ))  # fmt: skip
+                found.append(of_silence(NODE_LOST, (), verdict.nodes, "summary_age_s", verdict.silent_s,
+                                        verdict.timeout_s, verdict.evidence))  # fmt: skip
         return found
 
     def _slurm_down(self, nodes: list[str]) -> set[str]:

@@ -1,6 +1,6 @@
 """Before each launch: leave out the nodes that would fail or slow the training (``[preflight]``).
 
-1. **Health.** The node agents check their nodes at start (``driver/health.py``); before the first launch the
+1. **Health.** The node agents check their nodes at start (``driver/health_watch.py``); before the first launch the
    supervisor waits (up to the budget) until every node whose agent reported has sent its first health report.
    A node with a fatal finding is unfit.
 2. **Collective test.** ``health.preflight.run``: a short srun step, one task per candidate node (spares

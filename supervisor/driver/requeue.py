@@ -6,12 +6,12 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
 
 import structlog
 
 from slurm.client import SlurmClient
 from slurm.errors import SlurmError
+from slurm.model import JobInfo
 from supervisor.decisions import events as ev
 from supervisor.decisions.respond import job_state_of
 from supervisor.driver.context import Context
@@ -58,12 +58,12 @@ class JobActions:
             start = self._start_soon(errors) if not hold else None
             self.record(ev.requeue_expedited(self.clock(), dropped, start, errors))
 
-    def _drop_lost(self, job: Any, lost: tuple[str, ...], errors: list[str]) -> tuple[str, ...]:
+    def _drop_lost(self, job: JobInfo | None, lost: tuple[str, ...], errors: list[str]) -> tuple[str, ...]:
         """Take the lost nodes out of the running allocation before the requeue: a requeued job stays COMPLETING
         until every node of it answered or was marked DOWN (SlurmdTimeout later); without them it completes as
         soon as its live nodes have. Never the batch host (Slurm refuses), never all nodes."""
         nodes = tuple(job.nodes) if job is not None else ()
-        drop = tuple(n for n in nodes if n in set(lost) and n != job.batch_host)
+        drop = tuple(n for n in nodes if n in set(lost) and job is not None and n != job.batch_host)
         keep = [n for n in nodes if n not in set(drop)]
         if not drop or not keep or not self._resize_keeps_job_updatable(errors):
             return ()

@@ -7,52 +7,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from supervisor.decisions.tasklog import strip_label
 
-T = TypeVar("T")
-
-
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_ddp.py"
+sys.path.insert(0, str(REPO))  # the examples' read-only campaign views, shared with the demo and the benches
+from examples.campaign_view import events, live_rank, wait_for  # noqa: E402
+
 __all__ = ["Campaign", "cancel", "events", "launches", "live_rank", "rank_pid", "submit", "supervise", "wait_for"]
-
-
-def events(root: Path, kind: str | None = None) -> list[dict[str, Any]]:
-    """The campaign's journal events (of one ``type`` if given); empty before the supervisor started."""
-    from supervisor.journal import read
-
-    path = Path(root) / "journal.jsonl"
-    found = read(path) if path.exists() else []
-    return found if kind is None else [e for e in found if e["type"] == kind]
-
-
-def live_rank(root: Path, rank: int, min_step: int = 0) -> dict[str, Any] | None:
-    """The live-table row of ``rank`` once it reached ``min_step`` and is still running, else None."""
-    try:
-        rows = json.loads((Path(root) / "live.json").read_text()).get("ranks", [])
-    except (OSError, ValueError):
-        return None
-    for row in rows:
-        if row.get("rank") == rank and (row.get("step") or 0) >= min_step and row.get("state") != "gone":
-            return dict(row)
-    return None
-
-
-def wait_for(what: str, predicate: Callable[[], T | None], timeout: float, poll: float = 0.5) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail the test naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @dataclass

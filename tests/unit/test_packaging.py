@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,9 +14,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_wheel_holds_the_product_and_no_test_harness(tmp_path: Path) -> None:
+    source = tmp_path / "src"  # a copy of what the build reads: setuptools leaves build/ beside the source
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "supervisor", "slurm"):
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
+        copy(ROOT / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
+                                            if (ROOT / name).is_dir() else {}))  # fmt: skip
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path), str(ROOT)], check=True, timeout=240, cwd=tmp_path)  # fmt: skip
-    (wheel,) = tmp_path.glob("*.whl")
+                    str(tmp_path / "dist"), str(source)], check=True, timeout=240, cwd=tmp_path)  # fmt: skip
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     modules = [n for n in names if n.endswith(".py")]
     assert "supervisor/driver/loop.py" in modules and "slurm/cli_backend.py" in modules

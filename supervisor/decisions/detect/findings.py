@@ -8,7 +8,7 @@ states are the names of ``supervisor.procstate``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +79,19 @@ class DetectionEvent:
         data["nodes"] = list(self.nodes)
         data["evidence"] = list(self.evidence)
         return data
+
+
+def of_rank(kind: str, view: RankView, metric: str, value: float | None, *evidence: str,
+            threshold: float | None = None, duration_s: float | None = None) -> DetectionEvent:  # fmt: skip
+    """A finding about one rank (its rank and node named from its view)."""
+    return DetectionEvent(kind, (view.rank,), (view.node,), metric, value, threshold, duration_s, evidence)
+
+
+def of_silence(kind: str, ranks: Iterable[int], nodes: Iterable[str], metric: str, silent_s: float, threshold: float,
+               *evidence: str) -> DetectionEvent:  # fmt: skip
+    """A finding about a silence: its measure is its duration (ranks sorted, nodes sorted and unique)."""
+    return DetectionEvent(kind, tuple(sorted(ranks)), sorted_nodes(list(nodes)), metric, silent_s, threshold, silent_s,
+                          evidence)  # fmt: skip
 
 
 def sorted_nodes(nodes: Sequence[str] | set[str]) -> tuple[str, ...]:

@@ -26,8 +26,9 @@ from supervisor.decisions.detect.findings import (
     DetectionEvent,
     LaunchView,
     RankView,
+    of_rank,
+    of_silence,
     proc_meaning,
-    sorted_nodes,
 )
 from supervisor.decisions.detect.timeouts import STEP, PhaseTimeouts, TimeoutConfig
 
@@ -171,18 +172,10 @@ class HangDetector:
             key = (NODE_SILENT, node.node)
             current.add(key)
             if key not in self.state.active:
-                events.append(
-                    DetectionEvent(
-                        kind=NODE_SILENT,
-                        ranks=tuple(sorted(r.rank for r in node.ranks)),
-                        nodes=(node.node,),
-                        metric="summary_age_s",
-                        value=node.staleness_s,
-                        threshold=self.config.node_silence_s,
-                        duration_s=node.staleness_s,
-                        evidence=(f"no summary from the node agent on {node.node} for {node.staleness_s:.1f}s",),
-                    )
-                )
+                events.append(of_silence(
+                    NODE_SILENT, (r.rank for r in node.ranks), (node.node,), "summary_age_s", node.staleness_s,
+                    self.config.node_silence_s, f"no summary from the node agent on {node.node} for {node.staleness_s:.1f}s",
+                ))  # fmt: skip
         stale_names = {n.node for n in snapshot.nodes if n.staleness_s > self.config.node_stale_s}
         beating: list[tuple[RankView, RankTrack]] = []
         hung: list[tuple[RankView, float, float]] = []  # (view, age, timeout)
@@ -196,16 +189,9 @@ class HangDetector:
                 current.add(key)
                 if key not in self.state.active:
                     code = "unknown" if view.exit_status is None else str(view.exit_status)
-                    events.append(
-                        DetectionEvent(
-                            kind=RANK_EXITED,
-                            ranks=(view.rank,),
-                            nodes=(view.node,),
-                            metric="exit_code",
-                            value=None if view.exit_status is None else float(view.exit_status),
-                            evidence=(f"rank {view.rank} on {view.node} (pid {view.pid}) exited, code {code}",),
-                        )
-                    )
+                    events.append(of_rank(RANK_EXITED, view, "exit_code", None if view.exit_status is None else
+                                          float(view.exit_status), f"rank {view.rank} on {view.node} (pid "
+                                          f"{view.pid}) exited, code {code}"))  # fmt: skip
                 continue
             if meaning == "stopped":
                 track.stopped_since = now if track.stopped_since is None else track.stopped_since
@@ -214,21 +200,11 @@ class HangDetector:
                     key = (RANK_STOPPED, str(view.rank))
                     current.add(key)
                     if key not in self.state.active:
-                        events.append(
-                            DetectionEvent(
-                                kind=RANK_STOPPED,
-                                ranks=(view.rank,),
-                                nodes=(view.node,),
-                                metric="stopped_s",
-                                value=stopped_for,
-                                threshold=self.config.stopped_grace_s,
-                                duration_s=stopped_for,
-                                evidence=(
-                                    f"rank {view.rank} on {view.node} (pid {view.pid}) is in stopped state "
-                                    f"({view.state}) for {stopped_for:.1f}s",
-                                ),
-                            )
-                        )
+                        events.append(of_silence(
+                            RANK_STOPPED, (view.rank,), (view.node,), "stopped_s", stopped_for,
+                            self.config.stopped_grace_s, f"rank {view.rank} on {view.node} (pid {view.pid}) is in "
+                            f"stopped state ({view.state}) for {stopped_for:.1f}s",
+                        ))  # fmt: skip
                 continue
             track.stopped_since = None
             if view.beat_age_s is None:
@@ -268,20 +244,11 @@ class HangDetector:
             if key in self.state.active:
                 return []
             ages = [age for _, age, _ in hung]
-            return [
-                DetectionEvent(
-                    kind=GLOBAL_STALL,
-                    ranks=tuple(sorted(v.rank for v, _, _ in hung)),
-                    nodes=sorted_nodes([v.node for v, _, _ in hung]),
-                    metric="beat_age_s",
-                    value=min(ages),
-                    threshold=max(limit for _, _, limit in hung),
-                    duration_s=min(ages),
-                    evidence=(
-                        f"all {len(hung)} ranks silent for {min(ages):.1f}s or more, all on step {steps[0] if steps else '?'}",
-                    ),
-                )
-            ]
+            return [of_silence(
+                GLOBAL_STALL, (v.rank for v, _, _ in hung), (v.node for v, _, _ in hung), "beat_age_s", min(ages),
+                max(limit for _, _, limit in hung),
+                f"all {len(hung)} ranks silent for {min(ages):.1f}s or more, all on step {steps[0] if steps else '?'}",
+            )]  # fmt: skip
         culprits = laggards or hung
         new = [h for h in culprits if (RANK_HANG, str(h[0].rank)) not in self.state.active]
         for view, _, _ in culprits:
@@ -295,15 +262,5 @@ class HangDetector:
         )
         if everyone:
             evidence += (f"all {len(hung)} ranks are silent; these lag behind step {max(steps)}",)
-        return [
-            DetectionEvent(
-                kind=RANK_HANG,
-                ranks=tuple(sorted(v.rank for v, _, _ in new)),
-                nodes=sorted_nodes([v.node for v, _, _ in new]),
-                metric="beat_age_s",
-                value=worst[1],
-                threshold=worst[2],
-                duration_s=worst[1],
-                evidence=evidence,
-            )
-        ]
+        return [of_silence(RANK_HANG, (v.rank for v, _, _ in new), (v.node for v, _, _ in new), "beat_age_s",
+                           worst[1], worst[2], *evidence)]  # fmt: skip

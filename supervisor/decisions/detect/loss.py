@@ -12,7 +12,13 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from supervisor.decisions.detect.findings import LOSS_SPIKE, NONFINITE_LOSS, DetectionEvent, LaunchView
+from supervisor.decisions.detect.findings import (
+    LOSS_SPIKE,
+    NONFINITE_LOSS,
+    DetectionEvent,
+    LaunchView,
+    of_rank,
+)
 
 
 @dataclass(frozen=True)
@@ -76,16 +82,8 @@ class LossDetector:
             if not math.isfinite(v.loss):
                 if v.rank not in s.nonfinite:
                     s.nonfinite.add(v.rank)
-                    events.append(
-                        DetectionEvent(
-                            kind=NONFINITE_LOSS,
-                            ranks=(v.rank,),
-                            nodes=(v.node,),
-                            metric="loss",
-                            value=v.loss,
-                            evidence=(f"rank {v.rank} on {v.node} reported loss={v.loss!r} at step {v.step}",),
-                        )
-                    )
+                    events.append(of_rank(NONFINITE_LOSS, v, "loss", v.loss,
+                                          f"rank {v.rank} on {v.node} reported loss={v.loss!r} at step {v.step}"))
                 continue
             s.nonfinite.discard(v.rank)
             if v.rank >= c.spike_ranks:
@@ -95,19 +93,9 @@ class LossDetector:
                 z, mean, std = zscore(window, v.loss, c.relative_floor)
                 if z > c.z:
                     s.quiet_until[v.rank] = v.step + c.cooldown_steps
-                    events.append(
-                        DetectionEvent(
-                            kind=LOSS_SPIKE,
-                            ranks=(v.rank,),
-                            nodes=(v.node,),
-                            metric="loss_zscore",
-                            value=z,
-                            threshold=c.z,
-                            evidence=(
-                                f"rank {v.rank} step {v.step}: loss {v.loss!r} is {z:.1f} std above the mean "
-                                f"{mean:.4g} (std {std:.3g}) of the last {len(window)} observed losses",
-                            ),
-                        )
-                    )
+                    events.append(of_rank(LOSS_SPIKE, v, "loss_zscore", z,
+                                          f"rank {v.rank} step {v.step}: loss {v.loss!r} is {z:.1f} std above the mean "
+                                          f"{mean:.4g} (std {std:.3g}) of the last {len(window)} observed losses",
+                                          threshold=c.z))  # fmt: skip
             window.append(v.loss)
         return events

@@ -17,7 +17,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from supervisor.decisions.detect.findings import STRAGGLER, DetectionEvent, LaunchView, RankView, proc_meaning
+from supervisor.decisions.detect.findings import (
+    STRAGGLER,
+    DetectionEvent,
+    LaunchView,
+    RankView,
+    of_rank,
+    proc_meaning,
+)
 
 
 @dataclass(frozen=True)
@@ -115,16 +122,6 @@ class StragglerDetector:
         c = self.config
         what = "own time per step (collective waits excluded)" if metric == OWN else "time per iteration"
         period = f"; step period {v.ewma_s:.3g}s" if metric == OWN and v.ewma_s else ""
-        return DetectionEvent(
-            kind=STRAGGLER,
-            ranks=(v.rank,),
-            nodes=(v.node,),
-            metric=metric,
-            value=x,
-            threshold=c.factor * peers,
-            duration_s=(c.consecutive - 1) * c.interval_s,
-            evidence=(
-                f"rank {v.rank} on {v.node}: {what} {x:.3g}s vs peers' median {peers:.3g}s ({x / peers:.2f}x) "
-                f"at {c.consecutive} checks in a row{period}",
-            ),
-        )
+        return of_rank(STRAGGLER, v, metric, x, f"rank {v.rank} on {v.node}: {what} {x:.3g}s vs peers' median "
+                       f"{peers:.3g}s ({x / peers:.2f}x) at {c.consecutive} checks in a row{period}",
+                       threshold=c.factor * peers, duration_s=(c.consecutive - 1) * c.interval_s)  # fmt: skip
