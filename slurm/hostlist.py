@@ -17,7 +17,7 @@ Syntax accepted by ``expand`` (a superset of what Slurm 22.05's parser takes):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import product
 
 from slurm.errors import HostlistError, InvalidJobId, InvalidNodeName, SlurmUsageError
@@ -31,6 +31,7 @@ MAX_EXPANDED_HOSTS = 1 << 20
 _NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _JOB_ID_RE = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10}|\+[0-9]{1,10})?")
 _STEP_ID_RE = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10}|\+[0-9]{1,10})?\.(?:[0-9]{1,10}|batch|extern)")
+_NODE_CHARS_RE = re.compile(r"[A-Za-z0-9._-]*")
 _RANGE_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 _TRAILING_DIGITS_RE = re.compile(r"^(.*?)([0-9]+)$", re.DOTALL)
 
@@ -89,67 +90,88 @@ def _split_top_level(expr: str) -> list[str]:
     return parts
 
 
-def _expand_ranges(expr: str, body: str) -> list[str]:
-    """Expand the inside of one bracket group (``01-03,7``) into zero-padded number strings."""
-    out: list[str] = []
+def _ranges(expr: str, body: str) -> list[tuple[int, int, int]]:
+    """The inside of one bracket group (``01-03,7``) as (lo, hi, width) ranges, checked but not expanded."""
+    out: list[tuple[int, int, int]] = []
     for piece in body.split(","):
         m = _RANGE_RE.fullmatch(piece)
         if not m:
             raise HostlistError(expr, f"bad range {piece!r} (expected N or LO-HI with digits only)")
         lo_text, hi_text = m.group(1), m.group(2)
+        if max(len(lo_text), len(hi_text or "")) > MAX_NODE_NAME_LEN:
+            raise HostlistError(expr, f"range {piece[:20]!r}... has numbers longer than a node name")
         lo = int(lo_text)
         hi = int(hi_text) if hi_text is not None else lo
         if hi < lo:
             raise HostlistError(expr, f"range {piece!r} runs backwards")
-        if hi - lo + 1 > MAX_EXPANDED_HOSTS:
-            raise HostlistError(expr, f"range {piece!r} has more than {MAX_EXPANDED_HOSTS} hosts")
-        width = len(lo_text)
-        out.extend(f"{n:0{width}d}" for n in range(lo, hi + 1))
+        out.append((lo, hi, len(lo_text)))
     return out
 
 
-def _expand_entry(expr: str, entry: str) -> list[str]:
-    """Expand one comma-free entry, possibly with several bracket groups, as a Cartesian product."""
-    pieces: list[list[str]] = []
+def _digits(lo: int, hi: int, width: int) -> Iterator[str]:
+    return (f"{n:0{width}d}" for n in range(lo, hi + 1))
+
+
+Entry = tuple[list[str], list[list[tuple[int, int, int]]]]  # literals, and the bracket groups between them
+
+
+def _parse_entry(expr: str, entry: str) -> tuple[Entry, int]:
+    """One comma-free entry, possibly with several bracket groups (a Cartesian product), parsed and checked but
+    not expanded: (its parts, how many names it yields). The names' length and characters are checked here."""
+    literals: list[str] = []
+    groups: list[list[tuple[int, int, int]]] = []
     pos = 0
     while True:
         open_at = entry.find("[", pos)
         if open_at < 0:
-            pieces.append([entry[pos:]])
+            literals.append(entry[pos:])
             break
         close_at = entry.index("]", open_at)  # balanced: checked by _split_top_level
-        pieces.append([entry[pos:open_at]])
-        pieces.append(_expand_ranges(expr, entry[open_at + 1 : close_at]))
+        literals.append(entry[pos:open_at])
+        groups.append(_ranges(expr, entry[open_at + 1 : close_at]))
         pos = close_at + 1
-    total = 1
-    for choices in pieces:
-        total *= len(choices)
-    if total > MAX_EXPANDED_HOSTS:
-        raise HostlistError(expr, f"expands to more than {MAX_EXPANDED_HOSTS} hosts")
-    names = ["".join(combo) for combo in product(*pieces)]
-    for name in names:
-        try:
-            validate_node_name(name)
-        except InvalidNodeName as exc:
-            raise HostlistError(expr, f"it yields an invalid node name: {exc.problem}") from None
-    return names
+    count = 1
+    for group in groups:
+        count *= sum(hi - lo + 1 for lo, hi, _ in group)
+    longest = sum(map(len, literals)) + sum(max(max(w, len(str(hi))) for _, hi, w in g) for g in groups)
+    text = "".join(literals)
+    if longest > MAX_NODE_NAME_LEN or (text and not _NODE_CHARS_RE.fullmatch(text)) or \
+            (literals[0] and not literals[0][0].isalnum()):  # fmt: skip
+        name = literals[0] if not groups else f"{literals[0]}{groups[0][0][0]:0{groups[0][0][2]}d}..."
+        raise HostlistError(expr, f"it yields an invalid node name ({name[:70]!r}): letters, digits, '.', '_' and "
+                                  f"'-', at most {MAX_NODE_NAME_LEN} characters, not starting with '-'")  # fmt: skip
+    return (literals, groups), count
 
 
-def expand(expr: str) -> list[str]:
-    """Expand a hostlist expression into node names, in the written order (duplicates kept, like Slurm)."""
+def _build(entry: Entry) -> Iterator[str]:
+    literals, groups = entry
+    pieces: list[list[str]] = [[literals[0]]]
+    for group, literal in zip(groups, literals[1:], strict=True):
+        pieces.append([d for lo, hi, w in group for d in _digits(lo, hi, w)])
+        pieces.append([literal])
+    return ("".join(combo) for combo in product(*pieces))
+
+
+def expand(expr: str, limit: int = MAX_EXPANDED_HOSTS) -> list[str]:
+    """Expand a hostlist expression into node names, in the written order (duplicates kept, like Slurm). Every
+    entry is parsed and counted before a single name is built: more than ``limit`` names is a HostlistError that
+    a hostile expression (a long prefix times a million hosts) reaches from its parse, never from its expansion."""
     if not isinstance(expr, str):
         raise HostlistError(repr(expr), "a hostlist must be a string")
     expr = expr.strip()
     if not expr:
         return []
-    names: list[str] = []
-    for entry in _split_top_level(expr):
-        if not entry:
+    entries: list[Entry] = []
+    total = 0
+    for text in _split_top_level(expr):
+        if not text:
             continue  # Slurm ignores empty entries ("a,,b")
-        names.extend(_expand_entry(expr, entry))
-        if len(names) > MAX_EXPANDED_HOSTS:
-            raise HostlistError(expr, f"expands to more than {MAX_EXPANDED_HOSTS} hosts")
-    return names
+        entry, count = _parse_entry(expr, text)
+        total += count
+        if total > limit:
+            raise HostlistError(expr, f"expands to more than {limit} hosts")
+        entries.append(entry)
+    return [name for entry in entries for name in _build(entry)]
 
 
 def _split_name(name: str) -> tuple[str, str]:

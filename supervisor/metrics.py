@@ -23,15 +23,26 @@ from supervisor.decisions.campaign_state import CampaignState
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """``[metrics]``: off unless ``listen`` is set, e.g. ``listen = "127.0.0.1:9464"``."""
+    """``[metrics]``: off unless ``listen`` is set, e.g. ``listen = "127.0.0.1:9464"``. The endpoint has no
+    authentication: a non-loopback address is refused unless ``allow_remote = true`` (then said as a warning)."""
 
-    listen: str = ""  # host:port to serve /metrics on; "" = off. Bind to loopback or a private address.
+    listen: str = ""  # host:port to serve /metrics on; "" = off
+    allow_remote: bool = False  # serve other hosts too (put it behind a firewall: anyone who reaches it reads it)
 
     def __post_init__(self) -> None:
         if not isinstance(self.listen, str):
             raise ValueError(f"metrics.listen must be a string like \"127.0.0.1:9464\", got {self.listen!r}")
-        if self.listen:
-            parse_listen(self.listen)
+        if not isinstance(self.allow_remote, bool):
+            raise ValueError(f"metrics.allow_remote must be true or false, got {self.allow_remote!r}")
+        if self.listen and not is_loopback(parse_listen(self.listen)[0]) and not self.allow_remote:
+            raise ValueError(f"metrics.listen = {self.listen!r} is not a loopback address and the endpoint has no "
+                             "authentication: use 127.0.0.1 (scrape through an SSH tunnel or a local agent), or set "
+                             "metrics.allow_remote = true to serve other hosts")  # fmt: skip
+
+    @property
+    def remote(self) -> bool:
+        """Serving other hosts (the warning's condition)."""
+        return bool(self.listen) and not is_loopback(parse_listen(self.listen)[0])
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> MetricsConfig:
@@ -60,10 +71,19 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, port
 
 
+def is_loopback(host: str) -> bool:
+    return ipaddress.ip_address(host).is_loopback
+
+
+REMOTE_WARNING = ("the metrics endpoint serves other hosts without authentication (metrics.allow_remote): anyone "
+                  "who reaches {listen} reads the campaign's figures; keep it behind a firewall")  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------------ state (pure)
 
 QUANTILES = (0.5, 0.9, 0.99)
 GOODPUT_S = 10.0  # goodput (a pass over the campaign's timed events) is recomputed at most this often
+RENDER_S = 1.0  # the page is rendered at most this often (a scrape copies the last one)
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -130,7 +150,7 @@ class Metrics:
 
         self.campaign, self.job_id, self.max_rank_series, self.clock = campaign, job_id, max_rank_series, clock
         self.figures = Figures()
-        self.goodput_at = float("-inf")
+        self.goodput_at = self.rendered_at = float("-inf")
         self._live: Any = None
         self._lock = threading.Lock()
         self.registry = CollectorRegistry(auto_describe=False)
@@ -141,9 +161,9 @@ class Metrics:
 
     def update(self, live: Any, state: CampaignState) -> None:
         """The one call the supervision loop makes, each pass: ``live`` is the aggregator's latest ``Snapshot``
-        (``server.latest``) or a live.json document, ``state`` the campaign state the loop keeps (its figures are
-        copied here; goodput, a pass over the campaign's timed events, at most every ``GOODPUT_S``; the rank rows
-        are built when scraped). Never raises."""
+        (``server.latest``) or a live.json document, ``state`` the campaign state the loop keeps. Its figures are
+        copied here; goodput (a pass over the campaign's timed events) at most every ``GOODPUT_S``; the page is
+        rendered at most every ``RENDER_S`` and handed to the server, which serves it as it is. Never raises."""
         try:
             now = self.clock()
             goodput = self.figures.goodput
@@ -155,16 +175,30 @@ class Metrics:
                 job = live.get("job") if isinstance(live, Mapping) else getattr(live, "job", None)
                 if job:
                     self.job_id = str(job)
+            if now - self.rendered_at >= RENDER_S:
+                self.rendered_at = now
+                self.render()
         except Exception:  # noqa: BLE001 - metrics must never disturb supervision
             pass
 
-    def serve(self, listen: str) -> tuple[str, int]:
-        """Start the endpoint on ``listen`` (``"127.0.0.1:9464"``; port 0 picks one); returns the bound address."""
-        from prometheus_client import start_http_server
+    def render(self) -> bytes:
+        """The page in Prometheus' text format, handed to the server (scrapes never render)."""
+        from prometheus_client import generate_latest
+
+        page = generate_latest(self.registry)  # type: ignore[arg-type]
+        if self._server is not None:
+            self._server.publish(page)
+        return page
+
+    def serve(self, listen: str, **limits: Any) -> tuple[str, int]:
+        """Start the endpoint on ``listen`` (``"127.0.0.1:9464"``; port 0 picks one); returns the bound address.
+        ``limits``: the server's request rate and connection caps (``metrics_server.PageServer``)."""
+        from supervisor.metrics_server import serve
 
         host, port = parse_listen(listen)
-        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server, self._thread = serve(host, port, **limits)
         self.address = (host, int(self._server.server_address[1]))
+        self.render()
         return self.address
 
     def close(self) -> None:
@@ -276,5 +310,8 @@ def start(config: MetricsConfig, campaign: str = "", job_id: str = "") -> Metric
     host, port = metrics.serve(config.listen)
     import structlog
 
-    structlog.get_logger("supervisor.metrics").info("metrics_serving", url=f"http://{host}:{port}/metrics")
+    log = structlog.get_logger("supervisor.metrics")
+    log.info("metrics_serving", url=f"http://{host}:{port}/metrics")
+    if config.remote:
+        log.warning("metrics_remote", warning=REMOTE_WARNING.format(listen=config.listen))
     return metrics

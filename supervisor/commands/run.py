@@ -86,4 +86,29 @@ def run(args: argparse.Namespace) -> int:
     if not paths.secret.exists():
         create_secret(paths.root)
     configure(paths.logs / "supervisor.jsonl")
-    return Attempt(paths, spec, cfg, env, get_client()).run()
+    try:
+        return Attempt(paths, spec, cfg, env, get_client()).run()
+    except Exception as err:  # noqa: BLE001 - past every stage's guard: a bug; it was journaled (supervisor_error)
+        crash(err)
+        raise  # (not reached: crash() does not return)
+
+
+def crash(err: BaseException) -> None:
+    """End as a crashed supervisor: one line on stderr, the traceback in the log, then SIGABRT (no core file).
+    The batch script (supervisor/batchwrap.py) requeues the job after a crash signal, and the next run continues
+    the campaign from the journal; a supervisor that keeps crashing stops the campaign (its budget for unknown
+    faults, ``campaign_state.after_supervisor_death``), never a requeue loop."""
+    import resource
+    import signal
+    import traceback
+
+    import structlog
+
+    structlog.get_logger("supervisor").error("supervisor_crashed", error=f"{type(err).__name__}: {err}"[:500],
+                                             traceback="".join(traceback.format_exception(err))[-8000:])  # fmt: skip
+    print(f"supervise: error: the supervisor failed ({type(err).__name__}: {str(err)[:200]}); it ends as crashed so "
+          "the batch script requeues the job and its next run continues the campaign (see logs/supervisor.jsonl)",
+          file=sys.stderr, flush=True)  # fmt: skip
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signal.SIGABRT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGABRT)

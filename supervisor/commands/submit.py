@@ -227,6 +227,12 @@ def run(args: argparse.Namespace) -> int:
     from supervisor.checkpoint.locate import RESUME_OFF_HINT
 
     root, spec, script, flags = build(args)
+    metrics_cfg = spec.config.get("metrics", {})
+    if metrics_cfg.get("allow_remote") and metrics_cfg.get("listen"):
+        from supervisor.metrics import REMOTE_WARNING, MetricsConfig
+
+        if MetricsConfig.from_mapping(metrics_cfg).remote:
+            print(f"supervise: warning: {REMOTE_WARNING.format(listen=metrics_cfg['listen'])}", file=sys.stderr)
     run_cfg = spec.config.get("run", {})
     if not run_cfg.get("checkpoint_dir"):
         print(f"supervise: {RESUME_OFF_HINT}", file=sys.stderr)

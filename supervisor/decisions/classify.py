@@ -27,7 +27,7 @@ from supervisor.decisions.detect.findings import (
     RANK_STOPPED,
     DetectionEvent,
 )
-from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, LogSignature
+from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, MATCH_CHARS, LogSignature
 from supervisor.decisions.tasklog import LogLine, address_book, named_peers, rank_of, split_label
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ def _slurm_findings(e: Evidence) -> list[Finding]:
     match = re.search(r"failure of node[s]? (?P<node>[\w.\-\[\],]+)|failed on node (?P<n2>[\w.\-]+)", reason)
     if match:
         node = match.group("node") or match.group("n2")
-        found.append(Finding(ev.NODE_FAILURE, 0.9, f"Slurm reason: {reason}", _expand(node)))
+        found.append(Finding(ev.NODE_FAILURE, 0.9, f"Slurm reason: {reason}", _expand(node, _job_nodes(e))))
     if "OUT_OF_MEMORY" in state:
         found.append(Finding(ev.APP_ERROR, 0.8, "Slurm job state OUT_OF_MEMORY (the program exceeded its memory)"))
     if "CANCELLED" in state and not found:  # the job's state: killing a step never cancels the job
@@ -237,13 +237,21 @@ def _at_time_limit(e: Evidence, t: float) -> bool:
     return t >= limit - 5.0
 
 
-def _expand(expr: str) -> tuple[str, ...]:
-    try:
-        from slurm.hostlist import expand  # pure string helper
+def _job_nodes(e: Evidence) -> frozenset[str]:
+    """Every node of this job the evidence knows: a name from a message is blamed only when it is one of these."""
+    return frozenset((*e.allocation_nodes, *e.task_nodes, *e.job_nodes, *e.node_states))
 
-        return tuple(expand(expr))
-    except (ImportError, ValueError):
-        return (expr,)
+
+def _expand(expr: str, known: frozenset[str]) -> tuple[str, ...]:
+    """The job's nodes a hostlist names (Slurm's reason or message); none when it is malformed or names more
+    nodes than the job has (it is not about this job, or not Slurm's)."""
+    from slurm.errors import SlurmError
+    from slurm.hostlist import expand  # pure string helper
+
+    try:
+        return tuple(n for n in expand(expr, limit=max(1, len(known))) if n in known)
+    except SlurmError:
+        return ()
 
 
 def _exit_findings(e: Evidence) -> list[Finding]:
@@ -327,15 +335,19 @@ def _address_book(e: Evidence) -> dict[str, str]:
 def _log_findings(e: Evidence, signatures: Sequence[LogSignature]) -> list[Finding]:
     found = []
     book: dict[str, str] | None = None  # built on the first comm error: at 16k nodes it costs ~10 ms
+    known = _job_nodes(e)
     for line in (_with_rank(x, e.task_nodes) for x in e.log_lines):
-        text = rank_of(line.text)[1]
+        program = line.rank is not None or split_label(line.text)[0] is not None  # a rank's text, not Slurm's
+        text = rank_of(line.text)[1][:MATCH_CHARS]
         for sig in signatures:
+            if sig.slurm and program:
+                continue  # a rank's output never speaks for Slurm (docs/security.md)
             m = sig.pattern.search(text)
             if m is None:
                 continue
             nodes: tuple[str, ...] = ()
             if "node" in sig.pattern.groupindex and m.group("node"):
-                nodes = _expand(m.group("node"))
+                nodes = _expand(m.group("node"), known)
             elif sig.cls == ev.HARDWARE and line.node:
                 nodes = (line.node,)
             elif sig.cls == ev.COMM_ERROR:

@@ -1,6 +1,12 @@
 """Log signatures: a log-line pattern and the interruption class it indicates, the built-in table and the user's
 ``[log_signatures]`` additions. ``classify`` matches them against the launch's attributed log lines; first match
-wins, so specific patterns come before general ones, and the user's come before the built-in ones."""
+wins, so specific patterns come before general ones, and the user's come before the built-in ones.
+
+The program's printed text is untrusted (docs/security.md): a data sample, a log message or a hostile rank may
+print anything. So a signature that speaks for Slurm (``slurm=True``: a node failure, a cancel, a preemption) is
+matched only on lines Slurm wrote itself, the ones srun did not label with a task id; the program's own lines are
+evidence about the program. And only the first ``MATCH_CHARS`` characters of a line are matched: a real error
+line is far shorter, and a pattern like ``gloo.*timeout`` on a 64 KiB line of ``gloo`` repeated takes seconds."""
 
 from __future__ import annotations
 
@@ -10,30 +16,34 @@ from dataclasses import dataclass
 
 from supervisor.decisions import events as ev
 
+MATCH_CHARS = 2048  # the part of a line the signatures look at
+
 
 @dataclass(frozen=True)
 class LogSignature:
-    """A log-line pattern and the class it indicates. A named group ``node`` blames that node."""
+    """A log-line pattern and the class it indicates. A named group ``node`` names that node (blamed only when it is
+    one of the job's). ``slurm``: Slurm's own message, matched only on lines srun did not label."""
 
     name: str
     pattern: re.Pattern[str]
     cls: str
     confidence: float = 0.8
+    slurm: bool = False
 
 
-def _sig(name: str, regex: str, cls: str, confidence: float = 0.8) -> LogSignature:
-    return LogSignature(name, re.compile(regex), cls, confidence)
+def _sig(name: str, regex: str, cls: str, confidence: float = 0.8, *, slurm: bool = False) -> LogSignature:
+    return LogSignature(name, re.compile(regex), cls, confidence, slurm)
 
 
 # First match wins, so specific patterns come before general ones.
 DEFAULT_LOG_SIGNATURES: tuple[LogSignature, ...] = (
-    _sig("slurm-preempted", r"CANCELLED AT \S+ DUE TO PREEMPTION", ev.PREEMPTION, 0.95),
-    _sig("slurm-time-limit", r"CANCELLED AT \S+ DUE TO TIME LIMIT", ev.TIMEOUT, 0.95),
-    _sig("slurm-node-fail", r"CANCELLED AT \S+ DUE TO NODE FAILURE", ev.NODE_FAILURE, 0.9),
+    _sig("slurm-preempted", r"CANCELLED AT \S+ DUE TO PREEMPTION", ev.PREEMPTION, 0.95, slurm=True),
+    _sig("slurm-time-limit", r"CANCELLED AT \S+ DUE TO TIME LIMIT", ev.TIMEOUT, 0.95, slurm=True),
+    _sig("slurm-node-fail", r"CANCELLED AT \S+ DUE TO NODE FAILURE", ev.NODE_FAILURE, 0.9, slurm=True),
     _sig("slurm-launch-failed", r"failed on node (?P<node>[\w.\-]+): Communication connection failure",
-         ev.NODE_FAILURE, 0.9),  # fmt: skip
-    _sig("slurm-node-failure", r"due to failure of node (?P<node>[\w.\-\[\],]+)", ev.NODE_FAILURE, 0.9),
-    _sig("slurm-comm-failure", r"Communication connection failure", ev.NODE_FAILURE, 0.6),
+         ev.NODE_FAILURE, 0.9, slurm=True),  # fmt: skip
+    _sig("slurm-node-failure", r"due to failure of node (?P<node>[\w.\-\[\],]+)", ev.NODE_FAILURE, 0.9, slurm=True),
+    _sig("slurm-comm-failure", r"Communication connection failure", ev.NODE_FAILURE, 0.6, slurm=True),
     _sig("cuda-oom", r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError", ev.APP_ERROR, 0.9),
     _sig("ecc", r"uncorrectable ECC|ECC error|DBE \(double bit error\)", ev.HARDWARE, 0.9),
     _sig("xid", r"\bXid\b|NVRM: Xid|GPU has fallen off the bus", ev.HARDWARE, 0.9),

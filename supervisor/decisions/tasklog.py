@@ -117,7 +117,8 @@ def named_peers(text: str, book: Mapping[str, str], own: str | None) -> tuple[st
 
 # srun's own report of how tasks ended (src/srun/launch: "srun: error: NODE: task(s) LIST: WHAT"): the only
 # place that names a rank killed from outside (its agent cannot read a non-child's exit status).
-_SRUN_TASK = re.compile(r"^srun: error: (?P<node>[\w.\-]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+?)\s*$")
+_SRUN_TASK = re.compile(r"^srun: error: (?P<node>[\w.\-]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+)$")
+MAX_TASKS = 1 << 20  # more task ids than this in one line is not srun's (a hostile line must not build a huge list)
 _EXIT_CODE = re.compile(r"Exited with exit code (\d+)")
 # strsignal(3) texts srun prints for a task killed by a signal
 _SIGNAL_TEXTS = {"Hangup": 1, "Interrupt": 2, "Quit": 3, "Illegal instruction": 4, "Trace/breakpoint trap": 5,
@@ -138,12 +139,15 @@ class TaskExit:
 
 
 def _task_ids(text: str) -> list[int]:
-    out: list[int] = []
+    """``0-3,7`` -> [0, 1, 2, 3, 7]; nothing when the list names more than ``MAX_TASKS`` tasks."""
+    ranges: list[range] = []
     for part in text.split(","):
         lo, _, hi = part.partition("-")
-        if lo.isdigit() and (not hi or hi.isdigit()):
-            out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
+        if lo.isdigit() and (not hi or hi.isdigit()) and len(lo) <= 9 and len(hi) <= 9:
+            ranges.append(range(int(lo), int(hi or lo) + 1))
+    if sum(len(r) for r in ranges) > MAX_TASKS:
+        return []
+    return [task for r in ranges for task in r]
 
 
 def srun_task_exits(lines: Iterable[str]) -> tuple[TaskExit, ...]:
@@ -154,7 +158,7 @@ def srun_task_exits(lines: Iterable[str]) -> tuple[TaskExit, ...]:
         m = _SRUN_TASK.match(line.strip())
         if m is None:
             continue
-        what = m.group("what")
+        what = m.group("what").strip()
         code = _EXIT_CODE.search(what)
         sig = _SIGNAL_TEXTS.get(what.removesuffix(" (core dumped)").strip())
         if code is None and sig is None:

@@ -116,6 +116,9 @@ class Attempt:
                                      ctx.guard)  # fmt: skip
             parts = compose(self, ctx, channel, addresses, deadline_end)
             return Supervisor(parts).run()
+        except Exception as err:  # past every stage's guard: journaled before the process ends as crashed
+            ctx.guard.failed("attempt", err)
+            raise
         finally:
             if parts is not None:
                 parts.close()

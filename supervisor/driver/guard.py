@@ -36,6 +36,8 @@ WARNING = "warning"  # the response to a warning detection (alerts, strikes)
 HEALTH = "health"  # the node agents' health reports (journaling them, judging the launch's nodes)
 PREFLIGHT = "preflight"  # the check before a launch (health reports, the collective test)
 ACTION = "action"  # followed by ":<kind>", e.g. "action:alert"
+EVIDENCE = "evidence"  # gathering the evidence of an ending (Slurm, the ranks, the log, health)
+DECIDE = "decide"  # classify and policy on that evidence (the program's text among it is untrusted)
 
 
 class Guard:

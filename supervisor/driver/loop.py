@@ -29,7 +29,7 @@ from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoint_tracker import CheckpointTracker
 from supervisor.driver.context import Context
 from supervisor.driver.evidence import Gatherer, WatchResult
-from supervisor.driver.guard import CHECKPOINT_SCAN, DETECT, PREFLIGHT, GuardedChannel
+from supervisor.driver.guard import CHECKPOINT_SCAN, DECIDE, DETECT, EVIDENCE, PREFLIGHT, GuardedChannel
 from supervisor.driver.health_watch import HealthWatch
 from supervisor.driver.interval import IntervalAsker
 from supervisor.driver.launcher import Launch, TrainingLauncher
@@ -107,7 +107,8 @@ class Supervisor:
                 watched = p.watcher.watch(launch)
                 self.final_progress(launch)
                 p.watcher.journal_timeouts()
-                found = p.gather.gather(launch.nodes, launch.log_path, watched, p.watcher.ranks(launch))
+                found = p.ctx.guard.call(EVIDENCE, p.gather.gather, launch.nodes, launch.log_path, watched,
+                                         p.watcher.ranks(launch), default=None) or self.unknown_evidence(launch)
             else:  # too few nodes passed the preflight: the training does not start; the policy answers
                 launch = prelaunch.not_started(p.trainer.launches, p.trainer.log_dir / "preflight.log")
                 watched, found = WatchResult("preflight"), checked.evidence or Evidence()
@@ -146,6 +147,17 @@ class Supervisor:
                                 scan_ok=picked is not None)  # fmt: skip
 
     def decide(self, launch: Launch, found: Evidence, history: policy.History) -> tuple[Interruption, policy.Decision]:
+        """The core's decision on the evidence. Should it fail (a bug met by an odd piece of evidence: the
+        program's text is among it), the failure is journaled and the decision is taken again on what is certain
+        without that evidence: nobody is blamed, the policy's budget for unknown faults applies."""
+        decided = self.p.ctx.guard.call(DECIDE, self.respond, launch, found, history, default=None)
+        return decided if decided is not None else self.respond(launch, self.unknown_evidence(launch), history)
+
+    def unknown_evidence(self, launch: Launch) -> Evidence:
+        """What is certain when gathering or judging the evidence failed: the launch's nodes, nothing else."""
+        return Evidence(allocation_nodes=launch.nodes, job_nodes=self.p.layout.nodes, unknown=("evidence",))
+
+    def respond(self, launch: Launch, found: Evidence, history: policy.History) -> tuple[Interruption, policy.Decision]:
         p = self.p
         return respond(
             found, history, p.state.ledger, nodes=placement.usable_nodes(p.layout, p.nodeloss.lost),

@@ -88,12 +88,13 @@ def test_a_down_node_outside_the_launch_does_not_end_it():
 
 def test_launch_failure_on_a_dead_node_blames_it():
     line = LogLine("srun: error: Task launch for StepId=12.0 failed on node node2: Communication connection failure")
-    result = classify(Evidence(log_lines=(line,)))
+    result = classify(Evidence(log_lines=(line,), job_nodes=("node1", "node2")))
     assert result.cls == ev.NODE_FAILURE and result.blamed_nodes == ("node2",)
 
 
 def test_requeue_reason_names_the_failed_nodes():
-    result = classify(Evidence(job_state="PENDING", job_reason="job requeued due to failure of node node[2-3]"))
+    result = classify(Evidence(job_state="PENDING", job_reason="job requeued due to failure of node node[2-3]",
+                               job_nodes=("node1", "node2", "node3")))  # fmt: skip
     assert result.cls == ev.NODE_FAILURE and result.blamed_nodes == ("node2", "node3")
 
 

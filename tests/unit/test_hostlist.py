@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -158,3 +160,29 @@ def test_expand_matches_a_direct_model_of_bracket_ranges(ranges: list[tuple[int,
     body = ",".join(f"{lo:0{w}d}-{lo + span:0{w}d}" if span else f"{lo:0{w}d}" for lo, span, w in ranges)
     expected = [f"{prefix}{n:0{w}d}{suffix}" for lo, span, w in ranges for n in range(lo, lo + span + 1)]
     assert expand(f"{prefix}[{body}]{suffix}") == expected
+
+
+@pytest.mark.parametrize("expr", [
+    "a" * 6000 + "[0-1048575]",  # issue 22: a 6 KB prefix times 2^20 hosts reached 2 GiB before the length check
+    "n[0-1048575],m[0-1]",  # over the cap only together
+    "n[0-1023][0-1023][0-3]",  # the product of the groups
+    "n[" + "9" * 5000 + "]",  # int() of a 5,000-digit number is a ValueError in Python, never a HostlistError
+    "-x[1-2]", "n[1-2]-" + "y" * 70,
+])  # fmt: skip
+def test_a_hostile_hostlist_is_refused_before_anything_is_built(expr: str) -> None:
+    tracemalloc.start()
+    try:
+        with pytest.raises(HostlistError):
+            expand(expr)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # refused from its parse (under 1 MiB), never from a million names built first
+
+
+def test_a_caller_may_cap_the_expansion_lower() -> None:
+    assert expand("n[1-4]", limit=4) == ["n1", "n2", "n3", "n4"]
+    with pytest.raises(HostlistError, match="more than 3 hosts"):
+        expand("n[1-4]", limit=3)
+    with pytest.raises(HostlistError, match="more than 3 hosts"):
+        expand("n[1-2],m[1-2]", limit=3)

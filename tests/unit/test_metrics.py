@@ -3,11 +3,14 @@ from journal events, fed through the one update call the loop makes; off unless 
 
 from __future__ import annotations
 
+import socket
+import time
 import urllib.request
+from typing import Any
 
 import pytest
 
-from supervisor import metrics
+from supervisor import metrics, metrics_server
 from supervisor.decisions import campaign_state
 from supervisor.decisions import events as ev
 
@@ -52,7 +55,7 @@ def test_scraped_on_loopback() -> None:
         m.update(LIVE, state)
         for e in EVENTS[4:]:  # the loop applies each event it journals to the state it keeps
             state.apply(e)
-        m.goodput_at = float("-inf")  # (goodput is recomputed at most every GOODPUT_S)
+        m.goodput_at = m.rendered_at = float("-inf")  # (recomputed at most every GOODPUT_S, RENDER_S)
         m.update(LIVE, state)
         text = _scrape(address)
     finally:
@@ -82,6 +85,10 @@ def test_off_by_default_and_listen_validated() -> None:
             metrics.MetricsConfig(listen=bad)
     with pytest.raises(ValueError, match="unknown setting"):
         metrics.MetricsConfig.from_mapping({"port": 9464})
+    with pytest.raises(ValueError, match="not a loopback address"):  # issue 22: any address was accepted
+        metrics.MetricsConfig(listen="0.0.0.0:9464")
+    remote = metrics.MetricsConfig(listen="0.0.0.0:9464", allow_remote=True)
+    assert remote.remote and not metrics.MetricsConfig(listen="[::1]:9464").remote
     assert metrics.parse_listen("[::1]:9464") == ("::1", 9464)
 
 
@@ -121,9 +128,77 @@ def test_fed_with_the_aggregators_snapshot() -> None:
     m = metrics.Metrics("/runs/s")
     address = m.serve("127.0.0.1:0")
     try:
+        m.rendered_at = float("-inf")
         m.update(table.snapshot(), campaign_state.fold(EVENTS))
         text = _scrape(address)
     finally:
         m.close()
     assert _value(text, 'supervise_rank_step_rate{campaign="/runs/s",job="77",node="node1",rank="1"}') == 10.0
     assert _value(text, 'supervise_iteration_seconds{campaign="/runs/s",job="77",quantile="0.5"}') == pytest.approx(0.1)
+
+
+def test_a_scrape_copies_the_page_the_loop_rendered_and_never_runs_the_collectors() -> None:
+    """Issue 22: each scrape folded the report under the loop's lock; four scrapers cut heartbeat intake 20x."""
+    m = metrics.Metrics("/runs/c", clock=lambda: 1100.0)
+    collected = []
+    real = m.collect
+
+    def counting() -> Any:
+        collected.append(1)
+        return real()
+
+    m.collect = counting  # type: ignore[method-assign]
+    address = m.serve("127.0.0.1:0")  # (renders the first page)
+    try:
+        m.rendered_at = float("-inf")
+        m.update(LIVE, campaign_state.fold(EVENTS))
+        renders = len(collected)
+        pages = [_scrape(address) for _ in range(5)]
+        assert len(collected) == renders  # five scrapes, no collector run
+        assert len(set(pages)) == 1 and "supervise_restarts_total" in pages[0]
+        m.update(LIVE, campaign_state.fold(EVENTS))  # within RENDER_S of the last render: not rendered again
+        assert len(collected) == renders
+    finally:
+        m.close()
+
+
+def _request(address: tuple[str, int], head: bytes) -> bytes:
+    with socket.create_connection(address, timeout=10) as sock:
+        sock.sendall(head)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_the_endpoint_caps_the_request_rate_and_ignores_a_malformed_accept_header() -> None:
+    server, _ = metrics_server.serve("127.0.0.1", 0, rate_per_s=0.01)  # one request, then one per 100 s
+    server.publish(b"supervise_up 1\n")
+    address = server.server_address[:2]
+    try:
+        odd = _request(address, b"GET /metrics HTTP/1.0\r\nAccept: text/plain;version=abc;q=x\r\n\r\n")
+        assert odd.startswith(b"HTTP/1.0 200") and odd.endswith(b"supervise_up 1\n")  # prometheus-client: 500
+        codes = {_request(address, b"GET /metrics HTTP/1.0\r\n\r\n").split(b" ")[1] for _ in range(3)}
+        assert codes == {b"429"}  # beyond the rate: refused, not served
+        assert _request(address, b"GET /etc/passwd HTTP/1.0\r\n\r\n").split(b" ")[1] == b"404"
+        assert _request(address, b"POST /metrics HTTP/1.0\r\n\r\n").split(b" ")[1] == b"405"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_connections_beyond_the_cap_are_closed_at_once() -> None:
+    server, _ = metrics_server.serve("127.0.0.1", 0, max_connections=2, timeout_s=30.0)
+    address = server.server_address[:2]
+    idle = [socket.create_connection(address, timeout=10) for _ in range(2)]  # they send nothing
+    try:
+        time.sleep(0.2)
+        third = socket.create_connection(address, timeout=10)
+        with third:
+            third.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            assert third.recv(100) == b""  # closed without an answer while two idle ones hold the slots
+    finally:
+        for sock in idle:
+            sock.close()
+        server.shutdown()
+        server.server_close()
