@@ -1,8 +1,15 @@
-"""Durable filesystem steps: a rename is only a commit once the data and the directory entry are fsynced."""
+"""Durable filesystem steps: a rename is only a commit once the data and the directory entry are fsynced.
+
+Written where others may write too (a shared checkpoint root, docs/security.md): a temp file gets a random name
+and is created exclusively without following links (``O_EXCL | O_NOFOLLOW``), so nothing planted under a
+predictable name can turn the write into one of the user's files; the rename then replaces whatever is at the
+final name (a planted link included) and never writes through it.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 
@@ -18,8 +25,8 @@ def fsync_path(path: Path) -> None:
 
 def write_durable(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Write ``path`` atomically: temp file, fsync, rename, fsync the parent - readers see old or new, never torn."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         view = memoryview(data)
         while view:

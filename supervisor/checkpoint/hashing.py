@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from supervisor.checkpoint.untrusted import open_regular
+
 try:  # optional: hardware CRC32C, 2-5x faster than zlib.crc32
     import crc32c as _crc32c
 except ImportError:  # pragma: no cover - depends on the environment
@@ -67,7 +69,7 @@ def hash_file(path: str | os.PathLike[str], algorithm: str = DEFAULT_ALGORITHM) 
     buf = bytearray(CHUNK_BYTES)
     view = memoryview(buf)
     total = 0
-    with open(path, "rb", buffering=0) as f:
+    with os.fdopen(open_regular(path, None, follow=True), "rb", buffering=0) as f:  # never a FIFO or device
         while True:
             n = f.readinto(buf)
             if not n:
@@ -86,7 +88,7 @@ def hash_file_mapped(path: str | os.PathLike[str], algorithm: str = DEFAULT_ALGO
     """Like :func:`hash_file`, through a read-only mapping: no copy out of the page cache, so a cached
     checkpoint verifies faster than ``cat`` can read it. A file truncated while mapped raises SIGBUS, which
     kills the process: call this only in a worker process (see :func:`hash_files`)."""
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path, None, follow=True), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             return hash_file(path, algorithm)

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import errno
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.checkpoint import single_file, trust
-from supervisor.checkpoint.durable import fsync_path, rename_durable, write_durable
+from supervisor.checkpoint import single_file, trust, untrusted
+from supervisor.checkpoint.durable import fsync_path, write_durable
 from supervisor.checkpoint.manifest import MANIFEST_NAME
 from supervisor.checkpoint.retention import steps_to_delete
 from supervisor.checkpoint.validate import (
@@ -113,22 +115,35 @@ class CheckpointStore:
         return found
 
     def root_problem(self) -> str:
-        """Why others could plant checkpoints in the root ("" when it is private). Cached per store."""
+        """Why others could plant checkpoints in the root or replace it ("" when the root is private and so is
+        every directory above it). Cached per store."""
         if self._root_problem is None:
-            self._root_problem = trust.private_problem(self.root)
+            self._root_problem = trust.private_problem(self.root) or untrusted.ancestors_problem(self.root)
         return self._root_problem
 
-    def refusal(self, v: Validation) -> str:
-        """Why a usable checkpoint may not be adopted here, or "" when it may (one line, naming the fix)."""
-        if not v.usable or v.trust == trust.SIGNED:
-            return ""
+    def foreign_refusal(self) -> str:
+        """Why no foreign checkpoint may be adopted from this root at all ("" when one may, once its own files
+        pass :meth:`refusal`): said before any of its files is read."""
         what = "a foreign checkpoint (no manifest signed by this campaign)"
         if not self.adopt_foreign:
             return f"refused {what}: adopt_foreign_checkpoints is false (fix: {trust.ADOPT_FIX_DISABLED})"
-        problem = self.root_problem() or (trust.private_problem(v.path) if v.path.is_dir() else "")
+        problem = self.root_problem()
         if problem:
-            fix = trust.ADOPT_FIX_PRIVATE.format(root=self.root)
-            return f"refused {what}: {problem}, so anyone could have planted it (fix: {fix})"
+            return f"refused {what}: {problem}, so someone else could have planted it (fix: {trust.adopt_fix(self.root)})"
+        return ""
+
+    def refusal(self, v: Validation) -> str:
+        """Why a usable checkpoint may not be adopted here, or "" when it may (one line, naming the fix): a foreign
+        one only when nobody but the user could have written any of it (``untrusted.tree_problem``)."""
+        if not v.usable or v.trust == trust.SIGNED:
+            return ""
+        problem = self.foreign_refusal()
+        if problem:
+            return problem
+        problem = untrusted.tree_problem(self.root, v.path)
+        if problem:
+            return (f"refused a foreign checkpoint (no manifest signed by this campaign): {problem}, so someone else "
+                    f"could have written it (fix: {trust.adopt_fix(self.root)})")
         return ""
 
     def _judged(self, v: Validation) -> Validation:
@@ -144,7 +159,7 @@ class CheckpointStore:
 
     def validate(self, path: str | os.PathLike[str], full: bool = False) -> Validation:
         """Validate one checkpoint, and judge whether it may be adopted here (status "refused" if not)."""
-        return self._judged(validate_checkpoint(Path(path), full, key=self.key))
+        return self._judged(validate_checkpoint(Path(path), full, key=self.key, foreign=self.foreign_refusal()))
 
     def newest_valid(self, full: bool = False, quarantine: bool = True,
                      allow_unverified: bool = True) -> CheckpointInfo | None:
@@ -173,23 +188,57 @@ class CheckpointStore:
 
     # -- quarantine ------------------------------------------------------------------------------------
     def quarantine(self, path: str | os.PathLike[str], reason: str) -> Path:
-        """Move ``path`` into ``ROOT/quarantine/`` with a reason file; never deletes anything."""
+        """Move ``path`` into ``ROOT/quarantine/`` with a reason file; never deletes anything.
+
+        The root may be writable by others (docs/security.md): every step goes through directory descriptors
+        opened without following links, so a planted ``quarantine`` link or reason file can never carry the move
+        or the reason to another place; a ``quarantine`` that is not the user's own directory is refused."""
         src = Path(path)
-        qdir = self.root / QUARANTINE_DIR
-        qdir.mkdir(mode=0o700, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        dst = qdir / f"{src.name}-{stamp}"
-        n = 1
-        while dst.exists():
-            n += 1
-            dst = qdir / f"{src.name}-{stamp}-{n}"
-        if src.is_file() and not src.is_symlink():  # a single-file checkpoint: kept in a folder of its own
-            dst.mkdir(mode=0o700)
-            rename_durable(src, dst / src.name)
-        else:
-            rename_durable(src, dst)
-        write_durable(dst / REASON_FILE, f"{reason}\nquarantined-at: {stamp}\nfrom: {src}\n".encode())
-        return dst
+        q_fd = self._quarantine_fd()
+        src_fd = os.open(src.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            single = stat.S_ISREG(os.lstat(src.name, dir_fd=src_fd).st_mode)
+            name = _free_name(q_fd, f"{src.name}-{stamp}")
+            if single:  # a single-file checkpoint: kept in a folder of its own
+                os.mkdir(name, 0o700, dir_fd=q_fd)
+                dst_fd = _open_dir(name, q_fd)
+                try:
+                    os.rename(src.name, src.name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+                    os.fsync(dst_fd)
+                finally:
+                    os.close(dst_fd)
+            else:
+                os.rename(src.name, name, src_dir_fd=src_fd, dst_dir_fd=q_fd)
+            os.fsync(q_fd)
+            os.fsync(src_fd)
+            dst_fd = _open_dir(name, q_fd)
+            try:
+                _write_reason(dst_fd, f"{reason}\nquarantined-at: {stamp}\nfrom: {src}\n".encode())
+            finally:
+                os.close(dst_fd)
+        finally:
+            os.close(src_fd)
+            os.close(q_fd)
+        return self.root / QUARANTINE_DIR / name
+
+    def _quarantine_fd(self) -> int:
+        """``ROOT/quarantine``, created if missing, opened without following a link; it must be the user's."""
+        root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            try:
+                os.mkdir(QUARANTINE_DIR, 0o700, dir_fd=root_fd)
+            except FileExistsError:
+                pass
+            q_fd = _open_dir(QUARANTINE_DIR, root_fd)
+        finally:
+            os.close(root_fd)
+        st = os.fstat(q_fd)
+        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            os.close(q_fd)
+            raise untrusted.UntrustedFileError(errno.EPERM, "is not this user's own directory",
+                                               str(self.root / QUARANTINE_DIR))  # fmt: skip
+        return q_fd
 
     def _try_quarantine(self, path: Path, reason: str) -> None:
         try:
@@ -198,13 +247,20 @@ class CheckpointStore:
             pass  # a read-only root must not stop us from finding an older valid checkpoint
 
     def quarantined(self) -> builtins.list[QuarantinedInfo]:
-        qdir = self.root / QUARANTINE_DIR
-        if not qdir.is_dir():
+        """What ``ROOT/quarantine`` holds (nothing when it is not the user's own directory)."""
+        try:
+            q_fd = self._quarantine_fd() if (self.root / QUARANTINE_DIR).exists() else None
+        except OSError:
             return []
+        if q_fd is None:
+            return []
+        os.close(q_fd)
+        qdir = self.root / QUARANTINE_DIR
         out = []
         for entry in sorted(qdir.iterdir()):
             try:
-                reason = (entry / REASON_FILE).read_text(errors="replace").splitlines()[0]
+                text = untrusted.read_regular(entry / REASON_FILE, untrusted.MAX_SMALL_BYTES)
+                reason = text.decode(errors="replace").splitlines()[0]
             except (OSError, IndexError):
                 reason = "(no reason recorded)"
             out.append(QuarantinedInfo(entry, reason))
@@ -260,3 +316,36 @@ def _name_order(path: Path) -> tuple[int, str]:
 
 def _newest_first(info: CheckpointInfo) -> tuple[int, float, str]:
     return (-(info.step if info.step is not None else -1), -(info.time or 0.0), info.path.name)
+
+
+def _open_dir(name: str, dir_fd: int) -> int:
+    """A directory inside ``dir_fd``, opened without following a link (a planted link raises)."""
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+
+
+def _free_name(dir_fd: int, base: str) -> str:
+    """``base``, or ``base-2``, ``base-3``... : the first name not taken in the directory."""
+    name, n = base, 1
+    while True:
+        try:
+            os.lstat(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return name
+        n += 1
+        name = f"{base}-{n}"
+
+
+def _write_reason(dir_fd: int, text: bytes) -> None:
+    """The reason file, created fresh (a planted one, a link included, is removed first, never written through)."""
+    try:
+        os.unlink(REASON_FILE, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    fd = os.open(REASON_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                 dir_fd=dir_fd)  # fmt: skip
+    try:
+        os.write(fd, text)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.fsync(dir_fd)

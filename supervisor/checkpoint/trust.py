@@ -28,8 +28,16 @@ CAMPAIGN_ENV = "SUPERVISOR_CAMPAIGN"
 AUTH_ALG = "hmac-sha256"
 _CONTEXT = b"slurm-supervisor checkpoint manifest v1"
 
-ADOPT_FIX_PRIVATE = "chmod go-w {root} (and own it), or save with CheckpointSaver under supervision"
 ADOPT_FIX_DISABLED = "set [run] adopt_foreign_checkpoints = true, or save with CheckpointSaver under supervision"
+
+
+def adopt_fix(root: str | os.PathLike[str]) -> str:
+    """The advice that closes the hole: signed checkpoints are checked wherever they are; an unsigned one is safe
+    only in a tree nobody else can write (the root's own files included, not only the root)."""
+    return (f"save with supervisor.checkpoint.CheckpointSaver under supervision (a signed checkpoint is verified "
+            f"wherever it is), or keep checkpoints under a directory only you can write, with everything in it: "
+            f"chmod -R go-w {root}, on a path whose every directory above is yours or root's and not writable by "
+            f"others")
 
 
 def manifest_key(secret: bytes) -> bytes:
@@ -111,9 +119,12 @@ def private_problem(path: str | os.PathLike[str]) -> str:
 
 
 def sha256_file(path: str | os.PathLike[str], limit: int = 1 << 30) -> str:
-    """SHA-256 of a small file (``.metadata``); files over ``limit`` bytes are refused with ValueError."""
+    """SHA-256 of a small file (``.metadata``): a regular file (not a FIFO or a device, checked on the opened
+    descriptor), of at most ``limit`` bytes (else ValueError)."""
+    from supervisor.checkpoint.untrusted import open_regular
+
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path, limit, follow=True), "rb") as f:
         total = 0
         while chunk := f.read(1 << 20):
             total += len(chunk)

@@ -16,7 +16,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.checkpoint import single_file, trust
+from supervisor.checkpoint import single_file, trust, untrusted
 from supervisor.checkpoint.hashing import available, hash_file, hash_files
 from supervisor.checkpoint.manifest import (
     MANIFEST_NAME,
@@ -29,6 +29,7 @@ from supervisor.checkpoint.manifest import (
 INCOMPLETE_PREFIX = ".incomplete-"
 DCP_METADATA = ".metadata"
 MAX_MANIFEST_BYTES = 256 << 20
+MAX_METADATA_BYTES = 256 << 20  # a DCP .metadata: the plan of every shard (tens of MB for the largest models)
 
 VALID, INVALID, INCOMPLETE, UNVERIFIED = "valid", "invalid", "incomplete", "unverified"
 REFUSED = "refused"  # usable by its format, but foreign and not adoptable here (the store decides)
@@ -61,23 +62,28 @@ def step_from_name(name: str) -> int | None:
 
 
 def validate_checkpoint(path: Path, full: bool = False, threads: int | None = None,
-                        key: bytes | None = None) -> Validation:
+                        key: bytes | None = None, foreign: str = "") -> Validation:
     """Validate the checkpoint ``path`` (a directory, or a single file); never raises for a bad checkpoint.
 
     ``key``: the campaign's manifest key; a manifest signed with it is checked (forged = invalid) and
-    gets ``trust == "signed"``.
+    gets ``trust == "signed"``. ``foreign``: why a checkpoint this campaign did not sign may not be adopted here
+    (the store's call), "" when it may: such a one is refused before any of its files is read or hashed.
     """
     path = Path(path)
     if path.name.startswith(INCOMPLETE_PREFIX):
         return Validation(path, INCOMPLETE, "save did not finish (in progress, or left by a crash)",
                           step_from_name(path.name), _mtime(path))
     if path.is_file() and not path.is_symlink() and single_file.is_candidate(path.name):
+        if foreign:
+            return Validation(path, REFUSED, foreign, single_file.step_from_file_name(path.name), _mtime(path))
         return validate_single_file(path, full)
     if not path.is_dir():
         return Validation(path, INVALID, "not a directory")
     manifest_path = path / MANIFEST_NAME
     if not manifest_path.exists() and not manifest_path.is_symlink():
         if (path / DCP_METADATA).exists():
+            if foreign:
+                return Validation(path, REFUSED, foreign, step_from_name(path.name), _mtime(path))
             return _validate_dcp_structure(path)
         return Validation(path, INVALID, f"no {MANIFEST_NAME}: the save never committed", step_from_name(path.name),
                           _mtime(path))
@@ -87,6 +93,8 @@ def validate_checkpoint(path: Path, full: bool = False, threads: int | None = No
         return Validation(path, INVALID, f"{MANIFEST_NAME}: {err}", step_from_name(path.name), _mtime(path))
     base = (manifest.step, manifest.time, manifest.size_bytes)
     trusted = trust.check_auth(manifest.raw, manifest.auth, key)
+    if trusted == trust.FOREIGN and foreign:
+        return Validation(path, REFUSED, foreign, *base, manifest=manifest)
     if trusted == trust.FORGED:
         return Validation(path, INVALID, f"{MANIFEST_NAME} fails its authentication with this campaign's key "
                           "(forged or altered)", *base, manifest=manifest)
@@ -149,13 +157,11 @@ def _mtime(path: Path) -> float | None:
 
 
 def _read_manifest(path: Path) -> Manifest:
-    manifest_path = path / MANIFEST_NAME
-    if manifest_path.is_symlink():
-        raise ManifestError("is a symlink")
-    with open(manifest_path, "rb") as f:
-        data = f.read(MAX_MANIFEST_BYTES + 1)
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"larger than {MAX_MANIFEST_BYTES} bytes")
+    """The manifest, read only when it is a regular file (not a link, a FIFO or a device) of a sane size."""
+    try:
+        data = untrusted.read_regular(path / MANIFEST_NAME, MAX_MANIFEST_BYTES)
+    except untrusted.UntrustedFileError as err:
+        raise ManifestError(err.strerror or "cannot be read safely") from None
     return parse_manifest(data)
 
 
@@ -235,7 +241,7 @@ def _validate_dcp_structure(path: Path) -> Validation:
     meta_path = path / DCP_METADATA
     step, when = step_from_name(path.name), _mtime(meta_path)
     try:
-        data = meta_path.read_bytes()
+        data = untrusted.read_regular(meta_path, MAX_METADATA_BYTES)  # a FIFO or /dev/zero link: refused, not read
     except OSError as err:
         return Validation(path, INVALID, f"no {MANIFEST_NAME}; DCP .metadata unreadable ({err.strerror})", step, when)
     if not data:

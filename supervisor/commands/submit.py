@@ -237,12 +237,13 @@ def run(args: argparse.Namespace) -> int:
     if not run_cfg.get("checkpoint_dir"):
         print(f"supervise: {RESUME_OFF_HINT}", file=sys.stderr)
     elif Path(run_cfg["checkpoint_dir"]).is_dir():
-        from supervisor.checkpoint.trust import private_problem
+        from supervisor.checkpoint.store import CheckpointStore
+        from supervisor.checkpoint.trust import adopt_fix
 
-        problem = private_problem(run_cfg["checkpoint_dir"])
+        problem = CheckpointStore(run_cfg["checkpoint_dir"]).root_problem()
         if problem:  # said now, not discovered at the first relaunch
             print(f"supervise: note: {problem}: only checkpoints this campaign signs will be resumed (fix: "
-                  f"chmod go-w {run_cfg['checkpoint_dir']} to also resume your own earlier ones)", file=sys.stderr)
+                  f"{adopt_fix(run_cfg['checkpoint_dir'])})", file=sys.stderr)
     sbatch_argv = ["sbatch", "--parsable", *flags, str(CampaignPaths(root).batch_script)]
     if args.dry_run:
         print(script, end="")

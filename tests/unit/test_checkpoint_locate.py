@@ -107,4 +107,4 @@ def test_submit_notes_a_checkpoint_root_others_can_write(tmp_path, monkeypatch, 
     assert submit.run(submit.parse_argv(["--campaign", str(tmp_path / "c"), "--", "python", "t.py",
                                          "--ckpt-dir", "ck"])) == 0
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "writable by other users" in err and "chmod go-w" in err
+    assert err.count("\n") == 1 and "writable by other users" in err and "chmod -R go-w" in err

@@ -88,7 +88,7 @@ def test_shared_root_refuses_foreign_checkpoints_and_picks_the_signed_one(shared
     statuses = {i.step: (i.status, i.reason) for i in store.list()}
     for step in (90, 80, 70):
         status, reason = statuses[step]
-        assert status == "refused" and "writable by other users" in reason and "fix: chmod go-w" in reason
+        assert status == "refused" and "writable by other users" in reason and "chmod -R go-w" in reason and "CheckpointSaver" in reason
     assert (shared_root / "step_90").exists(), "a refused checkpoint is not moved (it may not be ours)"
 
 
