@@ -20,12 +20,14 @@ full; repeats within the cooldown are debug lines), and optionally any service a
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import queue
+import socket
 import subprocess
 import threading
 import time
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -231,15 +233,47 @@ class WebhookSink:
         self.url, self.timeout_s, self.name = url, timeout_s, f"webhook {url.split('?')[0]}"
 
     def send(self, alert: Alert) -> None:
-        request = urllib.request.Request(self.url, data=_body(alert), method="POST",
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        """One POST, within ``timeout_s`` in all: the connection is shut down when the time is up, so a server
+        that drip-feeds its answer (a byte per read, each within a per-read timeout) cannot hold the sender."""
+        timer: threading.Timer | None = None
+        conn: http.client.HTTPConnection | None = None
+        expired = threading.Event()
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 - scheme checked
-                response.read(4096)
-        except (OSError, ValueError) as err:  # HTTPError, URLError, timeouts, a garbage status line
-            raise SinkError(f"{self.name}: {err}") from None
-        except Exception as err:  # noqa: BLE001 - http.client raises its own errors on garbage replies
-            raise SinkError(f"{self.name}: {type(err).__name__}: {err}") from None
+            parts = urllib.parse.urlsplit(self.url)
+            cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+            conn = cls(parts.hostname or "", parts.port, timeout=self.timeout_s)
+            timer = threading.Timer(self.timeout_s, _shut, (conn, expired))
+            timer.daemon = True
+            timer.start()
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            conn.request("POST", path, body=_body(alert), headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            response.read(4096)
+            if response.status >= 400:
+                raise SinkError(f"{self.name}: HTTP {response.status} {response.reason}")
+        except SinkError:
+            raise
+        except Exception as err:  # noqa: BLE001 - OSError, timeouts, http.client's errors on garbage, a bad URL
+            why = f"no answer within {self.timeout_s:g} s" if expired.is_set() else f"{type(err).__name__}: {err}"
+            raise SinkError(f"{self.name}: {why}") from None
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if conn is not None:
+                conn.close()
+        if expired.is_set():  # the answer came in the very moment the time was up: count it as late
+            raise SinkError(f"{self.name}: no answer within {self.timeout_s:g} s")
+
+
+def _shut(conn: http.client.HTTPConnection, expired: threading.Event) -> None:
+    """The deadline: shut the connection's socket down under the sender (its blocking read returns at once)."""
+    expired.set()
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 class CommandSink:

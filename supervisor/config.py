@@ -156,6 +156,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "run.node_loss_max_s": (0.5, 600.0),
     "run.node_probe_timeout_s": (0.5, 60.0),
     "run.failsafe_timeout_s": (0.0, 3600.0),
+    "run.mtbf_prior_s": (0.0, 100 * 365 * DAY_S),  # 0: the site prior; nan or inf broke supervise report
+    "alerts.cooldown_s": (0.0, 7 * DAY_S),
+    "alerts.timeout_s": (0.0, 300.0),
 }
 # Delegated sections ([detect], [policy], [ledger]): their modules check meaning; here every number is finite
 # and within an absurdity bound, and every time (a key ending in _s) is positive (0 allowed for backoff).
@@ -236,6 +239,9 @@ def _build(section: str, cls: type, values: Mapping[str, Any], source: str) -> A
                 f"{source}: {section}.{key} = {value!r} has the wrong type",
                 f"use a {type(default).__name__} like {default!r}",
             )
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > NUMBER_MAX:
+            raise _range_error(source, f"{section}.{key}", f"{str(value)[:12]}... ({len(str(abs(value)))} digits)",
+                               f"|value| <= {NUMBER_MAX:g}")  # before float(): a 401-digit int overflows it
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             raise ConfigError(f"{source}: {section}.{key} = {value!r} is negative", "use a value >= 0")
         _check_bounds(f"{section}.{key}", value, source)
@@ -320,6 +326,9 @@ def load(path: str | Path | None) -> Config:
         raise ConfigError(f"config file {path} does not exist", "check the --config path") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {path} is not valid TOML: {err}", "fix the syntax at that line") from None
+    except ValueError as err:  # tomllib's int(): a number of more than 4,300 digits
+        raise ConfigError(f"config file {path} holds a value TOML cannot read ({str(err)[:120]})",
+                          "write numbers of a sensible size") from None
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror}", "check its permissions") from None
     return from_mapping(data, str(path))

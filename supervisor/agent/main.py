@@ -54,7 +54,7 @@ class Agent:
                  campaign: Path, sample_s: float = 0.25, report_s: float = 1.0, supervisor_timeout_s: float = 30.0,
                  refused_grace_s: float = 5.0, parent_pid: int = 0, keep_slot_dir: bool = False,
                  health: AgentHealth | None = None,
-                 failsafe: Failsafe | None = None) -> None:
+                 failsafe: Failsafe | None = None, not_before_ns: int = 0) -> None:
         self.job, self.node, self.key = job, node, key
         self.sample_s, self.report_s = sample_s, report_s
         self.supervisor_timeout_s, self.refused_grace_s = supervisor_timeout_s, refused_grace_s
@@ -70,7 +70,7 @@ class Agent:
         self.sock.setblocking(False)
         self.instance = secrets.randbits(64)
         self.seq = 0
-        self.guard = wire.ReplayGuard()
+        self.guard = wire.ReplayGuard(not_before_ns=not_before_ns)  # the supervisor's frames from before our start
         self.counters: Counter[str] = Counter()
         self.stop_reason = ""
         self._next_discover = 0.0
@@ -258,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit after this many seconds without a keepalive from the supervisor")
     p.add_argument("--parent-pid", type=int, default=0, help="also exit when this pid is gone (same host only)")
     p.add_argument("--keep-slot-dir", action="store_true", help="do not remove the slot directory on exit")
+    p.add_argument("--not-before-ns", type=int, default=0,
+                   help="refuse the supervisor's frames sent before this time (its wall clock, ns) as replays")
     p.add_argument("--health-interval", type=float, default=30.0,
                    help="seconds between node health checks (the first at start; 0: no checks)")
     p.add_argument("--health-fs", action="append", default=[], metavar="ROLE=PATH",
@@ -327,7 +329,7 @@ def agent_from_args(args: argparse.Namespace) -> Agent:
                  campaign=campaign, sample_s=args.sample_interval, report_s=args.report_interval,
                  supervisor_timeout_s=args.supervisor_timeout, parent_pid=args.parent_pid,
                  keep_slot_dir=args.keep_slot_dir, health=health_from_args(args),
-                 failsafe=failsafe_from_args(args, campaign))
+                 failsafe=failsafe_from_args(args, campaign), not_before_ns=args.not_before_ns)
 
 
 def failsafe_from_args(args: argparse.Namespace, campaign: Path) -> Failsafe | None:

@@ -37,8 +37,13 @@ def parse_setting(value: object) -> str | float:
     """``"auto"``, ``"off"`` or seconds (> 0) as a float; anything else raises :class:`IntervalSettingError`."""
     if isinstance(value, str) and value.strip().lower() in (AUTO, OFF):
         return value.strip().lower()
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too large for a float
+            seconds = math.inf
+        if math.isfinite(seconds) and seconds > 0:
+            return seconds
     raise IntervalSettingError(
         f"run.checkpoint_interval = {value!r}: expected \"auto\", \"off\" or a number of seconds > 0"
     )

@@ -40,7 +40,8 @@ class AgentStep:
     def spawn(self, nodes: tuple[str, ...]) -> None:
         host, port = self.channel.address
         argv = srun.agents(nodes, [self.python, "-m", "supervisor.agent", "--campaign", str(self.campaign),
-                                   "--supervisor", f"{host}:{port}", *self.extra_args])  # fmt: skip
+                                   "--supervisor", f"{host}:{port}", "--not-before-ns", str(time.time_ns()),
+                                   *self.extra_args])  # frames recorded for earlier agents are replays to these  # fmt: skip
         self.proc = self.start_step(argv, self.env, self.log_path, self.cwd)
         self.started = time.monotonic()
 

@@ -375,16 +375,23 @@ class ReplayGuard:
     instance replaces the current one only if it was sent after the current one's newest frame (a restarted
     sender), and the replaced one is retired for good: a recorded frame of an earlier sender instance can
     neither retire the live one (it is older than the live one's frames) nor pass again later.
+
+    ``not_before_ns``: a guard with no history yet (a restarted agent) would take any fresh frame as its
+    sender's first, a frame recorded for its predecessor within the window included; frames sent before this
+    time (on the sender's own clock: the supervisor passes its wall clock when it starts the agents) are refused.
     """
 
     window_s: float = 60.0
     peers: dict[str, _Peer] = field(default_factory=dict)
     lost: int = 0
+    not_before_ns: int = 0
 
     def check(self, sender: str, instance: int, seq: int, sent_wall_ns: int, now_wall_ns: int) -> str | None:
         """Return a refusal reason, or None after recording the frame as accepted."""
         if abs(now_wall_ns - sent_wall_ns) > self.window_s * 1e9:
             return "stale"
+        if sent_wall_ns < self.not_before_ns:
+            return "replay"
         peer = self.peers.get(sender)
         if peer is None:
             self.peers[sender] = _Peer(instance, seq, sent_wall_ns)

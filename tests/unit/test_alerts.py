@@ -7,6 +7,7 @@ import json
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -179,6 +180,44 @@ def test_a_bad_sink_never_blocks_or_raises_into_the_caller(reply: bytes | None) 
     finally:
         release.set()
         sock.close()
+
+
+def test_a_drip_feeding_webhook_costs_one_timeout_per_try_not_one_per_read() -> None:
+    """Issue 22, low: the timeout applied per read, so a server sending one byte a second held a try for as long
+    as it liked (> 15 s seen with a 5 s timeout), and later alerts queued and were dropped."""
+    stop = threading.Event()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4)
+
+    def drip() -> None:
+        conn, _ = sock.accept()
+        conn.recv(65536)
+        try:
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100:
+                if stop.wait(0.5):
+                    return
+                conn.sendall(bytes([byte]))
+        except OSError:
+            return
+        finally:
+            conn.close()
+
+    threading.Thread(target=drip, daemon=True).start()
+    sink = alerts.WebhookSink(f"http://127.0.0.1:{sock.getsockname()[1]}/hook", timeout_s=2.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(alerts.SinkError, match="no answer within 2 s"):
+            sink.send(_alert())
+        assert time.monotonic() - started < 10.0  # one 2 s budget, not 2 s for each of ~100 reads
+    finally:
+        stop.set()
+        sock.close()
+
+
+def test_a_webhook_url_python_cannot_use_is_the_sinks_error_not_an_escape() -> None:
+    with pytest.raises(alerts.SinkError):
+        alerts.WebhookSink("http://[::1/broken", timeout_s=1.0).send(_alert())  # Request() raised ValueError
 
 
 def test_a_failing_command_is_retried_then_logged(tmp_path) -> None:

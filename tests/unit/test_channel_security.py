@@ -44,8 +44,10 @@ def _record_exit(server: AggregatorServer, node: str, key: bytes) -> bytes:
         sock.sendto(_summary(key, instance=1, seq=1, node=node), server.address)
         _pump(server, 0.2)
         assert server.send(node, [wire.Command(wire.CMD_EXIT)])
-        data, _ = sock.recvfrom(wire.MAX_FRAME + 1)
-        return data
+        while True:  # (a keepalive may come first)
+            data, _ = sock.recvfrom(wire.MAX_FRAME + 1)
+            if any(c.command == wire.CMD_EXIT for c in wire.commands(wire.decode(key, data, JOB))):
+                return data
 
 
 def test_frames_recorded_in_an_earlier_run_neither_lock_out_the_live_agent_nor_stop_it(tmp_path: Path) -> None:
@@ -86,6 +88,33 @@ def test_frames_recorded_in_an_earlier_run_neither_lock_out_the_live_agent_nor_s
             agent.close()
     finally:
         run2.close()
+
+
+def test_a_restarted_agent_refuses_a_control_frame_recorded_for_its_predecessor(tmp_path: Path) -> None:
+    """Issue 22, low: a restarted agent's guard had no history, so an EXIT recorded within the freshness window
+    (same run, same key) was obeyed. Agents now refuse frames sent before the supervisor started them."""
+    campaign = tmp_path / "c"
+    server = AggregatorServer(campaign, JOB)
+    server.write_address_file()
+    try:
+        recorded_exit = _record_exit(server, "n1", server.key)  # for the agent that ran before
+        started = time.time_ns()  # the supervisor starts the agents again (AgentStep.spawn: --not-before-ns)
+        agent = Agent(job=JOB, node="n1", key=server.key, supervisor=server.address, slot_dir=tmp_path / "s1",
+                      campaign=campaign, keep_slot_dir=True, not_before_ns=started)  # fmt: skip
+        try:
+            agent.handle(recorded_exit)
+            assert agent.stop_reason == "" and agent.counters["rejected_replay"] == 1
+        finally:
+            agent.close()
+        without = Agent(job=JOB, node="n1", key=server.key, supervisor=server.address, slot_dir=tmp_path / "s2",
+                        campaign=campaign, keep_slot_dir=True)  # the old behaviour: no lower bound  # fmt: skip
+        try:
+            without.handle(recorded_exit)
+            assert without.stop_reason == "the supervisor asked the agent to exit", without.counters
+        finally:
+            without.close()
+    finally:
+        server.close()
 
 
 def test_the_address_file_is_private_and_holds_the_runs_channel(tmp_path: Path) -> None:

@@ -123,3 +123,20 @@ def test_integers_too_large_for_a_float_are_out_of_range(section, key):
     """Found by bench/fuzz_all.py: math.isfinite(10**20 * 10**300) raised OverflowError."""
     with pytest.raises(ConfigError, match="out of range"):
         config.from_mapping({section: {key: 10**400}})
+
+
+@pytest.mark.parametrize("text, needle", [  # issue 22, low: each escaped (ValueError, OverflowError) or was accepted
+    ("[run]\ncheckpoint_grace_s = " + "9" * 4400, "holds a value TOML cannot read"),
+    ("[run]\nmtbf_prior_s = " + "9" * 401, "run.mtbf_prior_s = 999999999999... (401 digits) is out of range"),
+    ("[run]\ncheckpoint_interval = " + "9" * 401, "run.checkpoint_interval"),
+    ("[alerts]\ncooldown_s = " + "9" * 401, "alerts.cooldown_s"),
+    ("[alerts]\ntimeout_s = " + "9" * 401, "alerts.timeout_s"),
+    ("[run]\nmtbf_prior_s = nan", "run.mtbf_prior_s = nan is out of range"),
+    ("[run]\nmtbf_prior_s = inf", "run.mtbf_prior_s = inf is out of range"),
+])  # fmt: skip
+def test_huge_and_non_finite_numbers_are_config_errors(tmp_path, text, needle):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    assert needle in info.value.problem and info.value.fix
