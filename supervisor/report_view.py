@@ -45,6 +45,8 @@ def render_text(report: dict[str, Any]) -> str:
             by_node = ", ".join(f"{node} x{n}" for node, n in sorted(restarts.items()))
             lines.append(f"launch {i}: torchrun restarted its workers {sum(restarts.values())} time(s) ({by_node})")
     g = report["goodput"]
+    if report.get("unreadable_events"):
+        lines.append(f"{report['unreadable_events']} journal event(s) had fields of the wrong type and were skipped")
     lines.append(f"excluded nodes: {', '.join(report['excluded_nodes']) or 'none'}")
     ck = report["checkpoints"]["latest_valid"]
     lines.append("latest valid checkpoint: " + ("none" if not ck else f"step {ck['step']} at {ck['path']}"))

@@ -12,7 +12,8 @@ a *launch* is one srun of the training inside it (journaled as ``step_launched``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,8 +28,34 @@ Event = Mapping[str, Any]
 HANG_DETECTIONS = ("rank_hang", "global_stall", "rank_stopped")
 
 
-def _outcome(cls: str, blamed: Iterable[str] = (), evidence: Iterable[str] = ()) -> dict[str, Any]:
-    return {"class": cls, "blamed_nodes": sorted(set(blamed)), "evidence": list(evidence)}
+def _outcome(cls: Any, blamed: Any = (), evidence: Any = ()) -> dict[str, Any]:
+    return {"class": _text(cls, ev.UNKNOWN), "blamed_nodes": sorted(set(_texts(blamed))), "evidence": _texts(evidence)}
+
+
+# What the report keeps of an event's fields, in the types it promises: a field of another type (a bug, a hand
+# edit) reads as absent, so one odd line never breaks the report or the text that renders it.
+def _text(x: Any, default: Any = None) -> Any:
+    return x if isinstance(x, str) else default
+
+
+def _texts(x: Any) -> list[str]:
+    return [v for v in x if isinstance(v, str)] if isinstance(x, (list, tuple)) else []
+
+
+def _count(x: Any, default: Any = None) -> Any:
+    return x if isinstance(x, int) and not isinstance(x, bool) and abs(x) < 1 << 62 else default
+
+
+def _mapping(x: Any) -> Mapping[str, Any]:
+    return x if isinstance(x, Mapping) else {}
+
+
+def _a_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) < 1e300 and math.isfinite(x)
+
+
+_INTERVAL_FIGURES = frozenset({"t", "interval_s", "delta_s", "restart_s", "mtbf_s", "predicted_goodput",
+                               "optimum_goodput"})  # fmt: skip
 
 
 class Accounting:
@@ -53,7 +80,7 @@ class Accounting:
         self.timed: list[Event] = []  # the events the goodput ledger folds
         self.interval: dict[str, Any] | None = None  # the last checkpoint interval asked of the ranks
 
-    def _close(self, cls: str, t: float, blamed: Iterable[str], evidence: Iterable[str], last_step: Any = None) -> None:
+    def _close(self, cls: Any, t: float, blamed: Any, evidence: Any, last_step: int | None = None) -> None:
         if self.current is None:
             return
         self.current["end"] = t
@@ -67,56 +94,58 @@ class Accounting:
         if kind in LEDGER_EVENTS or (kind == ev.DETECTION and e.get("kind") in HANG_DETECTIONS):
             self.timed.append(e)
         if kind == ev.CAMPAIGN_STARTED:
-            self.campaign = e.get("campaign")
+            self.campaign = _text(e.get("campaign"))
         elif kind == ev.ATTEMPT_STARTED:
             self.attempt = e
             self.state = "running"
         elif kind == ev.STEP_LAUNCHED:
+            attempt = self.attempt or {}
             self.current = {
-                "job_id": (self.attempt or {}).get("job_id"),
-                "restart": (self.attempt or {}).get("restart", 0),
-                "launch": e.get("launch"),
-                "start": e["t"],
+                "job_id": _text(attempt.get("job_id")),
+                "restart": _count(attempt.get("restart"), 0),
+                "launch": _count(e.get("launch")),
+                "start": t,
                 "end": None,
-                "nodes": e.get("nodes", []),
-                "excluded": e.get("excluded", []),
-                "resume_from": e.get("resume_from"),
-                "resume_step": e.get("resume_step"),
+                "nodes": _texts(e.get("nodes")),
+                "excluded": _texts(e.get("excluded")),
+                "resume_from": _text(e.get("resume_from")),
+                "resume_step": _count(e.get("resume_step")),
                 "last_step": None,
                 "outcome": None,
             }
             self.launches.append(self.current)
-            self.excluded.update(e.get("excluded", []))
+            self.excluded.update(self.current["excluded"])
         elif kind == ev.INTERRUPTION:
-            if e.get("torchrun_restarts") and self.current is not None:  # torchrun's own, inside the launch
-                self.current["torchrun_restarts"] = dict(e["torchrun_restarts"])
-            self._close(e.get("class", "unknown"), t, e.get("blamed_nodes", []), e.get("evidence", []),
-                        e.get("last_step"))  # fmt: skip
+            restarts = {k: n for k, n in _mapping(e.get("torchrun_restarts")).items() if _count(n) is not None}
+            if restarts and self.current is not None:  # torchrun's own, inside the launch
+                self.current["torchrun_restarts"] = restarts
+            self._close(e.get("class"), t, e.get("blamed_nodes"), e.get("evidence"), _count(e.get("last_step")))
         elif kind == ev.STACKS and self.launches:
             # The dumps taken before the launch was killed (they follow its interruption in the journal).
             stacks = self.launches[-1].setdefault("stacks", {"saved": [], "without_stack": []})
-            key = {"node": e.get("node"), "rank": e.get("rank")}
+            key = {"node": _text(e.get("node")), "rank": _count(e.get("rank"))}
             stacks["without_stack"] = [r for r in stacks["without_stack"]
                                        if {"node": r["node"], "rank": r["rank"]} != key]  # fmt: skip
             if e.get("result") == "stacks_saved":
-                stacks["saved"].append({**key, "path": e.get("detail")})
+                stacks["saved"].append({**key, "path": _text(e.get("detail"))})
             else:
-                stacks["without_stack"].append({**key, "why": e.get("detail")})
+                stacks["without_stack"].append({**key, "why": _text(e.get("detail"))})
         elif kind == ev.NODES_EXCLUDED:
-            self.excluded.update(e.get("nodes", []))
+            self.excluded.update(_texts(e.get("nodes")))
         elif kind == ev.ATTEMPT_ENDED:
-            outcome = e.get("outcome", {})
-            self._close(outcome.get("class", "unknown"), t, outcome.get("blamed_nodes", []), outcome.get("evidence", []))
+            outcome = _mapping(e.get("outcome"))
+            self._close(outcome.get("class"), t, outcome.get("blamed_nodes"), outcome.get("evidence"))
             self.state = "pending"
         elif kind == ev.CHECKPOINT_COMMITTED:
-            self.latest_ckpt = {"step": e.get("step"), "path": e.get("path")}
-        elif kind == ev.CHECKPOINT_INTERVAL:
-            self.interval = {k: v for k, v in e.items() if k not in ("type", "v")}
+            self.latest_ckpt = {"step": _count(e.get("step")), "path": _text(e.get("path"))}
+        elif kind == ev.CHECKPOINT_INTERVAL:  # numbers stay numbers (or absent), words stay words
+            self.interval = {k: (v if _a_number(v) else None) if k in _INTERVAL_FIGURES else _text(v)
+                             for k, v in e.items() if k not in ("type", "v")}  # fmt: skip
         elif kind == ev.CHECKPOINT_QUARANTINED:
-            self.quarantined.append({"path": e.get("path"), "reason": e.get("reason")})
+            self.quarantined.append({"path": _text(e.get("path")), "reason": _text(e.get("reason"))})
         elif kind == ev.CAMPAIGN_ENDED:
-            self.state = e.get("state", self.state)
-            self.reason = e.get("reason", "")
+            self.state = _text(e.get("state"), self.state)
+            self.reason = _text(e.get("reason"), "")
 
     def report(self, now: float) -> dict[str, Any]:
         """The report document (contract: ``report --json``). ``now`` closes the books of a running campaign."""
@@ -202,21 +231,39 @@ class CampaignState:
     checkpoint_request_t: float | None = None  # when the newest checkpoint_requested was journaled
     saved_since_request: int | None = None  # the step of the newest checkpoint committed since that request
     views: tuple[View, ...] = ()  # the caller's own views, fed in the same pass
+    unreadable: int = 0  # events a view could not take (a type-confused field: a bug or a hand edit), skipped
 
     def apply(self, e: Event) -> None:
+        """Take one event into every view. The fold never raises: an event whose time is not a number is skipped
+        whole, and one a view cannot take (a field of the wrong type) is skipped by that view and counted, so one
+        odd line costs its own information, never a restart (the loop folds the journal at every start)."""
+        if not _a_number(e.get("t")):  # (an int of 400 digits is not one: float() of it would raise)
+            self.unreadable += 1
+            return
+        ok = self._take(lambda: setattr(self, "history", self.history.apply(e)))
+        views: tuple[View, ...] = (self.ledger, self.accounting, self.interval, *self.views)
+        for view in views:
+            ok = self._take(view.apply, e) and ok
+        ok = self._take(self._facts, e) and ok
+        if not ok:
+            self.unreadable += 1
+
+    @staticmethod
+    def _take(step: Callable[..., Any], *args: Any) -> bool:
+        try:
+            step(*args)
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError, IndexError, RecursionError):
+            return False
+        return True
+
+    def _facts(self, e: Event) -> None:
         kind = e.get("type")
-        self.history = self.history.apply(e)
-        self.ledger.apply(e)
-        self.accounting.apply(e)
-        self.interval.apply(e)
-        for view in self.views:
-            view.apply(e)
         self.last_seen = float(e.get("t", self.last_seen))
         if kind == ev.CAMPAIGN_STARTED:
             self.started = True
             self.job_id = str(e["job_id"]) if e.get("job_id") else self.job_id
-        elif kind == ev.TIMEOUTS_LEARNED:  # the last one wins: a requeued run keeps what was learned
-            self.timeouts = e.get("histograms", {})
+        elif kind == ev.TIMEOUTS_LEARNED and isinstance(e.get("histograms"), Mapping):  # the last one wins
+            self.timeouts = e["histograms"]  # a requeued run keeps what was learned
         elif kind in (ev.CHECKPOINT_QUARANTINED, ev.CHECKPOINT_REFUSED):  # each said once per campaign
             self.quarantined.add(str(e.get("path")))
         elif kind == ev.CHECKPOINT_COMMITTED and isinstance(e.get("step"), int):
@@ -238,7 +285,7 @@ class CampaignState:
         elif kind == ev.FAILSAFE and self.open_attempt is not None:
             self.failsafe = e
         elif kind == ev.DETECTION and e.get("kind") in ("node_silent", "node_lost") and self.open_attempt is not None:
-            self.silent_nodes.update(e.get("nodes", []))
+            self.silent_nodes.update(_texts(e.get("nodes")))
         elif kind == ev.INTERRUPTION:
             cls = str(e.get("class", ev.UNKNOWN))
             self.interruptions[cls] = self.interruptions.get(cls, 0) + 1
@@ -248,7 +295,10 @@ class CampaignState:
             self.excluded_now.discard(str(e.get("node")))
 
     def report(self, now: float) -> dict[str, Any]:
-        return self.accounting.report(now)
+        doc = self.accounting.report(now)
+        if self.unreadable:  # said, so a reader knows the figures leave something out
+            doc["unreadable_events"] = self.unreadable
+        return doc
 
 
 def fold(events: Iterable[Event], ledger_config: LedgerConfig | None = None, views: Iterable[View] = ()
@@ -272,12 +322,12 @@ def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job:
     last_attempt = state.open_attempt
     if last_attempt is None:
         return []
-    nodes = last_attempt.get("nodes", [])
+    nodes = _texts(last_attempt.get("nodes"))
     down_set = set(down_nodes)
     down = sorted(n for n in nodes if n in down_set)
     silent = state.silent_nodes
     failsafe = state.failsafe
-    if failsafe is not None and failsafe.get("batch_host"):
+    if failsafe is not None and _text(failsafe.get("batch_host")):
         blamed, cls, confidence = [str(failsafe["batch_host"])], ev.NODE_FAILURE, 0.9
         evidence = [f"failsafe: the agent on {failsafe.get('node')} found the supervisor gone and "
                     f"{failsafe.get('action')}d the job: {failsafe.get('reason', '')}"]
@@ -299,7 +349,7 @@ def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job:
     t = state.last_seen
     return [
         ev.interruption_event(t, cls, blamed, confidence, evidence),
-        ev.attempt_ended(t, last_attempt["job_id"], cls, blamed, evidence),
+        ev.attempt_ended(t, str(last_attempt.get("job_id") or ""), cls, blamed, evidence),
     ]
 
 

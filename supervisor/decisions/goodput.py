@@ -264,7 +264,10 @@ def ledger(events: Iterable[Event], now: float) -> dict[str, Any]:
     (interruption class -> count and buckets it caused), ``ideal_step_s``. All times in integer ms."""
     f = _Fold()
     for e in events:
-        f.apply(e)
+        try:
+            f.apply(e)
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError, IndexError):
+            continue  # a field of the wrong type (a bug, a hand edit): that event is skipped, never the report
     if f.start is None:
         return {"wall_ms": 0, "buckets_ms": dict.fromkeys(BUCKETS, 0), "rows": [], "pre_launch_ms": {},
                 "by_class": {}, "ideal_step_s": None, "causes": {}}  # fmt: skip

@@ -56,6 +56,7 @@ def open_attempt(ctx: Context, state: campaign_state.CampaignState, *, paths: Ca
 def death_note(state: campaign_state.CampaignState, paths: CampaignPaths, job_id: str) -> str | None:
     """The batch script's line, when the previous run's supervisor died of a signal and it requeued the job."""
     last = state.last_attempt
-    if last is None or str(last.get("job_id")) != job_id:
+    restart = last.get("restart") if last is not None else None
+    if last is None or str(last.get("job_id")) != job_id or not isinstance(restart, int):
         return None
-    return read_death_note(paths.batch_log(job_id), job_id, int(last.get("restart", -1)))
+    return read_death_note(paths.batch_log(job_id), job_id, restart)

@@ -11,6 +11,8 @@ from supervisor.decisions import events as ev
 from supervisor.decisions.ledger import Ledger
 from supervisor.decisions.policy import History
 
+fold = campaign_state.fold
+
 NODES = ["n1", "n2", "n3"]
 
 _event = st.one_of(
@@ -80,3 +82,47 @@ def test_a_supervisor_death_noted_by_the_batch_script_is_unknown_and_blames_nobo
     interruption, ended = campaign_state.infer_previous_outcome(campaign_state.fold(events), ["n1"], None, note)
     assert interruption["class"] == ended["outcome"]["class"] == ev.UNKNOWN
     assert interruption["blamed_nodes"] == [] and "died of signal 9" in interruption["evidence"][0]
+
+
+# ------------------------------------------------------------------------------------------- type-confused events
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-(10**400), 10**400), st.floats(allow_nan=True),
+                    st.text(max_size=5), st.lists(st.one_of(st.integers(), st.text(max_size=3)), max_size=3),
+                    st.dictionaries(st.sampled_from(["class", "blamed_nodes", "evidence"]),
+                                    st.one_of(st.integers(), st.text(max_size=3), st.lists(st.integers())),
+                                    max_size=3))  # fmt: skip
+_FIELDS = ["t", "step", "nodes", "class", "blamed_nodes", "evidence", "job_id", "launch", "outcome", "kind", "path",
+           "reason", "histograms", "restart", "resume_step", "last_step", "node", "rank", "result", "detail", "state",
+           "excluded", "torchrun_restarts", "stall_s", "duration_s", "origin_nodes", "origin_ranks", "params",
+           "interval_s", "mode", "delta_s", "resume_from"]  # fmt: skip
+_TYPES = sorted(ev.EVENT_TYPES)
+_ODD = st.builds(lambda kind, fields: {"type": kind, **fields}, st.sampled_from(_TYPES),
+                 st.dictionaries(st.sampled_from(_FIELDS), _VALUES, max_size=8))  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(odd=st.lists(_ODD, min_size=1, max_size=5), at=st.integers(0, 5))
+def test_a_type_confused_event_never_breaks_the_fold_nor_anything_that_reads_it(odd: list, at: int) -> None:
+    """Issue 22, low: one type-confused event made every restart die at start (the loop folds the journal)."""
+    from supervisor.plot.timeline import TimelineView
+    from supervisor.report_view import render_text
+
+    good = [ev.campaign_started(1.0, "/c", ["x"], "7"), ev.attempt_started(2.0, "7", 0, ["n1"], None),
+            ev.step_launched(3.0, 1, ["n1"]), ev.checkpoint_committed(4.0, 10, "/p"),
+            ev.interruption_event(5.0, "hang", ["n1"], 0.9, ["x"])]  # fmt: skip
+    events = good[:at] + odd + good[at:]
+    view = TimelineView()
+    state = fold(events, views=(view,))
+    doc = state.report(10.0)
+    render_text(doc)
+    view.timeline(10.0, doc["goodput"])
+    state.interval.measured(10.0)
+    state.ledger.table(10.0)
+    assert doc["attempts"] and doc["attempts"][0]["launch"] == 1  # the good events still tell their story
+
+
+def test_an_odd_event_is_skipped_and_said() -> None:
+    events = [ev.campaign_started(1.0, "/c", ["x"], "7"), {"type": ev.STEP_LAUNCHED, "t": "yesterday"},
+              {"type": ev.NODES_EXCLUDED, "t": 2.0, "nodes": [1, "n2", None]}]  # fmt: skip
+    state = fold(events)
+    assert state.unreadable == 1 and state.report(3.0)["unreadable_events"] == 1
+    assert state.report(3.0)["excluded_nodes"] == ["n2"]  # what was readable of it is kept

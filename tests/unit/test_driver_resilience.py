@@ -191,3 +191,22 @@ def test_the_same_error_is_journaled_again_after_the_repeat_window(monkeypatch) 
     monkeypatch.setattr(guard_module, "REPEAT_S", 0.0)
     g.call("detect", lambda: 1 / 0, default=7)
     assert [e["repeats"] for e in journal] == [0, 4]
+
+
+def test_a_type_confused_event_in_the_journal_does_not_stop_the_next_run(tmp_path: Path) -> None:
+    """Issue 22, low: the loop folds the journal at every start; one odd event (a bug, a hand edit) made every
+    restart die there. It is skipped and counted, and the campaign goes on."""
+    from fakes import Launch
+    from test_driver import make, run
+
+    from supervisor.decisions import events as ev
+
+    first, *_ = make(tmp_path, [])
+    with first.recorder.journal as journal:
+        journal.append(ev.campaign_started(1.0, "/c", ["python", "train.py"], "7"))
+        journal.append({"type": ev.STEP_LAUNCHED, "t": 2.0, "launch": {"odd": 1}, "nodes": 5, "excluded": "n2"})
+        journal.append({"type": ev.ATTEMPT_ENDED, "t": 3.0, "outcome": ["not", "a", "mapping"]})
+        journal.append({"type": ev.TIMEOUTS_LEARNED, "t": 4.0, "histograms": "nope"})
+    sup, slurm, launcher, channel, _ = make(tmp_path, [Launch(0, ranks={"state": "exited", "exit_code": 0})])
+    r = run(sup, slurm, launcher, channel)
+    assert r.code == 0 and r.classes()[-1] == ev.COMPLETED

@@ -134,10 +134,10 @@ def test_ranks_without_a_stack_from_the_journal() -> None:
 
     events = [
         ev.step_launched(1.0, 1, ["n1", "n2"]),
-        {"type": "stacks", "node": "n1", "rank": 0, "result": "stacks_failed", "detail": "no dump within 3 s"},
-        {"type": "stacks", "node": "n1", "rank": 0, "result": "stacks_saved", "detail": "/c/stacks/a.txt"},
-        {"type": "stacks", "node": "n2", "rank": 5, "result": "stacks_failed", "detail": "no stack: pid 9 is gone"},
-        {"type": "action", "kind": "kill_step"},
+        {"type": "stacks", "t": 1.5, "node": "n1", "rank": 0, "result": "stacks_failed", "detail": "no dump within 3 s"},
+        {"type": "stacks", "t": 1.5, "node": "n1", "rank": 0, "result": "stacks_saved", "detail": "/c/stacks/a.txt"},
+        {"type": "stacks", "t": 1.5, "node": "n2", "rank": 5, "result": "stacks_failed", "detail": "no stack: pid 9 is gone"},
+        {"type": "action", "t": 1.6, "kind": "kill_step"},
     ]
     stacks = campaign_state.fold(events).report(2.0)["attempts"][0]["stacks"]
     assert stacks["without_stack"] == [{"node": "n2", "rank": 5, "why": "no stack: pid 9 is gone"}]

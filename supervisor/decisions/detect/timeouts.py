@@ -136,12 +136,16 @@ class PhaseTimeouts:
 
     def restore(self, data: Mapping[str, Any]) -> None:
         """Load what ``to_dict`` wrote (ignoring anything malformed: relearning is the safe fallback)."""
+        if not isinstance(data, Mapping):
+            return
         for phase, h in data.items():
             try:
                 hist = LogHistogram(total=float(h["total"]), count=int(h["count"]), max_seen=float(h["max_seen"]))
                 for index, weight in h["buckets"].items():
                     if 0 <= int(index) < _N and float(weight) >= 0:
                         hist.weights[int(index)] = float(weight)
-            except (KeyError, TypeError, ValueError, AttributeError):
+                if not all(math.isfinite(x) for x in (hist.total, hist.max_seen, *hist.weights)) or hist.count < 0:
+                    continue
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
                 continue
             self.histograms[str(phase)] = hist
