@@ -48,11 +48,11 @@ def seconds(value: str | None) -> float | None:
     text = value.strip().upper()
     if text in ("UNLIMITED", "INFINITE"):
         return float("inf")
-    m = re.fullmatch(r"(\d+)\s*(SEC|MIN|HOUR|HOURS|DAYS?)?", text)
+    m = re.fullmatch(r"(\d{1,12})\s*(SEC|MIN|HOUR|HOURS|DAYS?)?", text)  # (a 5,000-digit number: not Slurm's)
     if m:
         scale = {"SEC": 1, "MIN": 60, "HOUR": 3600, "HOURS": 3600, "DAY": 86400, "DAYS": 86400}.get(m.group(2) or "SEC", 1)
         return float(int(m.group(1)) * scale)
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+):(\d\d):(\d\d)", text)
+    m = re.fullmatch(r"(?:(\d{1,9})-)?(\d{1,9}):(\d\d):(\d\d)", text)
     if m:
         days, h, mi, s = (int(g or 0) for g in m.groups())
         return float(((days * 24 + h) * 60 + mi) * 60 + s)

@@ -66,8 +66,14 @@ class Script:
 
 def parse(text: str, name: str = "the script") -> Script:
     """Split a batch script into what the supervisor keeps and what it wraps; UsageError on anything it cannot
-    adopt faithfully."""
-    lines = text.splitlines()
+    adopt faithfully. Lines end at ``\n`` only, as bash and sbatch read them (``str.splitlines`` also breaks at
+    ``\r``, ``\x0b``, ``\x0c``, ``\u2028``..., which would read a line differently than bash runs it)."""
+    if "\r\n" in text:
+        raise UsageError(f"{name} has DOS line breaks (\\r\\n), which sbatch refuses",
+                         f"convert it to Unix line breaks: dos2unix {name}")  # fmt: skip
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
     shebang = lines[0] if lines and lines[0].startswith("#!") else "#!/bin/bash"
     start = 1 if lines and lines[0].startswith("#!") else 0
     directives: list[str] = []

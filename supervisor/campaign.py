@@ -85,9 +85,32 @@ def load(root: str | Path) -> tuple[CampaignPaths, CampaignSpec]:
         )
     fields = {f.name for f in dataclasses.fields(CampaignSpec)}
     kwargs = {k: v for k, v in data.items() if k in fields}
+    problem = _spec_problem(kwargs)
+    if problem:
+        raise CampaignError(f"{paths.spec} is not a campaign spec this supervisor wrote ({problem})",
+                            "restore it from a backup, or submit the campaign again") from None
     kwargs["command"] = tuple(kwargs.get("command", ()))
     kwargs["sbatch_flags"] = tuple(kwargs.get("sbatch_flags", ()))
     return paths, CampaignSpec(**kwargs)
+
+
+def _spec_problem(kwargs: dict[str, Any]) -> str:
+    """What in a read campaign.json is not of the type ``submit`` writes ("" when all is)."""
+    for name in ("command", "sbatch_flags"):
+        value = kwargs.get(name, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return f"{name} is not a list of strings"
+    if not kwargs.get("command"):
+        return "command is empty"
+    if not isinstance(kwargs.get("config", {}), dict):
+        return "config is not a table"
+    for name in ("cwd", "python"):
+        if not isinstance(kwargs.get(name, ""), str):
+            return f"{name} is not a string"
+    created = kwargs.get("created", 0.0)
+    if isinstance(created, bool) or not isinstance(created, (int, float)):
+        return "created is not a number"
+    return ""
 
 
 def default_root(name: str, now: float | None = None) -> Path:

@@ -10,6 +10,7 @@ pure; reading and writing the file is the thin edge.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,12 +51,14 @@ def read(root: Path) -> StopRequest | None:
         data = json.loads(target.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: hostile deep nesting
         return StopRequest(checkpoint=False, t=0.0)
     if not isinstance(data, dict):
         return StopRequest(checkpoint=False, t=0.0)
     t = data.get("t")
-    return StopRequest(checkpoint=data.get("checkpoint") is True, t=float(t) if isinstance(t, (int, float)) else 0.0)
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not abs(t) < 1e300 or not math.isfinite(t):
+        t = 0.0
+    return StopRequest(checkpoint=data.get("checkpoint") is True, t=float(t))
 
 
 def clear(root: Path) -> None:

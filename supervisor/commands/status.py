@@ -39,20 +39,41 @@ def load_live(campaign: Path) -> dict[str, Any]:
     base: dict[str, Any] = {"campaign": str(campaign), "live_age_s": None, "job": None, "nodes": [], "ranks": [],
                             "ranks_total": 0, "counters": {}, "events": []}
     try:
-        text = path.read_text()
+        data = path.read_bytes()
         mtime = path.stat().st_mtime
     except FileNotFoundError:
         return base
     except OSError as err:
         raise CampaignError(f"cannot read {path}: {err.strerror}", "check the campaign directory's permissions") from None
     try:
-        doc = json.loads(text)
-        if not isinstance(doc, dict) or not isinstance(doc.get("ranks"), list):
-            raise ValueError("not a live status document")
-    except ValueError as err:
-        raise CampaignError(f"{path} is not a valid live status file ({err})",
+        doc = json.loads(data.decode())  # UnicodeDecodeError is a ValueError
+        _check_live(doc)
+    except (ValueError, RecursionError) as err:
+        raise CampaignError(f"{path} is not a valid live status file ({str(err)[:200]})",
                             "wait a second and retry; the supervisor rewrites it every second") from None
     return {**base, **doc, "live_age_s": round(max(0.0, time.time() - mtime), 3)}
+
+
+_RANK_FIELDS = {"rank": int, "node": str, "pid": int, "step": int, "phase": str, "state": str}
+
+
+def _check_live(doc: Any) -> None:
+    """The shape ``render_table`` reads (live.json is the supervisor's own file, but a torn or hand-edited one must
+    be said in one line, not a traceback)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("ranks"), list) or \
+            not isinstance(doc.get("nodes", []), list) or not isinstance(doc.get("counters", {}), dict):  # fmt: skip
+        raise ValueError("not a live status document")
+    for r in doc["ranks"]:
+        if not isinstance(r, dict) or not all(isinstance(r.get(k), t) and not isinstance(r.get(k), bool)
+                                              for k, t in _RANK_FIELDS.items()):  # fmt: skip
+            raise ValueError("a rank row is not what the supervisor writes")
+        for k in ("steps_per_s", "ewma_steps_per_s", "own_s", "beat_age_s"):
+            if r.get(k) is not None and (isinstance(r[k], bool) or not isinstance(r[k], (int, float))):
+                raise ValueError(f"a rank row's {k} is not a number")
+    for n in doc.get("nodes", []):
+        if not isinstance(n, dict) or not isinstance(n.get("node"), str) or \
+                (n.get("staleness_s") is not None and not isinstance(n["staleness_s"], (int, float))):  # fmt: skip
+            raise ValueError("a node row is not what the supervisor writes")
 
 
 def _fmt(value: Any, spec: str = "", none: str = "-") -> str:

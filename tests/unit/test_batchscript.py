@@ -88,3 +88,21 @@ def test_a_directive_after_the_first_command_is_not_a_directive():
 def test_parse_errors_are_usage_errors():
     with pytest.raises(UsageError):
         batchscript.parse("srun\n")
+
+
+@pytest.mark.parametrize("odd", ["\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\r"])
+def test_lines_end_where_bash_ends_them(odd: str) -> None:
+    """Issue 22, low: parsing split lines like str.splitlines (at \\x0b, \\u2028, a lone \\r...), so the script the
+    supervisor understood was not the one bash runs. Only \\n ends a line."""
+    text = f"#!/bin/bash\n#SBATCH -N 2\necho set-up{odd}hostname\nsrun python train.py\n"
+    got = batchscript.parse(text)
+    assert got.command == ("python", "train.py") and got.srun_line == 4
+    assert got.before == (f"echo set-up{odd}hostname",)  # one line, kept as bash reads it
+    with pytest.raises(UsageError, match="srun is not the line's command"):  # srun hidden behind it: refused
+        batchscript.parse(f"#!/bin/bash\necho x{odd}srun -n 9 evil\nsrun python train.py\n")
+
+
+def test_dos_line_breaks_are_refused_with_the_fix() -> None:
+    with pytest.raises(UsageError) as err:
+        batchscript.parse("#!/bin/bash\r\n#SBATCH -N 2\r\nsrun python train.py\r\n", "job.sbatch")
+    assert "DOS line breaks" in err.value.problem and "dos2unix job.sbatch" in err.value.fix
