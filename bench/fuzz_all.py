@@ -98,11 +98,14 @@ def mutated(rng: random.Random, seeds: list[bytes], docs: list[Any]) -> bytes:
 
 # ----------------------------------------------------------------------------------------------- targets
 class Target:
+    """``max_s``: an input that takes longer is an escape too (a quadratic regex on a printed line is a denial of
+    service of the supervisor, not a slow test)."""
+
     def __init__(self, name: str, seeds: list[bytes], run: Callable[[bytes], Any], allowed: tuple[type, ...],
-                 json_seeds: bool = False) -> None:
-        self.name, self.seeds, self.run, self.allowed = name, seeds, run, allowed
+                 json_seeds: bool = False, max_s: float = 2.0) -> None:
+        self.name, self.seeds, self.run, self.allowed, self.max_s = name, seeds, run, allowed, max_s
         self.docs = [json.loads(s) for s in seeds] if json_seeds else []
-        self.tried = self.escapes = 0
+        self.tried = self.escapes = self.slow = 0
         self.first: str = ""
 
 
@@ -270,7 +273,87 @@ def build_targets(tmp: Path) -> list[Target]:
         return seed_slot[:16] + data[16:slot.SLOT_SIZE]
 
     targets.append(Target("slot-record", [seed_slot], lambda d: slot_read(slot_keep_header(d)), ()))
+    targets += _untrusted_text_targets(tmp)
     return targets
+
+
+GOLDEN_JOURNAL = REPO / "tests" / "golden" / "demo-journal.jsonl"
+LOG_SEED = (b"0: step=40 loss=0.5\n1: [rank1]:[E gloo] Connection closed by peer [127.0.0.1]:29500\n"
+            b"srun: error: node2: task 1: Killed\nsrun: error: Task launch for StepId=7.0 failed on node node2: "
+            b"Communication connection failure\n0: RuntimeError: CUDA error: device-side assert triggered\n"
+            b"slurmstepd: error: *** STEP 7.0 ON node1 CANCELLED AT 2026-12-04T10:00:00 DUE TO TIME LIMIT ***\n"
+            b"0: torch.distributed.DistBackendError: c10d timed out\n1: NCCL WARN remote process exit\n"
+            b"srun: error: node1: tasks 0-3: Exited with exit code 1\n1: job requeued due to failure of node node[2-3]\n")
+
+
+def _untrusted_text_targets(tmp: Path) -> list[Target]:
+    """Issue 22: the journal's folds and everything that renders them, the CLI's readers of private files, the
+    program's printed text (the log signatures, srun's task lines, hostlists named in them), adopted scripts."""
+    from slurm import hostlist, parse_config
+    from slurm.errors import HostlistError
+    from supervisor import batchscript, campaign, journal, report_view, stop_request
+    from supervisor.commands import status
+    from supervisor.decisions import campaign_state
+    from supervisor.decisions.classify import Evidence, LogLine, classify
+    from supervisor.decisions.tasklog import srun_task_exits, torchrun_worker_exits
+    from supervisor.errors import CampaignError, UsageError
+    from supervisor.plot.timeline import TimelineView
+
+    def fold(data: bytes) -> Any:
+        events = journal.parse(data).events
+        view = TimelineView()
+        state = campaign_state.fold(events, views=(view,))
+        doc = state.report(2e9)
+        report_view.render_text(doc)
+        view.timeline(2e9, doc["goodput"])
+        state.interval.measured(2e9)
+        return state.ledger.table(2e9)
+
+    def live(data: bytes) -> Any:
+        (tmp / "live.json").write_bytes(data)
+        doc = status.load_live(tmp)
+        doc["summary"] = status.campaign_summary(tmp)
+        status.summary_line(doc["summary"])
+        return status.render_table(doc)
+
+    spec_dir = tmp / "spec-campaign"
+    campaign.create(spec_dir, campaign.CampaignSpec(command=("python", "t.py"), config={"run": {}}), "#!/bin/sh\n")
+    spec_seed = (spec_dir / "campaign.json").read_bytes()
+
+    def spec(data: bytes) -> Any:
+        (spec_dir / "campaign.json").write_bytes(data)
+        return campaign.load(spec_dir)
+
+    def stop(data: bytes) -> Any:
+        stop_request.path(tmp).write_bytes(data)
+        return stop_request.read(tmp)
+
+    def logs(data: bytes) -> Any:
+        lines = data.decode("utf-8", errors="replace").split("\n")[-400:]
+        evidence = Evidence(log_lines=tuple(LogLine(x) for x in lines), allocation_nodes=("node1", "node2"),
+                            job_nodes=("node1", "node2", "node3"), task_nodes=("node1", "node1", "node2", "node2"))
+        srun_task_exits(lines)
+        torchrun_worker_exits(lines)
+        return classify(evidence)
+
+    def text_of(fn: Callable[[str], Any]) -> Callable[[bytes], Any]:
+        return lambda data: fn(data.decode("utf-8", errors="replace"))
+
+    live_seed = json.dumps({"job": "7", "ranks": [{"rank": 0, "node": "n1", "pid": 1, "step": 5, "phase": "step",
+                                                   "state": "running", "steps_per_s": 2.0, "beat_age_s": 0.1}],
+                            "nodes": [{"node": "n1", "staleness_s": 0.4}], "counters": {"rejected_mac": 1}}).encode()
+    script_seed = b"#!/bin/bash\n#SBATCH -N 2\n#SBATCH --time=10\nmodule load x\nsrun --cpu-bind=none python t.py\n"
+    return [
+        Target("journal-fold", [GOLDEN_JOURNAL.read_bytes()], fold, (journal.JournalError,)),
+        Target("cli-live", [live_seed], live, (CampaignError,), json_seeds=True),
+        Target("cli-campaign-spec", [spec_seed], spec, (CampaignError,), json_seeds=True),
+        Target("cli-stop-request", [b'{"checkpoint": true, "t": 1.5}'], stop, (), json_seeds=True),
+        Target("hostlist", [b"node[01-03,7],r[1-2]n[01-02]", b"gpu-a[1-2]-x"], text_of(hostlist.expand),
+               (HostlistError,), max_s=0.5),
+        Target("log-signatures", [LOG_SEED], logs, (), max_s=1.0),
+        Target("batchscript", [script_seed], text_of(batchscript.parse), (UsageError,)),
+        Target("slurm-durations", [b"5 sec", b"1-00:00:30", b"UNLIMITED"], text_of(parse_config.seconds), ()),
+    ]
 
 
 def _use_frame(wire: Any, frame: Any) -> Any:
@@ -283,14 +366,16 @@ def _use_frame(wire: Any, frame: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------- driver
-def fuzz(targets: list[Target], seconds: float, seed: int) -> None:
+def fuzz(targets: list[Target], seconds: float, seed: int, inputs: int = 1 << 62) -> None:
+    """Each target until its share of ``seconds`` is spent or it tried ``inputs`` inputs."""
     rng = random.Random(seed)
     per_target = seconds / len(targets)
     for target in targets:
         deadline = time.monotonic() + per_target
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and target.tried < inputs:
             data = mutated(rng, target.seeds, target.docs)
             target.tried += 1
+            started = time.process_time()
             try:
                 target.run(data)
             except target.allowed:
@@ -299,6 +384,12 @@ def fuzz(targets: list[Target], seconds: float, seed: int) -> None:
                 target.escapes += 1
                 if not target.first:
                     target.first = f"{data[:120]!r}: {traceback.format_exc(limit=3).strip().splitlines()[-1]}"
+            took = time.process_time() - started
+            if took > target.max_s:
+                target.escapes += 1
+                target.slow += 1
+                if not target.first:
+                    target.first = f"{data[:120]!r}: took {took:.2f} s of CPU (limit {target.max_s:g} s)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=30.0, help="total time, shared equally by the targets")
     p.add_argument("--only", default="", help="comma-separated target names")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--inputs", type=int, default=1 << 62, help="stop a target after this many inputs")
     args = p.parse_args(argv)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 1000))
     warnings.simplefilter("ignore")  # fuzzed [log_signatures] regexes make re warn about nested sets
@@ -314,11 +406,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.only:
             wanted = set(args.only.split(","))
             targets = [t for t in targets if t.name in wanted]
-        fuzz(targets, args.seconds, args.seed)
+        fuzz(targets, args.seconds, args.seed, args.inputs)
     width = max(len(t.name) for t in targets)
-    print(f"{'target'.ljust(width)}  {'inputs':>9}  {'escapes':>7}")
+    print(f"{'target'.ljust(width)}  {'inputs':>9}  {'escapes':>7}  {'slow':>4}")
     for t in targets:
-        print(f"{t.name.ljust(width)}  {t.tried:>9}  {t.escapes:>7}" + (f"  first: {t.first}" if t.first else ""))
+        print(f"{t.name.ljust(width)}  {t.tried:>9}  {t.escapes:>7}  {t.slow:>4}" +
+              (f"  first: {t.first}" if t.first else ""))
     total = sum(t.tried for t in targets)
     escapes = sum(t.escapes for t in targets)
     print(f"{'total'.ljust(width)}  {total:>9}  {escapes:>7}  ({args.seconds:.0f} s, seed {args.seed})")

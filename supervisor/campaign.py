@@ -76,8 +76,8 @@ def load(root: str | Path) -> tuple[CampaignPaths, CampaignSpec]:
             f"{paths.root} is not a campaign directory (no campaign.json)",
             "pass the directory that `supervise submit` printed",
         ) from None
-    except (OSError, ValueError) as err:
-        raise CampaignError(f"cannot read {paths.spec}: {err}", "check the campaign directory") from None
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: nesting deeper than the parser's stack
+        raise CampaignError(f"cannot read {paths.spec}: {str(err)[:200]}", "check the campaign directory") from None
     if not isinstance(data, dict) or data.get("version") != SPEC_VERSION:
         raise CampaignError(
             f"{paths.spec} has an unsupported format version {data.get('version') if isinstance(data, dict) else '?'}",

@@ -68,12 +68,17 @@ def _check_live(doc: Any) -> None:
                                               for k, t in _RANK_FIELDS.items()):  # fmt: skip
             raise ValueError("a rank row is not what the supervisor writes")
         for k in ("steps_per_s", "ewma_steps_per_s", "own_s", "beat_age_s"):
-            if r.get(k) is not None and (isinstance(r[k], bool) or not isinstance(r[k], (int, float))):
+            if r.get(k) is not None and not _a_number(r[k]):
                 raise ValueError(f"a rank row's {k} is not a number")
     for n in doc.get("nodes", []):
         if not isinstance(n, dict) or not isinstance(n.get("node"), str) or \
-                (n.get("staleness_s") is not None and not isinstance(n["staleness_s"], (int, float))):  # fmt: skip
+                (n.get("staleness_s") is not None and not _a_number(n["staleness_s"])):  # fmt: skip
             raise ValueError("a node row is not what the supervisor writes")
+
+
+def _a_number(x: Any) -> bool:
+    """A figure the table can print (an int of 400 digits overflows the float format)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) < 1e300
 
 
 def _fmt(value: Any, spec: str = "", none: str = "-") -> str:

@@ -60,7 +60,9 @@ def _ms(t: Any) -> int:
 
 
 def _int(x: Any) -> int | None:
-    return x if isinstance(x, int) and not isinstance(x, bool) else None
+    """A step or count as the journal holds it, or None (a wrong type, or beyond any real step: an int of 400
+    digits would overflow every float it meets)."""
+    return x if isinstance(x, int) and not isinstance(x, bool) and abs(x) < 1 << 62 else None
 
 
 class _Fold:

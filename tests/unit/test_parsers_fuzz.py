@@ -210,3 +210,6 @@ def test_fuzz_bench_runs_every_target_briefly(tmp_path):
                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})
     assert out.returncode == 0, out.stdout + out.stderr
     assert "wire-frame-signed" in out.stdout and "slot-record" in out.stdout and "manifest" in out.stdout
+    for target in ("journal-fold", "cli-live", "cli-campaign-spec", "cli-stop-request", "hostlist", "log-signatures",
+                   "batchscript", "slurm-durations"):  # issue 22's surfaces  # fmt: skip
+        assert target in out.stdout, target
