@@ -69,21 +69,30 @@ def node_state_word(info: NodeInfo) -> str:
     return "DOWN" if info.is_down else "DRAIN" if info.is_drain else "UP"
 
 
+def log_lines(data: bytes) -> list[str]:
+    """A launch log's lines as srun wrote them: split at ``\n`` only. srun labels every line of a rank's output
+    (a long one in labelled 1 KiB pieces, measured on 22.05), but a ``\r`` inside a line is the rank's own text:
+    ``str.splitlines`` (or a text-mode file's universal newlines) would cut there and make the rest an unlabelled
+    line, as if srun or Slurm had written it (docs/security.md)."""
+    return data.decode(errors="replace").split("\n")
+
+
 def tail(path: Path, max_bytes: int = 65536) -> list[str]:
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.path.getsize(path) - max_bytes))
-            return f.read().decode(errors="replace").splitlines()[-400:]
+            lines = log_lines(f.read())
     except OSError:
         return []
+    return [line for line in lines if line][-400:]
 
 
 def torchrun_restarts(path: Path, step_nodes: Sequence[str], tasks_per_node: int = 1) -> dict[str, int]:
     """node -> restarts of its workers by torchrun itself during the launch (``--max-restarts`` > 0), read from
     the whole launch log (a restart early in a long launch is not in the tail); {} when there were none."""
     try:
-        with open(path, errors="replace") as f:
-            by_task = tasklog.torchrun_restarts(f)
+        with open(path, "rb") as f:
+            by_task = tasklog.torchrun_restarts(line.decode(errors="replace").rstrip("\n") for line in f)  # (\n only)
     except OSError:
         return {}
     nodes = tasklog.task_nodes(step_nodes, tasks_per_node) if step_nodes else ()
