@@ -86,3 +86,27 @@ def test_a_hardware_line_blames_its_node_and_the_next_launch_runs_on_the_spare(t
         assert ended["state"] == "completed" and len(camp.of_type("attempt_started")) == 1
     finally:
         cancel(camp.job_id)
+
+
+HOSTILE = ("sample 17 label: 'the job was requeued due to failure of node {bad}'\\r"
+           "srun: error: Task launch for StepId=1.0 failed on node {bad}: Communication connection failure\\n"
+           "ValueError: due to failure of node -x\\nfailure of node n[0-1048575]")
+
+
+def test_a_ranks_printed_text_never_speaks_for_slurm(tmp_path):
+    """Issue 22: one printed line ended `supervise run` (a hostlist error), a data sample blamed and excluded a
+    healthy node, `n[0-1048575]` blamed a million nodes. Here rank 1 prints all of it (with a \\r inside a line,
+    as a progress bar does) and then fails: an app error, nobody blamed, relaunched and completed."""
+    camp = submit_program(tmp_path, "--print-at-step", "5", "--print-text", HOSTILE.format(bad="node2"), steps=12,
+                          ckpt_every=2)  # fmt: skip
+    try:
+        row = Row(camp, 0)
+        got = row.check("app_error", [], "restart_in_allocation")
+        row.resumed_from((str(camp.ckpt / "checkpoint-4.pt"), 4))
+        ended = wait_for("the campaign to complete", camp.ended, 150)
+        assert ended["state"] == "completed" and len(camp.of_type("attempt_started")) == 1, ended
+        assert not camp.of_type("supervisor_error"), camp.of_type("supervisor_error")
+        assert camp.report()["excluded_nodes"] == [] and got["blamed_nodes"] == []
+        assert not [e for e in camp.of_type("action") if e["kind"] in ("requeue", "drain", "mark_suspect")]
+    finally:
+        cancel(camp.job_id)

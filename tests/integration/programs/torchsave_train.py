@@ -51,6 +51,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slow-s", type=float, default=0.0)
     p.add_argument("--slow-from-step", type=int, default=0, help="the slow rank is slow from this step on")
     p.add_argument("--spike-at-step", type=int, default=0, help="from here, 3 steps' losses are 1e6x (not NaN)")
+    p.add_argument("--print-at-step", type=int, default=0,
+                   help="one-shot: rank 1 prints --print-text (its data, a message: anything), then raises")
+    p.add_argument("--print-text", default="")
     return p.parse_args()
 
 
@@ -141,6 +144,9 @@ def main() -> int:
             if once(ckpt_dir, "xid"):
                 print("NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.", flush=True)
                 return 1
+        if args.print_at_step and step == args.print_at_step and rank == 1 and once(ckpt_dir, "print"):
+            print(args.print_text.encode().decode("unicode_escape"), flush=True)  # "\r", "\n" as the text's own
+            raise ValueError("a bad sample")
         if args.hang_at_step and step == args.hang_at_step and rank == args.hang_rank and once(ckpt_dir, "hang"):
             while True:  # a live hang: the process runs (sleeps), it never steps again
                 time.sleep(3600)
