@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from supervisor.decisions import events as ev
@@ -27,7 +27,7 @@ from supervisor.decisions.detect.findings import (
     RANK_STOPPED,
     DetectionEvent,
 )
-from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, MATCH_CHARS, LogSignature
+from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, MATCH_CHARS, LogSignature, verdict
 from supervisor.decisions.tasklog import LogLine, address_book, named_peers, rank_of, split_label
 
 if TYPE_CHECKING:
@@ -48,6 +48,11 @@ PRIORITY: dict[str, int] = {
     ev.COMM_ERROR: 20,
     ev.UNKNOWN: 10,
 }
+# Who saw a finding. A node drained for the whole site (operator mode) needs a witness other than the program's
+# own output, which is untrusted (docs/security.md): a rank's printed Xid excludes its node from this campaign only.
+SLURM, AGENT, PROGRAM = "slurm", "agent", "program"
+WITNESSES = (SLURM, AGENT, PROGRAM)
+PROGRAM_CERTAIN = frozenset({"cuda-device-assert", "cuda-oom", "nccl-invalid-usage"})  # never a GPU's fault
 NO_BLAME = frozenset({ev.PREEMPTION, ev.TIMEOUT, ev.CANCELLED, ev.NUMERICAL, ev.UNKNOWN, "killed"})
 APP_ERROR_WINDOW = 3  # earlier app errors looked at when asking "does it repeat on one node only?"
 UNKNOWN_SLURM_FACTOR = 0.85  # confidence factor when Slurm's job state could not be read
@@ -133,6 +138,12 @@ class Finding:
     nodes: tuple[str, ...] = ()  # nodes this finding blames
     group: str | None = None  # "node/rank" the finding belongs to, for consequence analysis
     t: float | None = None
+    # A hardware suspect: an error a failing GPU *can* cause but the program usually does (an illegal address, a
+    # SIGBUS). It keeps its class unless the same node's health check or a repeat after the ranks moved
+    # corroborates it (``_corroborated``, ``classify``).
+    suspect: bool = False
+    source: str = ""  # who saw it: one of WITNESSES ("" for the supervisor's own reckoning)
+    signature: str = ""  # the log signature that matched, for a log line
 
     @property
     def where(self) -> str | None:
@@ -149,9 +160,18 @@ class Interruption:
     evidence: tuple[str, ...]
     origin_nodes: tuple[str, ...] = ()  # where the winning evidence was observed, blamed or not
     origin_ranks: tuple[int, ...] = ()  # the ranks it came from, when known
+    witnesses: tuple[str, ...] = ()  # who saw the evidence that blames the nodes (WITNESSES)
+
+    @property
+    def beyond_the_program(self) -> bool:
+        """Whether someone other than the program's own output witnessed the blame (Slurm, a node agent): what a
+        site-wide action (draining a node) needs."""
+        return any(w != PROGRAM for w in self.witnesses)
 
     def to_event(self, t: float) -> ev.Event:
         event = ev.interruption_event(t, self.cls, self.blamed_nodes, self.confidence, self.evidence)
+        if self.witnesses:
+            event["witnesses"] = list(self.witnesses)
         if self.origin_nodes:
             event["origin_nodes"] = sorted(self.origin_nodes)
         if self.origin_ranks:
@@ -272,9 +292,9 @@ def _exit_findings(e: Evidence) -> list[Finding]:
             name = SIGNAL_NAMES.get(sig, f"signal {sig}")
             if e.supervisor_killed and sig in (9, 15):
                 continue
-            if sig == 7:
-                found.append(Finding(ev.HARDWARE, 0.5, f"{who} died of SIGBUS (memory or device error)",
-                                     (x.node,), group, x.t))  # fmt: skip
+            if sig == 7:  # a hardware suspect: also a file it had mapped was truncated, or /dev/shm ran out
+                found.append(Finding(ev.APP_ERROR, 0.6, f"{who} died of SIGBUS (a file it had mapped was cut short, "
+                                     "/dev/shm ran out, or a memory or device error)", (), group, x.t, suspect=True))  # fmt: skip
             elif sig == 9:
                 found.append(Finding("killed", 0.6, f"{who} was killed by SIGKILL (OOM killer or an outside kill)",
                                      (), group, x.t))  # fmt: skip
@@ -345,33 +365,56 @@ def _log_findings(e: Evidence, signatures: Sequence[LogSignature]) -> list[Findi
             m = sig.pattern.search(text)
             if m is None:
                 continue
+            cls, confidence, meaning = verdict(sig, m)
             nodes: tuple[str, ...] = ()
             if "node" in sig.pattern.groupindex and m.group("node"):
                 nodes = _expand(m.group("node"), known)
-            elif sig.cls == ev.HARDWARE and line.node:
+            elif cls == ev.HARDWARE and line.node:
                 nodes = (line.node,)
-            elif sig.cls == ev.COMM_ERROR:
+            elif cls == ev.COMM_ERROR:
                 book = _address_book(e) if book is None else book
                 nodes = named_peers(text, book, line.node)
             where = f" [{line.node}{'' if line.rank is None else f' rank {line.rank}'}]" if line.node else ""
-            found.append(Finding(sig.cls, sig.confidence, f"log{where}: {line.text.strip()[:200]} ({sig.name})",
-                                 nodes, _group(line.node, line.rank)))  # fmt: skip
+            found.append(Finding(cls, confidence, f"log{where}: {line.text.strip()[:200]} ({meaning})", nodes,
+                                 _group(line.node, line.rank), suspect=sig.suspect,
+                                 source=PROGRAM if program else SLURM, signature=sig.name))  # fmt: skip
             break
     return found
 
 
-def _infrastructure_findings(e: Evidence) -> list[Finding]:
+def _node_state_findings(e: Evidence) -> list[Finding]:
     found = []
     # A bad node outside this launch's nodes did not end it: a node lost earlier and replaced by a spare stays
     # DOWN in the allocation (every later ending would be blamed on it), a spare lost meanwhile interrupts nothing.
     launch_nodes = set(e.allocation_nodes)
     for node, state in sorted(e.node_states.items()):
         if node_state_is_bad(state) and (not launch_nodes or node in launch_nodes):
-            found.append(Finding(ev.NODE_FAILURE, 0.9, f"Slurm node {node} is {state}", (node,)))
-    for node, problems in sorted(e.gpu_faults.items()):
-        for problem in problems:
-            found.append(Finding(ev.HARDWARE, 0.9, f"health check on {node}: {problem}", (node,)))
+            found.append(Finding(ev.NODE_FAILURE, 0.9, f"Slurm node {node} is {state}", (node,), source=SLURM))
     return found
+
+
+def _health_findings(e: Evidence) -> list[Finding]:
+    """The node agents' fatal health findings (a hardware Xid, ECC, a lost GPU): hardware evidence."""
+    return [Finding(ev.HARDWARE, 0.9, f"health check on {node}: {problem}", (node,), source=AGENT)
+            for node, problems in sorted(e.gpu_faults.items()) for problem in problems]  # fmt: skip
+
+
+def _corroborated(findings: list[Finding], e: Evidence) -> list[Finding]:
+    """A hardware suspect (an illegal address, a failed launch, a SIGBUS) becomes ``hardware`` blaming its node
+    when that node's health check found a hardware fault; otherwise it stays the program's (or the network's)."""
+    unfit = set(e.gpu_faults)
+    out = []
+    for f in findings:
+        if f.suspect and f.where in unfit:
+            assert f.where is not None
+            f = replace(f, cls=ev.HARDWARE, confidence=max(f.confidence, 0.85), nodes=(f.where,), suspect=False,
+                        text=f"{f.text}; corroborated by the health check on {f.where}")  # fmt: skip
+        out.append(f)
+    return out
+
+
+def _seen_by(source: str, findings: list[Finding]) -> list[Finding]:
+    return [f if f.source else replace(f, source=source) for f in findings]
 
 
 def _drop_consequences(findings: list[Finding]) -> list[Finding]:
@@ -405,13 +448,14 @@ def _combine(confidences: Iterable[float]) -> float:
 def classify(e: Evidence, signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES) -> Interruption:
     """One class, the nodes to blame, a confidence in [0, 1] and the evidence lines (the winner's first)."""
     findings = (
-        _slurm_findings(e)
-        + _infrastructure_findings(e)
-        + _detection_findings(e)
-        + _exit_findings(e)
+        _seen_by(SLURM, _slurm_findings(e))
+        + _node_state_findings(e)
+        + _health_findings(e)
+        + _seen_by(AGENT, _detection_findings(e))
+        + _seen_by(PROGRAM, _exit_findings(e))
         + _log_findings(e, signatures)
     )
-    findings = _drop_consequences(findings)
+    findings = _drop_consequences(_corroborated(findings, e))
     top = max((PRIORITY[f.cls] for f in findings), default=0)
     clean = bool(e.rank_exits) and all(x.exit_code == 0 and not x.signal for x in e.rank_exits)
     if top <= PRIORITY[ev.APP_ERROR] and (clean or (not findings and (e.job_state or "").upper() == "COMPLETED")):
@@ -443,12 +487,25 @@ def classify(e: Evidence, signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNA
         node = repeated_on_one_node(origin, e.app_error_history, origin_ranks=origin_ranks,
                                     rank_history=e.app_error_rank_history)  # fmt: skip
         blamed = (node,) if node else ()
-        if node:
+        # a GPU-level error the program certainly caused (a kernel's assert, out of memory) settles it
+        suspect = any(f.suspect for f in winners) and not any(f.signature in PROGRAM_CERTAIN for f in winners)
+        if node and suspect and repeated_on_one_node(origin, e.app_error_history, origin_ranks=origin_ranks,
+                                                     rank_history=e.app_error_rank_history, ranks_moved=True):
+            cls = ev.HARDWARE  # the same GPU-level error on one node, whichever ranks run there: the GPU's
+            notes.append(f"the GPU-level error repeats on {node} after the ranks moved, and on no other node: "
+                         f"{node}'s hardware is blamed")  # fmt: skip
+        elif node:
             notes.append(f"the application error repeats on {node} and on no other node: {node} is blamed")
         elif repeated_on_one_node(origin, e.app_error_history):
             notes.append(f"(not blamed: it repeats on {origin[0]}, but always from rank(s) "
                          f"{', '.join(map(str, origin_ranks))}: it may follow the rank; the next launch moves the "
                          "ranks to other nodes to tell)")  # fmt: skip
+        if suspect and cls == ev.APP_ERROR:
+            notes.append("(a GPU-level error without hardware evidence: the program's, unless its node's health "
+                         "check finds a fault or it repeats on that node after the ranks moved)")  # fmt: skip
+    witnesses = tuple(sorted({f.source for f in winners if f.source and set(f.nodes) & set(blamed)}))
+    if blamed and not witnesses:
+        witnesses = (PROGRAM,)  # blamed on where the program's crashes keep happening
     others = sorted((f for f in findings if f not in winners), key=lambda f: -PRIORITY[f.cls])
     evidence = [f.text for f in winners] + notes + [f"(also: {f.text})" for f in others]
     confidence = _combine(f.confidence for f in winners)
@@ -462,12 +519,13 @@ def classify(e: Evidence, signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNA
         evidence=tuple(evidence[:24]),
         origin_nodes=origin,
         origin_ranks=origin_ranks,
+        witnesses=witnesses if blamed else (),
     )
 
 
 def repeated_on_one_node(origin: Sequence[str], history: Sequence[Sequence[str]],
                          window: int = APP_ERROR_WINDOW, *, origin_ranks: Sequence[int] = (),
-                         rank_history: Sequence[Sequence[int]] = ()) -> str | None:  # fmt: skip
+                         rank_history: Sequence[Sequence[int]] = (), ranks_moved: bool = False) -> str | None:  # fmt: skip
     """The node to blame for an application error, if any: this one happened on one node only, an earlier one
     (among the last ``window`` whose node is known) happened there too, and none of them happened elsewhere. A
     bug in the program crashes wherever it runs; a crash that keeps to one machine is that machine's.
@@ -475,7 +533,8 @@ def repeated_on_one_node(origin: Sequence[str], history: Sequence[Sequence[str]]
     With the ranks known (``origin_ranks``, ``rank_history`` aligned with ``history``), an earlier crash there
     confirms the node only when it came from other ranks: a crash of the same rank on the same node may follow
     the rank (a rank-0-only bug on the node rank 0 always lands on), so the node is blamed only once the ranks
-    moved (the supervisor moves them after such a crash) and the crash stayed."""
+    moved (the supervisor moves them after such a crash) and the crash stayed. ``ranks_moved`` asks for that proof
+    even when this crash's ranks are unknown: an earlier crash there from known, other ranks."""
     if len(set(origin)) != 1:
         return None
     node = origin[0]
@@ -485,6 +544,11 @@ def repeated_on_one_node(origin: Sequence[str], history: Sequence[Sequence[str]]
     if any(o - {node} for o, _ in known):
         return None
     here = tuple(sorted(origin_ranks))
+    if ranks_moved and not here:
+        return None
+    moved = [o == {node} and bool(r) and r != here for o, r in known]
+    if ranks_moved and not any(moved):
+        return None
     if not any(o == {node} and not (here and r == here) for o, r in known):
         return None
     return node

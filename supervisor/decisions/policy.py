@@ -277,7 +277,9 @@ def _tier_actions(cls: str, tier: str, i: Interruption, alloc: Allocation, confi
     if tier == "L4" and alloc.step_running:
         actions.append(Action(DUMP_STACKS, tier, (), why))
         actions.append(Action(KILL_STEP, tier, (), why))
-    if config.operator_mode and i.blamed_nodes and cls in (ev.NODE_FAILURE, ev.HARDWARE):
+    # Draining takes a node from every user of the site: only on a witness beyond the program's own output (Slurm,
+    # a node agent's health check); a rank's printed Xid excludes its node from this campaign alone.
+    if config.operator_mode and i.blamed_nodes and cls in (ev.NODE_FAILURE, ev.HARDWARE) and i.beyond_the_program:
         actions.append(Action(DRAIN, tier, i.blamed_nodes, f"supervisor: {cls}"))
     return actions
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.decisions import xid as xid_table
 from supervisor.health import xid as xidmod
 
 FATAL = "fatal"  # the node should not run training: exclude it (exit code 8)
@@ -253,12 +254,12 @@ def _gpus(reading: NodeReading, limits: Limits) -> list[Problem]:
 
 
 def _xid_problem(event: xidmod.XidEvent, tag: str) -> Problem:
-    kind = xidmod.kind_of(event.code)
-    what = f"{tag} reported Xid {event.code}: {xidmod.meaning_of(event.code)}"
-    if kind == xidmod.HARDWARE:
+    kind = xid_table.kind_of(event.code)
+    what = f"{tag} reported Xid {event.code}: {xid_table.meaning_of(event.code)}"
+    if kind == xid_table.HARDWARE:
         return Problem(FATAL, what, "drain the node; reset the GPU (replace it if it repeats)", "xid", str(event.code),
                        "hardware Xid")  # fmt: skip
-    if kind == xidmod.APPLICATION:
+    if kind == xid_table.APPLICATION:
         return Problem(WARN, what, "usually the application's bug: read its log", "xid", str(event.code),
                        "application Xid")  # fmt: skip
     return Problem(WARN, what, "look it up in NVIDIA's Xid table", "xid", str(event.code), "unknown Xid")

@@ -1,10 +1,7 @@
-"""NVIDIA Xid codes: which mean the hardware (drain the node) and which usually mean the application.
-
-Source for every code: NVIDIA, "Xid Errors" (https://docs.nvidia.com/deploy/xid-errors/), the table of causes
-(HW error, driver error, user application error, system memory corruption, bus error, thermal, FB corruption)
-and its per-code notes; and NVIDIA, "GPU Memory Error Management" (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/)
-for the ECC/row-remapping codes 63, 64, 94, 95. Application-level codes are reported (they explain a crash, and
-feed the classifier as the application's fault) but never drain a node; hardware codes do; unknown codes warn.
+"""Xid events as a node sees them: the kernel log's ``NVRM: Xid`` records and NVML's events, each an
+:class:`XidEvent`. Which codes mean the hardware is ``decisions/xid.py``'s table (one table for the agents'
+checks and the classifier's log lines): hardware codes make the node unfit (drained in operator mode),
+application codes are reported as a crash's explanation, unknown codes warn.
 """
 
 from __future__ import annotations
@@ -12,37 +9,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-HARDWARE = "hardware"
-APPLICATION = "application"
-UNKNOWN = "unknown"
-
-# code -> (kind, meaning). Kept short; the NVIDIA table has the full cause lists.
-XID_TABLE: dict[int, tuple[str, str]] = {
-    13: (APPLICATION, "graphics engine exception (usually an out-of-bounds access in a kernel)"),
-    31: (APPLICATION, "GPU memory page fault (usually an illegal address in the application)"),
-    43: (APPLICATION, "GPU stopped processing (the application's channel was reset)"),
-    45: (APPLICATION, "preemptive cleanup after earlier errors or a killed application"),
-    68: (APPLICATION, "video processor (NVDEC) exception, usually the decoding application"),
-    48: (HARDWARE, "double-bit ECC error (uncorrectable)"),
-    63: (HARDWARE, "ECC page retirement or row remapping recorded: reset the GPU to apply it"),
-    64: (HARDWARE, "ECC page retirement or row remapping failed: replace the GPU"),
-    74: (HARDWARE, "NVLink error"),
-    79: (HARDWARE, "GPU has fallen off the bus"),
-    92: (HARDWARE, "high single-bit ECC error rate"),
-    94: (HARDWARE, "contained ECC error: reset the GPU"),
-    95: (HARDWARE, "uncontained ECC error: reset the GPU, the node's other work may be affected"),
-    119: (HARDWARE, "GSP RPC timeout (GPU firmware not answering)"),
-    120: (HARDWARE, "GSP error (GPU firmware)"),
-}
-
-
-def kind_of(code: int) -> str:
-    return XID_TABLE.get(code, (UNKNOWN, ""))[0]
-
-
-def meaning_of(code: int) -> str:
-    return XID_TABLE.get(code, (UNKNOWN, "not in the project's table: see NVIDIA's Xid documentation"))[1]
 
 
 @dataclass(frozen=True)

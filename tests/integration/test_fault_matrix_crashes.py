@@ -48,6 +48,32 @@ def test_rank0_crash_at_every_start_stops_the_campaign_blaming_no_node_and_leave
         cancel(camp.job_id)
 
 
+def test_a_device_side_assert_at_every_start_is_a_bug_not_hardware(tmp_path):
+    """Rank 1 fails its first step at every start as torch does on a CUDA kernel's assert (an index out of range in
+    the user's code; the words are torch's, captured on an H200). It used to be `hardware` with the node struck
+    for good at each launch until the hardware budget ran out; it is the program's `app_error`, nobody blamed or
+    excluded, and the campaign stops as for any bug (docs/decisions.md, "Hardware needs hardware evidence")."""
+    camp = submit_program(tmp_path, "--cuda-assert-rank", "1", steps=20)
+    try:
+        rows = [Row(camp, i) for i in range(3)]
+        for row in rows[:2]:
+            row.check("app_error", [], "restart_in_allocation")
+        last = rows[2].check("app_error", [], "stop")
+        ended = wait_for("the campaign to stop", camp.ended, 60)
+        assert ended["state"] == "failed" and "app_error" in ended["reason"]
+        interruptions = camp.of_type("interruption")
+        assert all(e["class"] == "app_error" and e["blamed_nodes"] == [] for e in interruptions), interruptions
+        assert all(e["origin_ranks"] == [1] for e in interruptions), interruptions
+        assert any("device-side assert triggered" in line for line in last["evidence"]), last["evidence"]
+        assert not [e for e in camp.of_type("action") if e["kind"] in ("drain", "requeue")]
+        assert camp.report()["excluded_nodes"] == []
+        first = interruptions[0]
+        record_time("device-side assert at every start", stopped_s=ended["t"] - first["t"])
+        wait_for("no rank or agent left", lambda: not ranks_pids(camp) and not agent_pids(camp), 30)
+    finally:
+        cancel(camp.job_id)
+
+
 def test_a_crash_only_on_one_node_blames_it_once_it_repeats_there_from_other_ranks(tmp_path):
     camp = submit_program(tmp_path, "--crash-on-bad-node", "3", steps=12, ckpt_every=2)
     try:

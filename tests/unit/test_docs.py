@@ -144,3 +144,14 @@ def test_every_health_threshold_is_documented_with_its_default() -> None:
     doc = _documented_config()["health"]
     defaults = {f.name: f.default for f in dataclasses.fields(Limits)}
     assert doc == defaults, "[health] in docs/configuration.md differs from health.checks.Limits"
+
+
+def test_the_xid_codes_in_the_docs_are_the_tables() -> None:
+    """docs/health.md and docs/decisions.md list the hardware and application Xid codes of decisions/xid.py."""
+    from supervisor.decisions import xid
+
+    health = (ROOT / "docs" / "health.md").read_text()
+    for kind, label in ((xid.HARDWARE, "hardware codes"), (xid.APPLICATION, "application codes")):
+        listed = ", ".join(str(c) for c in xid.codes(kind))
+        assert f"{label} {listed}" in health, f"docs/health.md: {label} should read {listed}"
+        assert f"({listed})" in DECISIONS, f"docs/decisions.md should list the {kind} Xid codes ({listed})"

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm.model import NodeInfo
-from supervisor.health import xid
+from supervisor.decisions import xid
+from supervisor.health import xid as xid_events
 from supervisor.health.checks import (
     FATAL,
     WARN,
@@ -41,22 +42,22 @@ def test_a_busy_healthy_gpu_is_fit_and_power_cap_throttling_is_normal() -> None:
     assert evaluate(node(H100, H100)) == []  # SwPowerCap (0x4) under load is not a problem
 
 
-@pytest.mark.parametrize("code", [48, 63, 64, 74, 79, 92, 94, 95, 119, 120])
+@pytest.mark.parametrize("code", xid.codes(xid.HARDWARE))
 def test_hardware_xids_make_the_node_unfit(code: int) -> None:
-    gpu = GpuReading(0, uuid="GPU-1", xids=(xid.XidEvent(code, "0"),))
+    gpu = GpuReading(0, uuid="GPU-1", xids=(xid_events.XidEvent(code, "0"),))
     (problem,) = evaluate(node(gpu))
     assert problem.severity == FATAL and problem.check == "xid" and problem.value == str(code)
     assert problem.reason() == f"supervise: xid {code} (threshold hardware Xid)"
 
 
-@pytest.mark.parametrize("code", [13, 31, 43, 45, 68])
+@pytest.mark.parametrize("code", xid.codes(xid.APPLICATION))
 def test_application_xids_only_warn(code: int) -> None:
-    (problem,) = evaluate(node(GpuReading(0, xids=(xid.XidEvent(code, "0"),))))
+    (problem,) = evaluate(node(GpuReading(0, xids=(xid_events.XidEvent(code, "0"),))))
     assert problem.severity == WARN and "application" in problem.threshold
 
 
 def test_unknown_xid_warns_and_points_at_nvidia() -> None:
-    (problem,) = evaluate(node(GpuReading(0, xids=(xid.XidEvent(999, "0"),))))
+    (problem,) = evaluate(node(GpuReading(0, xids=(xid_events.XidEvent(999, "0"),))))
     assert problem.severity == WARN and "NVIDIA" in problem.fix
 
 
@@ -66,7 +67,7 @@ def test_kernel_log_xids_are_parsed_and_old_ones_are_history() -> None:
         "4,1202,7100000000,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception",
         "6,1203,7150000000,-;eth0: link up",
     ]
-    events = xid.parse_kmsg(records, uptime_s=7200.0)
+    events = xid_events.parse_kmsg(records, uptime_s=7200.0)
     assert [(e.code, e.gpu, round(e.age_s)) for e in events] == [(79, "PCI:0000:3b:00", 3600), (13, "PCI:0000:3b:00", 100)]
     recent = evaluate(node(kernel_xids=tuple(events)), Limits(xid_window_s=1800))
     assert [(p.severity, p.value) for p in recent] == [(WARN, "13")]  # the 79 was an hour ago: outside the window
@@ -152,7 +153,7 @@ def test_drain_decision_owns_only_its_own_drains() -> None:
 
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.lists(st.builds(GpuReading, index=st.integers(0, 7), xids=st.lists(
-    st.builds(xid.XidEvent, code=st.integers(0, 200), gpu=st.just("0")), max_size=3).map(tuple),
+    st.builds(xid_events.XidEvent, code=st.integers(0, 200), gpu=st.just("0")), max_size=3).map(tuple),
     throttle_reasons=st.none() | st.integers(0, 0xFFFF), power_w=st.none() | st.floats(0, 2000),
     power_limit_w=st.none() | st.floats(0, 1000)), max_size=4))  # fmt: skip
 def test_fitness_is_decided_by_hardware_evidence_only(gpus) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -79,8 +81,19 @@ def test_a_failed_node_is_never_reused_requeue_when_no_spare():
 
 
 def test_operator_mode_drains_blamed_nodes():
-    d = decide(interruption(ev.HARDWARE, ["node3"]), History(), ALLOC, PolicyConfig(operator_mode=True))
+    blamed = replace(interruption(ev.HARDWARE, ["node3"]), witnesses=("agent", "program"))
+    d = decide(blamed, History(), ALLOC, PolicyConfig(operator_mode=True))
     assert DRAIN in kinds(d) and d.actions[kinds(d).index(DRAIN)].target == ("node3",)
+
+
+@pytest.mark.parametrize("witnesses", [("program",), ()])
+def test_a_node_is_never_drained_on_the_programs_word_alone(witnesses):
+    """A rank's printed Xid excludes its node from this campaign (the node is not reused), but draining takes it
+    from every user of the site: that needs Slurm's or a node agent's word."""
+    blamed = replace(interruption(ev.HARDWARE, ["node3"]), witnesses=witnesses)
+    d = decide(blamed, History(), ALLOC, PolicyConfig(operator_mode=True))
+    assert DRAIN not in kinds(d)
+    assert "node3" in d.actions[-1].params["exclude"]
 
 
 def test_ledger_exclusions_apply_on_requeue():

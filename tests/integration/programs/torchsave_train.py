@@ -39,6 +39,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--client", action="store_true", help="report steps and losses to the supervisor's client")
     # faults (tests)
     p.add_argument("--crash-at-start-rank", type=int, default=-1, help="this rank raises at every start")
+    p.add_argument("--cuda-assert-rank", type=int, default=-1,
+                   help="this rank fails its first step of every start as torch does on a device-side assert")
     p.add_argument("--crash-on-bad-node", type=int, default=0,
                    help="whichever rank runs on the node named in CKPT_DIR/bad-node raises at this step")
     p.add_argument("--xid-on-bad-node", type=int, default=0,
@@ -81,6 +83,22 @@ def latest(ckpt_dir: Path) -> Path | None:
         if m:
             found.append((int(m.group(1)), Path(name)))
     return max(found)[1] if found else None
+
+
+def device_side_assert() -> None:
+    """What torch 2.11 on an H200 printed for an index out of range in a CUDA kernel (the kernel's assertion on
+    stderr, then the exception; tests/fixtures/gpu_messages/messages.json, "device_side_assert"). This machine has
+    no GPU: the words and the exception's type are torch's, the failure is simulated."""
+    print('/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:111: operator(): block: [0,0,0], thread: [0,0,0] '
+          'Assertion `-sizes[i] <= index && index < sizes[i] && "index out of bounds"` failed.', file=sys.stderr,
+          flush=True)
+    raise torch.AcceleratorError(
+        "CUDA error: device-side assert triggered\n"
+        "Search for `cudaErrorAssert' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html "
+        "for more information.\n"
+        "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might "
+        "be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+        "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
 
 
 def main() -> int:
@@ -126,6 +144,8 @@ def main() -> int:
         if rank == args.slow_rank and step >= args.slow_from_step:
             time.sleep(args.slow_s)  # slower compute on this rank only
         loss = ((out - x.sum(dim=1, keepdim=True).sin()) ** 2).mean()
+        if rank == args.cuda_assert_rank and step == start + 1:
+            device_side_assert()
         opt.zero_grad()
         loss.backward()
         opt.step()
