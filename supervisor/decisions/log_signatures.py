@@ -62,7 +62,7 @@ DEFAULT_LOG_SIGNATURES: tuple[LogSignature, ...] = (
          r"\.cu:\d+: .{0,200}Assertion .{0,600} failed", ev.APP_ERROR, 0.9),  # fmt: skip
     # The NVIDIA driver's Xid line (``NVRM: Xid (PCI:0000:3b:00): 79, ...``), DCGM's ``Xid error 79``, ``XID 79``:
     # the class is the Xid table's (decisions/xid.py).
-    _sig("xid", r"(?i:\bxid\b)(?: ?\([^)]{0,80}\))?[:,]? ?(?i:error:? ?)?(?P<xid>\d{1,4})\b", ev.HARDWARE, 0.9),
+    _sig("xid", r"(?ai:\bxid\b)(?: ?\([^)]{0,80}\))?[:,]? ?(?ai:error:? ?)?(?P<xid>[0-9]{1,4})\b", ev.HARDWARE, 0.9),
     _sig("gpu-lost", r"fallen off the bus|GPU is lost|GPU lost", ev.HARDWARE, 0.9),
     _sig("ecc", r"uncorrectable ECC error|ECC error|DBE \(double bit error\)|uncorrectable NVLink error",
          ev.HARDWARE, 0.9),  # fmt: skip

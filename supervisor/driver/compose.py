@@ -140,7 +140,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
     trainer = TrainingLauncher(
         ctx, start=a.start_step, layout=layout, command=spec.command, cwd=spec.cwd, srun_args=run.srun_args,
         job_id=job_id, restart_count=env.restart_count, campaign=paths.root, log_dir=log_dir,
-        node_addresses=addresses, checkpoint_dir_known=bool(run.checkpoint_dir),
+        node_addresses=addresses, checkpoint_dir_known=bool(run.checkpoint_dir), signatures=config.log_signatures,
     )  # fmt: skip
     step_env = trainer.step_env()
     notifier = Notifier(ctx, alerts_config=config.alerts, metrics_config=config.metrics, policy_config=config.policy,

@@ -65,10 +65,15 @@ def static_rendezvous(command: Sequence[str], user_env: Mapping[str, str]) -> bo
 LAUNCHER_NAMES = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 
 
+def runs_torchrun(command: Sequence[str]) -> bool:
+    """Whether ``command`` starts torchrun (``torchrun``, ``python -m torch.distributed.run``, ...)."""
+    return any(a.rsplit("/", 1)[-1] in LAUNCHER_NAMES for a in command)
+
+
 def torchrun_restarts_on(command: Sequence[str], user_env: Mapping[str, str]) -> bool:
     """Whether ``command`` runs torchrun with its own restarts turned on: ``--max-restarts N`` (or
     ``--max_restarts``) with N > 0, else the user's ``PET_MAX_RESTARTS`` > 0 (the supervisor's default is 0)."""
-    if not any(a.rsplit("/", 1)[-1] in LAUNCHER_NAMES for a in command):
+    if not runs_torchrun(command):
         return False
     flags = ("--max-restarts", "--max_restarts")
     value = user_env.get("PET_MAX_RESTARTS", "0")

@@ -2,15 +2,13 @@
 
 The sources: Slurm's typed job and node records (a failed query is recorded as *unknown*, never as an empty
 answer), the signals the batch step received, each rank's exit and SIGTERM flag from the agents, the detections,
-and the launch log's tail. The classifier gets all of it in one record, so no field can be dropped on the way.
+and the launch log's digest and tail (driver/launch_log.py). The classifier gets all of it in one record, so no field can be dropped on the way.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -28,6 +26,7 @@ from supervisor.decisions.respond import job_state_of
 from supervisor.driver import health_watch
 from supervisor.driver.context import Context
 from supervisor.driver.guard import HEALTH, SLURM_QUERY
+from supervisor.driver.launch_log import LaunchLog
 from supervisor.driver.signals import Received
 
 log = structlog.get_logger("supervisor")
@@ -67,40 +66,6 @@ def query_nodes(slurm: SlurmClient, nodes: Sequence[str]) -> dict[str, NodeInfo]
 def node_state_word(info: NodeInfo) -> str:
     """The word the classifier's node-state rules read: DOWN, DRAIN or UP."""
     return "DOWN" if info.is_down else "DRAIN" if info.is_drain else "UP"
-
-
-def log_lines(data: bytes) -> list[str]:
-    """A launch log's lines as srun wrote them: split at ``\n`` only. srun labels every line of a rank's output
-    (a long one in labelled 1 KiB pieces, measured on 22.05), but a ``\r`` inside a line is the rank's own text:
-    ``str.splitlines`` (or a text-mode file's universal newlines) would cut there and make the rest an unlabelled
-    line, as if srun or Slurm had written it (docs/security.md)."""
-    return data.decode(errors="replace").split("\n")
-
-
-def tail(path: Path, max_bytes: int = 65536) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - max_bytes))
-            lines = log_lines(f.read())
-    except OSError:
-        return []
-    return [line for line in lines if line][-400:]
-
-
-def torchrun_restarts(path: Path, step_nodes: Sequence[str], tasks_per_node: int = 1) -> dict[str, int]:
-    """node -> restarts of its workers by torchrun itself during the launch (``--max-restarts`` > 0), read from
-    the whole launch log (a restart early in a long launch is not in the tail); {} when there were none."""
-    try:
-        with open(path, "rb") as f:
-            by_task = tasklog.torchrun_restarts(line.decode(errors="replace").rstrip("\n") for line in f)  # (\n only)
-    except OSError:
-        return {}
-    nodes = tasklog.task_nodes(step_nodes, tasks_per_node) if step_nodes else ()
-    out: dict[str, int] = {}
-    for task, n in by_task.items():
-        node = nodes[task] if task < len(nodes) else f"task {task}"
-        out[node] = out.get(node, 0) + n
-    return out
 
 
 def rank_exits(ranks: Sequence[Any]) -> tuple[cl.RankExit, ...]:
@@ -233,9 +198,9 @@ class Gatherer:
     def nodes(self) -> dict[str, NodeInfo] | None:
         return guarded_nodes(self.ctx, self.slurm, self.job_nodes)
 
-    def gather(self, launch_nodes: tuple[str, ...], log_path: Path, watched: WatchResult,
+    def gather(self, launch_nodes: tuple[str, ...], log: LaunchLog, watched: WatchResult,
                ranks: Sequence[Any]) -> cl.Evidence:  # fmt: skip
-        """``ranks``: the launch's rank views (earlier launches' left out)."""
+        """``ranks``: the launch's rank views (earlier launches' left out); ``log``: the launch's log."""
         now = self.ctx.clock()
         for d in watched.detections:
             self.ctx.record(ev.detection_event(d, now))
@@ -243,7 +208,7 @@ class Gatherer:
         unfit = self.ctx.guard.call(HEALTH, self._unfit, launch_nodes, default={})
         return build(
             watched, now=self.ctx.clock(), ranks=ranks, sigterm_flag=RANK_FLAG_SIGTERM, job=job, job_known=job_known,
-            nodes=self.nodes(), log_lines=tail(log_path), step_nodes=launch_nodes, job_nodes=self.job_nodes,
+            nodes=self.nodes(), log_lines=log.lines(), step_nodes=launch_nodes, job_nodes=self.job_nodes,
             signal_lead_s=self.signal_lead_s, scheduled_end=self.scheduled_end(), tasks_per_node=self.tasks_per_node,
             node_addresses=self.node_addresses, gpu_faults=health_watch.gpu_faults(unfit),
             health_findings=health_watch.detections(unfit), history=self.state.history,

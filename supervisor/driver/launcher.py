@@ -25,12 +25,15 @@ from slurm.client import SlurmClient
 from slurm.errors import SlurmError
 from supervisor.decisions import events as ev
 from supervisor.decisions import placement
+from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, LogSignature
 from supervisor.driver import distenv
 from supervisor.driver.context import Context
+from supervisor.driver.launch_log import LaunchLog
 from supervisor.driver.ports import Process, StepLauncher
 from supervisor.paths import SLOT_DIR_ENV, slot_dir_template
 
 RESUME_ENV = "SUPERVISOR_RESUME_FROM"
+TORCHRUN_RANKS_PER_TASK = 8  # under ``srun torchrun`` a task is a node's torchrun: its ranks' lines interleave
 
 
 @dataclasses.dataclass
@@ -45,6 +48,16 @@ class Launch:
     started: float
     nodes: tuple[str, ...]
     worker_restarts: bool = False  # torchrun may restart its workers inside the launch (--max-restarts > 0)
+    log: LaunchLog | None = None  # the log read as it grows (one reading the whole log when not given)
+
+    def __post_init__(self) -> None:
+        if self.log is None:
+            self.log = LaunchLog(self.log_path)
+
+    @property
+    def reader(self) -> LaunchLog:
+        assert self.log is not None  # (set in __post_init__)
+        return self.log
 
 
 def resume_value(resume: str | None, checkpoint_dir_known: bool, scan_ok: bool) -> str | None:
@@ -61,11 +74,13 @@ class TrainingLauncher:
         self, ctx: Context, *, start: StepLauncher, layout: placement.TrainingLayout, command: Sequence[str], cwd: str | None,
         srun_args: Sequence[str], job_id: str, restart_count: int, campaign: Path, log_dir: Path,
         node_addresses: Mapping[str, str], checkpoint_dir_known: bool, environ: Mapping[str, str] = os.environ,
+        signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES,
     ) -> None:  # fmt: skip
         self.ctx, self.start, self.layout, self.command, self.cwd = ctx, start, layout, tuple(command), cwd
         self.srun_args, self.job_id, self.restart_count = tuple(srun_args), job_id, restart_count
         self.campaign, self.log_dir, self.node_addresses = campaign, log_dir, node_addresses
         self.checkpoint_dir_known, self.environ = checkpoint_dir_known, environ
+        self.signatures = tuple(signatures)  # the campaign's, for the launch log's digest
         self.launches = 0
         self.master_ports: list[int] = []  # each launch's MASTER_PORT: a relaunch never reuses one
         self.slot_token = secrets.token_hex(8)  # this Slurm run's slot directories get unguessable names
@@ -106,8 +121,11 @@ class TrainingLauncher:
             launched["rank_nodes"] = list(nodes)
         self.ctx.record(launched)
         proc = self.start(argv, env, log_path, self.cwd)
+        torchrun = distenv.runs_torchrun(self.command)
+        log = LaunchLog(log_path, tasks=len(nodes) * self.layout.tasks_per_node, signatures=self.signatures,
+                        ranks_per_task=TORCHRUN_RANKS_PER_TASK if torchrun else 1)  # fmt: skip
         return Launch(number, name, proc, log_path, time.monotonic(), nodes,
-                      worker_restarts=distenv.torchrun_restarts_on(self.command, self.environ))
+                      worker_restarts=distenv.torchrun_restarts_on(self.command, self.environ), log=log)
 
     def _dist_env(self, nodes: tuple[str, ...], moved: bool) -> distenv.DistEnv:
         """torch's env:// variables (and torchrun's defaults) for this launch; the user's own win."""

@@ -23,7 +23,7 @@ from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Evidence, Interruption
 from supervisor.decisions.detect import NODE_SILENT, Detector
 from supervisor.decisions.respond import last_step, respond
-from supervisor.driver import evidence, prelaunch
+from supervisor.driver import prelaunch
 from supervisor.driver.actuators import Actuators, Situation
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoint_tracker import CheckpointTracker
@@ -107,7 +107,7 @@ class Supervisor:
                 watched = p.watcher.watch(launch)
                 self.final_progress(launch)
                 p.watcher.journal_timeouts()
-                found = p.ctx.guard.call(EVIDENCE, p.gather.gather, launch.nodes, launch.log_path, watched,
+                found = p.ctx.guard.call(EVIDENCE, p.gather.gather, launch.nodes, launch.reader, watched,
                                          p.watcher.ranks(launch), default=None) or self.unknown_evidence(launch)
             else:  # too few nodes passed the preflight: the training does not start; the policy answers
                 launch = prelaunch.not_started(p.trainer.launches, p.trainer.log_dir / "preflight.log")
@@ -116,7 +116,8 @@ class Supervisor:
             request = stop_request.read(p.paths.root) if watched.reason == "stop_request" else None
             interruption, decision = stop_request.respond(request) if request is not None else \
                 self.decide(launch, found, history)  # fmt: skip
-            restarts = evidence.torchrun_restarts(launch.log_path, launch.nodes, p.layout.tasks_per_node)
+            restarts = p.ctx.guard.call(EVIDENCE, launch.reader.torchrun_restarts, launch.nodes,
+                                        p.layout.tasks_per_node, default={})  # fmt: skip
             p.ctx.record({**interruption.to_event(p.ctx.clock()), "launch": launch.number,
                           "last_step": last_step(found), **({"torchrun_restarts": restarts} if restarts else {})})
             outcome = p.actuators.carry_out(Situation(launch, interruption, decision, found, history))

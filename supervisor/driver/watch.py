@@ -22,7 +22,7 @@ from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoint_tracker import CheckpointTracker
 from supervisor.driver.context import Context
 from supervisor.driver.evidence import WatchResult
-from supervisor.driver.guard import AGENTS, CHECKPOINT_SCAN, DETECT, HEALTH
+from supervisor.driver.guard import AGENTS, CHECKPOINT_SCAN, DETECT, EVIDENCE, HEALTH
 from supervisor.driver.health_watch import HealthWatch
 from supervisor.driver.interrupts import Interrupts
 from supervisor.driver.launcher import Launch
@@ -85,6 +85,7 @@ class Watcher:
             if now < next_eval:
                 continue
             next_eval = now + self.loop_interval_s
+            self.ctx.guard.call(EVIDENCE, launch.reader.advance, default=0)  # the log's new lines (first errors)
             ending = self.one_pass(launch, triage, now)
             if ending is not None:
                 return ending

@@ -106,12 +106,14 @@ def test_torchruns_own_restarts_are_its_group_failures_less_the_one_it_gave_up_o
 
 
 def test_torchrun_restarts_are_counted_per_node_from_the_whole_launch_log(tmp_path):
+    from supervisor.driver.launch_log import LaunchLog
+
     log = tmp_path / "train-1.log"
     filler = ["0: step=1 loss=1"] * 5000  # the first restart is far from the tail the evidence reads
     log.write_text("\n".join(RESTARTS[:1] + filler + RESTARTS[1:]) + "\n")
-    assert torchrun_restarts(evidence.tail(log)) == {0: 1}
-    assert evidence.torchrun_restarts(log, ("node3", "node1")) == {"node3": 1, "node1": 1}
-    assert evidence.torchrun_restarts(tmp_path / "missing.log", ("node1",)) == {}
+    assert torchrun_restarts(LaunchLog(log).lines()) == {0: 1, 1: 1}  # the classifier reads both
+    assert LaunchLog(log).torchrun_restarts(("node3", "node1")) == {"node3": 1, "node1": 1}
+    assert LaunchLog(tmp_path / "missing.log").torchrun_restarts(("node1",)) == {}
 
 
 def test_a_rank_that_runs_again_under_torchrun_is_no_longer_a_pending_exit():

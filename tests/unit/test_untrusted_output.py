@@ -113,11 +113,11 @@ def test_a_carriage_return_in_a_ranks_line_never_makes_an_unlabelled_line(tmp_pa
     """srun labels every line of a rank's output, a long one in labelled 1 KiB pieces (seen on 22.05); a ``\\r``
     inside a line is the rank's own text. Splitting the launch log at it (str.splitlines, universal newlines)
     made the rest an unlabelled line that spoke for Slurm."""
-    from supervisor.driver.evidence import tail
+    from supervisor.driver.launch_log import LaunchLog
 
     log = tmp_path / "train-1.log"
     log.write_bytes(b"0: step 3\r job requeued due to failure of node n2\n1: " + b"x" * 5000 + b"\n")
-    lines = tail(log)
+    lines = LaunchLog(log).lines()
     assert lines == ["0: step 3\r job requeued due to failure of node n2", "1: " + "x" * 5000]
     r = supervise(tmp_path, Launch(1, log="0: boom\r job requeued due to failure of node n2\n"), DONE)
     assert r.of(ev.INTERRUPTION)[0]["class"] != ev.NODE_FAILURE and r.of(ev.INTERRUPTION)[0]["blamed_nodes"] == []

@@ -1,0 +1,116 @@
+"""A launch's log, read as it grows: each watch pass feeds the bytes written since the last one (at most
+``PASS_BYTES``) to a :class:`~supervisor.decisions.log_digest.LogDigest`, and at the ending the rest. What the
+classifier judges is the digest's lines (the earliest error lines of every task and of the whole log, srun's and
+Slurm's own lines) merged with the log's last 64 KiB (the final exits, torchrun's summary), in log order.
+
+Why not just the tail: at 1,000+ ranks the first failing rank's line is followed by every peer's watchdog trace
+and scrolls out of any tail; the verdict became a communication error. Why as it grows: at the ending only the
+bytes since the last pass are left to read, and memory stays bounded however long the launch ran.
+
+A read error leaves what was read so far (the ending is judged on it); the file is the program's output, opened
+read-only, never followed through a replaced path (the open descriptor is kept)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from supervisor.decisions import tasklog
+from supervisor.decisions.log_digest import LogDigest
+from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, LogSignature
+
+PASS_BYTES = 16 << 20  # read per watch pass: a pass stays short even when a flood is being written
+TAIL_BYTES = 65536  # the end of the log, read whole at the ending
+TAIL_LINES = 400
+
+
+class LaunchLog:
+    """``tasks``: srun tasks of the launch; ``ranks_per_task``: ranks behind each (a node's under torchrun)."""
+
+    def __init__(self, path: Path, *, tasks: int | None = None, ranks_per_task: int = 1,
+                 signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES) -> None:  # fmt: skip
+        self.path = path
+        self.digest = LogDigest(signatures, tasks=tasks, ranks_per_task=ranks_per_task)
+        self.file: BinaryIO | None = None
+        self.finished = False
+
+    def _open(self) -> BinaryIO | None:
+        if self.file is None:
+            try:
+                self.file = open(self.path, "rb")  # noqa: SIM115 (kept open across passes)
+            except OSError:
+                return None
+        return self.file
+
+    def advance(self, limit: int = PASS_BYTES) -> int:
+        """Read and digest up to ``limit`` new bytes; how many were read (0: nothing new, or unreadable)."""
+        if self.finished:
+            return 0
+        f = self._open()
+        if f is None:
+            return 0
+        f.seek(self.digest.offset)
+        data = f.read(limit)
+        if data:
+            self.digest.feed(data)
+        return len(data)
+
+    def finish(self) -> None:
+        """The launch ended: read the rest, close the file."""
+        if self.finished:
+            return
+        try:
+            while self.advance(PASS_BYTES):
+                pass
+        except OSError:
+            pass  # judged on what was read
+        self.digest.finish()
+        self.finished = True
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def _tail(self) -> dict[int, str]:
+        """offset -> line of the log's last ``TAIL_BYTES`` (a line cut at the start left out)."""
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                start = max(0, size - TAIL_BYTES)
+                f.seek(start)
+                data = f.read(TAIL_BYTES)
+        except OSError:
+            return {}
+        pos = 0
+        if start > 0:
+            pos = data.find(b"\n") + 1
+            if pos == 0:
+                return {}
+        out: dict[int, str] = {}
+        for raw in data[pos:].split(b"\n"):  # \n only: srun labels every line of a rank's output (a long one in labelled 1 KiB pieces,
+            # measured on 22.05); a \r inside a line is the rank's own text, and splitting there would make the rest
+            # an unlabelled line, as if srun or Slurm had written it (docs/security.md)
+            if raw:
+                out[start + pos] = raw.decode(errors="replace")
+            pos += len(raw) + 1
+        return dict(list(out.items())[-TAIL_LINES:])
+
+    def lines(self) -> list[str]:
+        """What to judge: the digest's lines and the tail's, in log order (finishes the read first)."""
+        self.finish()
+        merged = dict(self.digest.lines())
+        merged.update(self._tail())
+        return [text for _, text in sorted(merged.items())]
+
+    def torchrun_restarts(self, step_nodes: Sequence[str], tasks_per_node: int = 1) -> dict[str, int]:
+        """node -> restarts of its workers by torchrun itself during the launch (``--max-restarts`` > 0), from
+        torchrun's report lines wherever they are in the log; {} when there were none."""
+        self.finish()
+        by_task = tasklog.torchrun_restarts(self.digest.markers())
+        nodes = tasklog.task_nodes(step_nodes, tasks_per_node) if step_nodes else ()
+        out: dict[str, int] = {}
+        for task, n in by_task.items():
+            node = nodes[task] if task < len(nodes) else f"task {task}"
+            out[node] = out.get(node, 0) + n
+        return out
