@@ -286,6 +286,10 @@ LOG_SEED = (b"0: step=40 loss=0.5\n1: [rank1]:[E gloo] Connection closed by peer
             b"srun: error: node1: tasks 0-3: Exited with exit code 1\n1: job requeued due to failure of node node[2-3]\n")
 
 
+STACK_SEEDS = [p.read_bytes() for p in sorted((Path(__file__).resolve().parents[1] / "tests" / "fixtures" /
+                                               "stacks").glob("rank*.txt"))]  # fmt: skip
+
+
 def _untrusted_text_targets(tmp: Path) -> list[Target]:
     """Issue 22: the journal's folds and everything that renders them, the CLI's readers of private files, the
     program's printed text (the log signatures, srun's task lines, hostlists named in them), adopted scripts."""
@@ -336,6 +340,21 @@ def _untrusted_text_targets(tmp: Path) -> list[Target]:
         torchrun_worker_exits(lines)
         return classify(evidence)
 
+    def log_digest(data: bytes) -> Any:  # the launch log's digest, fed in two pieces split mid-line
+        from supervisor.decisions.log_digest import LogDigest
+
+        d = LogDigest(tasks=4)
+        d.feed(data[: len(data) // 2])
+        d.feed(data[len(data) // 2 :])
+        d.finish()
+        return logs("\n".join(text for _, text in d.lines()).encode())
+
+    def stack_dump(data: bytes) -> Any:  # a rank's stack dump, as the stall probe reads it
+        from supervisor.decisions import stall
+
+        stack = stall.parse(data.decode("utf-8", errors="replace"))
+        return stall.odd_ranks([0], {0: stack, 1: stack})
+
     def text_of(fn: Callable[[str], Any]) -> Callable[[bytes], Any]:
         return lambda data: fn(data.decode("utf-8", errors="replace"))
 
@@ -351,6 +370,8 @@ def _untrusted_text_targets(tmp: Path) -> list[Target]:
         Target("hostlist", [b"node[01-03,7],r[1-2]n[01-02]", b"gpu-a[1-2]-x"], text_of(hostlist.expand),
                (HostlistError,), max_s=0.5),
         Target("log-signatures", [LOG_SEED], logs, (), max_s=1.0),
+        Target("log-digest", [LOG_SEED], log_digest, (), max_s=1.0),
+        Target("stall-stacks", STACK_SEEDS, stack_dump, (), max_s=1.0),
         Target("batchscript", [script_seed], text_of(batchscript.parse), (UsageError,)),
         Target("slurm-durations", [b"5 sec", b"1-00:00:30", b"UNLIMITED"], text_of(parse_config.seconds), ()),
     ]

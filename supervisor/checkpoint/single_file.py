@@ -20,6 +20,7 @@ import os
 import pickletools
 import re
 import zipfile
+import zlib
 from dataclasses import dataclass
 
 SUFFIXES = (".ckpt", ".pt", ".pth")
@@ -122,6 +123,6 @@ def _check_zip(path: str | os.PathLike[str], size: int, full: bool) -> FileCheck
     except FormatError:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError,
-            RuntimeError, OverflowError) as err:
+            RuntimeError, OverflowError, zlib.error) as err:  # zlib.error: a member whose deflate stream is torn
         raise FormatError(f"torch zip archive is damaged ({err.__class__.__name__}: {str(err)[:120]})") from None
     return FileCheck("torch-zip", global_step_in_pickle(data), detail)

@@ -246,3 +246,20 @@ def test_retention_still_works_for_signed_checkpoints_in_a_shared_root(shared_ro
     removed = CheckpointStore(shared_root, key=KEY).apply_retention(keep_last=1)
     assert sorted(p.name.split("step_")[-1] for p in removed) == ["000000010", "000000020"]
     assert planted.exists() and (shared_root / checkpoint_name(30)).exists()
+
+
+def test_a_torn_deflate_stream_in_a_torch_file_is_a_format_error(tmp_path: Path) -> None:
+    """Found by bench/fuzz_all.py (2026-12-04): a data.pkl whose deflate stream is damaged made zipfile raise
+    zlib.error, which escaped the checker's typed error."""
+    from supervisor.checkpoint import single_file
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("archive/data.pkl", pickle.dumps({"global_step": 20, "pad": "x" * 4000}, protocol=2))
+    raw = bytearray(buf.getvalue())
+    start = raw.index(b"archive/data.pkl") + len("archive/data.pkl")
+    raw[start : start + 3] = b"\xff\xff\xff"  # the first bytes of the compressed stream: an invalid block type
+    path = tmp_path / "step-20.pt"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(single_file.FormatError, match="damaged"):
+        single_file.check_file(path, full=False)
