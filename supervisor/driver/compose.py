@@ -51,6 +51,7 @@ from supervisor.driver.progress import ProgressLog
 from supervisor.driver.recorder import Recorder
 from supervisor.driver.requeue import JobActions
 from supervisor.driver.signals import SignalInbox
+from supervisor.driver.stall_probe import StallProbe
 from supervisor.driver.time_limit_watch import JobDeadline, TimeLimitClock
 from supervisor.driver.watch import Watcher
 from supervisor.heartbeat.server import BIND_ENV, bind_address, resolve_sources
@@ -167,7 +168,8 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
                                            ctx.clock))  # fmt: skip
     watcher = Watcher(ctx, channel=channel, detector=a.detector, checkpoints=checkpoints, agents=agents,
                       interrupts=interrupts, loop_interval_s=run.loop_interval_s, notifier=notifier,
-                      observers=(progress, interval), health=health, nodeloss=watch_nodes)  # fmt: skip
+                      observers=(progress, interval), health=health, nodeloss=watch_nodes,
+                      stall=StallProbe(ctx, channel, paths.root))  # fmt: skip
     jobs = JobActions(ctx, slurm=a.slurm, channel=channel, inbox=a.inbox, job_id=job_id,
                       restart_count=env.restart_count, scheduled_end=deadline.current)  # fmt: skip
     return Parts(

@@ -15,8 +15,16 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from supervisor import procstate
 from supervisor.decisions import events as ev
-from supervisor.decisions.detect import NODE_LOST, NODE_SILENT, DetectionEvent, Detector, snapshot_from_live
+from supervisor.decisions.detect import (
+    GLOBAL_STALL,
+    NODE_LOST,
+    NODE_SILENT,
+    DetectionEvent,
+    Detector,
+    snapshot_from_live,
+)
 from supervisor.decisions.triage import Triage
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoint_tracker import CheckpointTracker
@@ -29,6 +37,7 @@ from supervisor.driver.launcher import Launch
 from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.notify import Notifier
 from supervisor.driver.ports import Channel
+from supervisor.driver.stall_probe import StallProbe
 
 CHECKPOINT_SCAN_S = 5.0  # how often the checkpoint directory is looked at for new valid checkpoints
 TIMEOUTS_JOURNAL_S = 600.0  # learned timeouts are journaled this often (and whenever a launch ends)
@@ -46,6 +55,7 @@ class Watcher:
         self, ctx: Context, *, channel: Channel, detector: Detector, checkpoints: CheckpointTracker,
         agents: AgentStep, interrupts: Interrupts, loop_interval_s: float, notifier: Notifier | None = None,
         observers: Sequence[Observer] = (), health: HealthWatch | None = None, nodeloss: NodeLossWatch | None = None,
+        stall: StallProbe | None = None,
     ) -> None:  # fmt: skip
         self.ctx, self.channel, self.detector, self.checkpoints = ctx, channel, detector, checkpoints
         self.agents, self.interrupts, self.loop_interval_s = agents, interrupts, loop_interval_s
@@ -53,6 +63,8 @@ class Watcher:
         self.health = health  # the agents' health reports: a node of the launch found unfit ends the watch
         self.nodeloss = nodeloss  # our own verdict on silent nodes; it takes precedence over hangs
         self.old_pids: set[int] = set()  # rank pids of earlier launches: their slots linger until overwritten
+        self.stall = stall  # names the rank a stall waits for from the stacks of ranks past their own timeout
+        self.held: tuple[DetectionEvent, ...] | None = None  # a global stall held while the stall probe reads stacks
 
     def forget_ranks(self) -> None:
         """Called before a new launch: the ranks now in the table belong to earlier launches."""
@@ -61,6 +73,9 @@ class Watcher:
     def watch(self, launch: Launch) -> WatchResult:
         next_eval = next_scan = next_timeouts = 0.0
         triage = Triage(launch.worker_restarts, self.detector.config.hang.finish_allowance_s)
+        self.held = None
+        if self.stall is not None:
+            self.stall.reset()
         self.interrupts.watching()
         while True:
             self.channel.poll(0.1)
@@ -108,11 +123,29 @@ class Watcher:
             self.ctx.record(ev.detection_event(d, self.ctx.clock()))
             if self.notifier is not None:
                 self.notifier.warning(d)
+        named = self.ctx.guard.call(DETECT, self.probe_stall, launch, default=None)
+        if named is not None:  # the rank the others wait for, within its own phase's timeout
+            return WatchResult("detection", detections=(named,))
         if verdict.ending is not None:
+            if self.stall is not None and self.stall.pending and all(d.kind == GLOBAL_STALL for d in verdict.ending):
+                self.held = verdict.ending  # everyone silent on one step: the stacks may name the one they wait for
+                return None
             return WatchResult("detection", detections=verdict.ending)
+        if self.held is not None and not (self.stall is not None and self.stall.pending):
+            return WatchResult("detection", detections=self.held)
         if triage.exits_overdue(now, self.live(launch).ranks):
             return WatchResult("detection", detections=triage.with_pending(self.verdict_on_silent_nodes(launch)))
         return None
+
+    def probe_stall(self, launch: Launch) -> DetectionEvent | None:
+        """The stall probe's pass: the ranks past their own timeout (the hang detector's last observe) and the
+        launch's live ranks, whose stacks it may ask for."""
+        if self.stall is None:
+            return None
+        hang = getattr(self.detector, "hang", None)
+        overdue = getattr(hang, "overdue", {})
+        live = [(r.rank, r.node) for r in self.live(launch).ranks if r.state not in procstate.ENDED]
+        return self.stall.update(overdue, live)
 
     def unfit_nodes(self, launch: Launch) -> tuple[str, ...]:
         """Nodes of the launch with a fatal health finding (the reports that arrived are journaled first)."""

@@ -98,7 +98,7 @@ def test_hang_in_a_program_without_the_client_ends_at_its_own_collective_timeout
 
 def test_client_program_live_hang_relaunches_loss_spike_warns_nan_stops(tmp_path):
     """The rows that need heartbeats, in one campaign of a program using the client: a live hang (rank 1 sleeps
-    after its step: no heartbeat, process alive), a loss spike (a warning: L2 alert, the run goes on), then NaN
+    after its step: no heartbeat, process alive; named from the stacks), a loss spike (a warning: L2 alert, the run goes on), then NaN
     (the campaign stops without a checkpoint of the diverged state)."""
     config = ("[run]\nsummary_interval_s = 0.25\nloop_interval_s = 0.25\n"
               "[detect]\nloss_min_samples = 8\nwarmup_samples = 10\n")  # learned in ~5 steps, even under load
@@ -106,13 +106,19 @@ def test_client_program_live_hang_relaunches_loss_spike_warns_nan_stops(tmp_path
                           "40", "--nan-at-step", "56", steps=90, config=config)  # fmt: skip
     try:
         # Row: live hang with the client. Rank 0 waits for rank 1 in the next step's all-reduce, so both are
-        # silent at step 24: a global stall, which names no rank (the stacks saved show who is where).
+        # silent at step 24, past their own step timeout; their stacks (asked for at once, the client's dumps)
+        # show rank 0 waiting inside DDP's backward and rank 1 elsewhere: rank 1 is named, not a global stall.
         wait_printed(camp, 1, 24)
         t0 = time.time()
         before = newest_valid(camp.ckpt)
         assert before is not None and before[1] == 20
         hang = Row(camp, 0)
-        got = hang.check("hang", [], "restart_in_allocation")
+        rank1_node = launches(camp)[0]["nodes"][1]
+        got = hang.check("hang", [rank1_node], "restart_in_allocation")
+        named = [e for e in camp.of_type("detection") if e["kind"] == "rank_hang"]
+        assert named and named[0]["ranks"] == [1], camp.of_type("detection")
+        assert any("rank 1 is not waiting for its peers" in line for line in named[0]["evidence"])
+        assert not [e for e in camp.of_type("detection") if e["kind"] == "global_stall"]
         assert {"dump_stacks", "kill_step"} <= set(hang.actions())
         stacks = {(e["rank"], e["result"]) for e in camp.of_type("stacks")}
         assert {(0, "stacks_saved"), (1, "stacks_saved")} <= stacks

@@ -120,6 +120,17 @@ def finishing(view: RankView, finished_steps: list[int | None]) -> bool:
     return any(s is None or view.step is None or view.step >= s for s in finished_steps)
 
 
+@dataclass(frozen=True)
+class Overdue:
+    """A rank past its own phase's timeout (whether or not a busy peer's allowance still covers it)."""
+
+    node: str
+    age_s: float
+    own_limit_s: float
+    phase: str | None
+    step: int | None
+
+
 class HangDetector:
     def __init__(
         self,
@@ -130,6 +141,9 @@ class HangDetector:
         self.config = config or HangConfig()
         self.timeouts = timeouts or PhaseTimeouts(TimeoutConfig())
         self.state = state or HangState()
+        # Ranks past their own phase's timeout at the last observe: the stall probe asks for their stacks, so
+        # the rank the others wait for is named within its own timeout (decisions/stall.py).
+        self.overdue: dict[int, Overdue] = {}
 
     def _learn(self, view: RankView, now: float) -> RankTrack:
         key = (view.rank, view.pid)
@@ -157,6 +171,7 @@ class HangDetector:
     def reset(self) -> None:
         """Forget rank processes (call when a new training step is launched); learned timeouts persist."""
         self.state = HangState()
+        self.overdue = {}
 
     def observe(self, snapshot: LaunchView, now: float) -> list[DetectionEvent]:
         events: list[DetectionEvent] = []
@@ -216,11 +231,14 @@ class HangDetector:
             limits.append(self.timeouts.timeout(view.phase, first_done))
         allowance = _WaitAllowance(beating, limits)
         finished = [v.step for v in snapshot.ranks() if finished_normally(v)]
-        for (view, _), limit in zip(beating, limits, strict=True):
-            limit = allowance.limit(view, limit)
+        self.overdue = {}
+        for (view, _), own in zip(beating, limits, strict=True):
+            limit = allowance.limit(view, own)
+            assert view.beat_age_s is not None
             if finishing(view, finished):
                 limit = max(limit, self.config.finish_allowance_s)
-            assert view.beat_age_s is not None
+            elif view.beat_age_s > own:
+                self.overdue[view.rank] = Overdue(view.node, view.beat_age_s, own, view.phase, view.step)
             if view.beat_age_s > limit:
                 hung.append((view, view.beat_age_s, limit))
         events.extend(self._hang_events(beating, hung, current))
