@@ -6,6 +6,8 @@ at once. User-style program: programs/torchsave_train.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from campaign_tools import cancel, job_state, launches, wait_for
 from matrix_tools import Row, agent_pids, ranks_pids, record_time, submit_program
@@ -23,15 +25,22 @@ def mark_bad_node(camp, index: int) -> str:  # noqa: ANN001
     return nodes[index]
 
 
+def stops_as_a_bug(camp: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A crash at every start: relaunched twice as an app_error blaming nobody, then stopped as a bug; (the last
+    interruption, the campaign's end)."""
+    rows = [Row(camp, i) for i in range(3)]
+    for row in rows[:2]:
+        row.check("app_error", [], "restart_in_allocation")
+    last = rows[2].check("app_error", [], "stop")
+    ended = wait_for("the campaign to stop", camp.ended, 60)
+    assert ended["state"] == "failed" and "app_error" in ended["reason"]
+    return last, ended
+
+
 def test_rank0_crash_at_every_start_stops_the_campaign_blaming_no_node_and_leaves_nothing_in_slurm(tmp_path):
     camp = submit_program(tmp_path, "--crash-at-start-rank", "0", steps=20)
     try:
-        rows = [Row(camp, i) for i in range(3)]
-        for row in rows[:2]:
-            row.check("app_error", [], "restart_in_allocation")
-        last = rows[2].check("app_error", [], "stop")
-        ended = wait_for("the campaign to stop", camp.ended, 60)
-        assert ended["state"] == "failed" and "app_error" in ended["reason"]
+        last, ended = stops_as_a_bug(camp)
         first = camp.of_type("interruption")[0]
         record_time("crash at every start", stopped_s=ended["t"] - first["t"])
         # Rank 0 crashed on node A, then (ranks moved) on node B: it follows the rank, no node is the cause.
@@ -55,12 +64,7 @@ def test_a_device_side_assert_at_every_start_is_a_bug_not_hardware(tmp_path):
     excluded, and the campaign stops as for any bug (docs/decisions.md, "Hardware needs hardware evidence")."""
     camp = submit_program(tmp_path, "--cuda-assert-rank", "1", steps=20)
     try:
-        rows = [Row(camp, i) for i in range(3)]
-        for row in rows[:2]:
-            row.check("app_error", [], "restart_in_allocation")
-        last = rows[2].check("app_error", [], "stop")
-        ended = wait_for("the campaign to stop", camp.ended, 60)
-        assert ended["state"] == "failed" and "app_error" in ended["reason"]
+        last, ended = stops_as_a_bug(camp)
         interruptions = camp.of_type("interruption")
         assert all(e["class"] == "app_error" and e["blamed_nodes"] == [] for e in interruptions), interruptions
         assert all(e["origin_ranks"] == [1] for e in interruptions), interruptions
