@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, MATCH_CHARS, LogSignature
+from supervisor.decisions.tasklog import rank_of, strip_label
 
 LINE_CAP = MATCH_CHARS + 16  # bytes kept of one line: its label and the part the signatures look at
 PARTIAL_CAP = 1 << 16  # an unfinished line longer than this is cut (the rest, up to its \n, is dropped)
@@ -368,6 +369,7 @@ class LogDigest:
             (self.unlabelled_checks, self.unlabelled_gate, self.unlabelled_endings)  # fmt: skip
         if gate is not None and gate.search(low) is None and not low.endswith(endings):
             return None
+        exact = None  # the text exactly as ``classify`` cuts it (its own label and prefix rules), made when needed
         for sig, triggers, ends in checks:
             if triggers:
                 for trigger in triggers:
@@ -377,6 +379,10 @@ class LogDigest:
                     if not (ends and low.endswith(ends)):
                         continue
             if sig.pattern.search(text):
+                return line[:LINE_CAP].decode(errors="replace")
+            if exact is None:
+                exact = rank_of(strip_label(line[:LINE_CAP].decode(errors="replace")))[1][:MATCH_CHARS]
+            if exact != text and sig.pattern.search(exact):
                 return line[:LINE_CAP].decode(errors="replace")
         return None
 
