@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from slurm.errors import SlurmError
     from supervisor import campaign, config, journal, stop_request
     from supervisor.decisions import events as ev
+    from supervisor.decisions.campaign_state import FINAL_STATES
     from supervisor.errors import UsageError
 
     paths, spec = campaign.load(args.campaign)
@@ -54,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout {args.timeout:g} is out of range", "give seconds in (0, 86400]")
     state = _state(paths.journal)
     ended = state.ended  # campaign_ended after the newest attempt (a resubmitted campaign starts again)
+    if ended is not None and ended.get("state") not in FINAL_STATES:
+        ended = None  # held: the job waits in the queue for a release; cancelling it ends the campaign
     if ended is not None:
         print(f"supervise: campaign {paths.root} already ended ({ended['state']}: {ended.get('reason', '')})")
         return 0

@@ -30,10 +30,13 @@ def run(args: argparse.Namespace) -> int:
     ledger_config = config.from_mapping(spec.config, str(paths.spec)).ledger
     now = time.time()
     if args.forgive:
+        forgiven = [validate_node_name(node) for node in args.forgive]
         with journal.Journal(paths.journal) as writer:
-            for node in args.forgive:
-                writer.append(ev.node_forgiven(now, validate_node_name(node)))
+            for node in forgiven:
+                writer.append(ev.node_forgiven(now, node))
     events = journal.read(paths.journal) if paths.journal.exists() else []
+    if args.forgive:
+        print(let_back_in(campaign_state.fold(events, ledger_config).job_id, forgiven))
     rows = campaign_state.fold(events, ledger_config).ledger.table(now)
     if args.json:
         print(json.dumps({"campaign": str(paths.root), "threshold": ledger_config.threshold,
@@ -47,3 +50,31 @@ def run(args: argparse.Namespace) -> int:
         print(f"{row['node']:<16} {row['score']:>7.2f} {row['strikes']:>7} {'yes' if row['excluded'] else 'no':>8}  "
               f"{row['last_reason']}")
     return 0
+
+
+def let_back_in(job_id: str | None, nodes: list[str]) -> str:
+    """Take forgiven nodes out of the campaign's job's ExcNodeList, where an earlier requeue wrote them (otherwise
+    a held or pending job could still never start on them); one line saying what was done, or why not."""
+    from slurm.client import get_client
+    from slurm.errors import SlurmError
+
+    pardoned = f"{', '.join(nodes)} forgiven"
+    if job_id is None:
+        return f"{pardoned} (no Slurm job is known for this campaign yet)"
+    try:
+        slurm = get_client()
+        job = slurm.job(job_id)
+        if job is None or job.is_finished:
+            return f"{pardoned}; job {job_id} has ended: a resubmitted job will not exclude them"
+        listed = [n for n in job.excluded_nodes if n in set(nodes)]
+        if not listed:
+            return f"{pardoned}; job {job_id} does not exclude them"
+        if not job.is_pending:
+            return (f"{pardoned} in the ledger; job {job_id} still lists {', '.join(listed)} in its ExcNodeList, "
+                    "which Slurm changes only while the job is pending: run this again then")  # fmt: skip
+        slurm.update_excluded_nodes(job_id, [n for n in job.excluded_nodes if n not in set(nodes)])
+    except SlurmError as err:
+        return (f"{pardoned} in the ledger, but job {job_id}'s ExcNodeList was not changed ({err}); "
+                f"run `scontrol update JobId={job_id} ExcNodeList=...` without them")  # fmt: skip
+    held = "; the job is held: `scontrol release " + job_id + "` lets it start" if job.is_held else ""
+    return f"{pardoned}; {', '.join(listed)} taken out of job {job_id}'s ExcNodeList{held}"

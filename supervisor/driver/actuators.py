@@ -238,12 +238,22 @@ class Actuators:
         i = s.interruption
         lost = i.blamed_nodes if i.cls == ev.NODE_FAILURE and action.kind == policy.REQUEUE else ()
         self.jobs.requeue(tuple(action.params.get("exclude", ())), hold=action.kind == policy.HOLD, lost=tuple(lost))
+        if action.kind == policy.HOLD:
+            self.held(s)
         return EXIT_REQUEUED
 
     def await_requeue(self, action: policy.Action, s: Situation) -> int | None:
         self.record_attempt_end(s)
-        self.jobs.await_requeue(tuple(action.params.get("exclude", ())))
+        hold = bool(action.params.get("hold"))
+        self.jobs.await_requeue(tuple(action.params.get("exclude", ())), hold=hold)
+        if hold:
+            self.held(s)
         return EXIT_REQUEUED
+
+    def held(self, s: Situation) -> None:
+        """The job waits for a person (``scontrol release``): the campaign says so, and why."""
+        self.record(ev.campaign_ended(self.clock(), "held", s.decision.message))
+        print(f"supervise: {s.decision.message}", file=sys.stderr, flush=True)
 
     def stop(self, action: policy.Action, s: Situation) -> int | None:
         # Journal first: when Slurm is ending the job, SIGKILL follows its SIGTERM after KillWait.

@@ -176,7 +176,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
         ctx=ctx, state=state, config=config, layout=layout, paths=paths, job_id=job_id, channel=channel,
         detector=a.detector, checkpoints=checkpoints, trainer=trainer, agents=agents, health=health,
         nodeloss=watch_nodes, notifier=notifier, progress=progress, interval=interval, preemption=preemption,
-        watcher=watcher,
+        watcher=watcher, jobs=jobs,
         prelaunch=Prelaunch(ctx, config=config.preflight, health=health, channel=channel,
                             work_dir=paths.root / "preflight", python=python, env=step_env, start=a.start_step,
                             log_dir=log_dir, health_enabled=run.health_interval_s > 0),

@@ -15,10 +15,11 @@ iteration = one training step counted by ``client.step(i)``; job step = Slurm's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from supervisor import stop_request
 from supervisor.config import Config
-from supervisor.decisions import campaign_state, placement, policy
+from supervisor.decisions import campaign_state, capacity, placement, policy
 from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Evidence, Interruption
 from supervisor.decisions.detect import NODE_SILENT, Detector
@@ -29,7 +30,15 @@ from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoint_tracker import CheckpointTracker
 from supervisor.driver.context import Context
 from supervisor.driver.evidence import Gatherer, WatchResult
-from supervisor.driver.guard import CHECKPOINT_SCAN, DECIDE, DETECT, EVIDENCE, PREFLIGHT, GuardedChannel
+from supervisor.driver.guard import (
+    CHECKPOINT_SCAN,
+    DECIDE,
+    DETECT,
+    EVIDENCE,
+    PREFLIGHT,
+    SLURM_QUERY,
+    GuardedChannel,
+)
 from supervisor.driver.health_watch import HealthWatch
 from supervisor.driver.interval import IntervalAsker
 from supervisor.driver.launcher import Launch, TrainingLauncher
@@ -37,6 +46,7 @@ from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.notify import Notifier
 from supervisor.driver.preempt_watch import PreemptionPoller
 from supervisor.driver.progress import ProgressLog
+from supervisor.driver.requeue import JobActions
 from supervisor.driver.watch import Watcher
 from supervisor.paths import CampaignPaths
 
@@ -68,6 +78,7 @@ class Parts:
     prelaunch: prelaunch.Prelaunch
     gather: Gatherer
     actuators: Actuators
+    jobs: JobActions  # the Slurm job itself (requeue, exclusions, its room in its partitions)
     no_kill: bool  # the job keeps running when one of its nodes fails (``--no-kill``, set for spare nodes)
 
     def close(self) -> None:
@@ -160,13 +171,33 @@ class Supervisor:
 
     def respond(self, launch: Launch, found: Evidence, history: policy.History) -> tuple[Interruption, policy.Decision]:
         p = self.p
-        return respond(
+        now = p.ctx.clock()
+        interruption, decision = respond(
             found, history, p.state.ledger, nodes=placement.usable_nodes(p.layout, p.nodeloss.lost),
-            needed=p.layout.train_nodes, config=p.config.policy, now=p.ctx.clock(),
+            needed=p.layout.train_nodes, config=p.config.policy, now=now,
             step_running=launch.proc.poll() is None, restarts_here=max(0, p.trainer.launches - 1),
             signatures=p.config.log_signatures, slurm_kills_on_node_failure=not p.no_kill,
             min_needed=p.config.run.min_nodes or None,
         )  # fmt: skip
+        if not capacity.requeues(decision):
+            return interruption, decision
+        # A requeue that could never start (the exclusions leave its partitions too few nodes) is held instead.
+        room = p.ctx.guard.call(SLURM_QUERY, p.jobs.room, len(p.layout.nodes), default=None)
+        return interruption, capacity.fit_requeue(decision, room, **self.blame_notes(interruption, now))
+
+    def blame_notes(self, interruption: Interruption, now: float) -> dict[str, Any]:
+        """What :func:`capacity.fit_requeue` needs besides the room: the nodes that must stay out (the ledger's
+        and this interruption's hard blame), why each node is out, and how a person lets one back in."""
+        p = self.p
+        out = p.state.ledger.excluded_nodes(now)
+        blamed = frozenset(interruption.blamed_nodes)
+        hard = out | (blamed if interruption.cls in policy.HARD_BLAME else frozenset())
+        reasons = {row["node"]: f"struck: {row['last_reason'] or '?'}"
+                   for row in p.state.ledger.table(now) if row["node"] in out}  # fmt: skip
+        reasons.update({n: f"{interruption.cls} in this run" for n in blamed})
+        hint = (f"forgive a repaired node with `supervise nodes {p.paths.root} --forgive NODE` (it also leaves the "
+                f"job's ExcNodeList), then `scontrol release {p.job_id}`")  # fmt: skip
+        return {"hard": hard, "reasons": reasons, "forgive_hint": hint}
 
     def final_progress(self, launch: Launch) -> None:
         p = self.p

@@ -13,9 +13,10 @@ from slurm.client import SlurmClient
 from slurm.errors import SlurmError
 from slurm.model import JobInfo
 from supervisor.decisions import events as ev
+from supervisor.decisions.capacity import Room
 from supervisor.decisions.respond import job_state_of
 from supervisor.driver.context import Context
-from supervisor.driver.evidence import query_job
+from supervisor.driver.evidence import query_job, query_nodes
 from supervisor.driver.ports import Channel
 from supervisor.driver.signals import SignalInbox
 
@@ -98,10 +99,25 @@ class JobActions:
             return None
         return EXPEDITED_START_S
 
-    def await_requeue(self, exclude: tuple[str, ...] = (), limit_s: float = AWAIT_REQUEUE_LIMIT_S) -> None:
+    def room(self, job_nodes: int) -> Room | None:
+        """The job's partitions with every node they hold (whatever its state) and its ExcNodeList, for a job of
+        ``job_nodes`` nodes; None when Slurm did not say all of it (two queries, asked only before a requeue)."""
+        job, known = query_job(self.slurm, self.job_id)
+        if job is None or not known or not job.partition:
+            return None
+        everyone = query_nodes(self.slurm, ())
+        if not everyone or not any(info.partitions for info in everyone.values()):
+            return None  # no answer, or this Slurm's node records do not name their partitions: not "none"
+        partitions = set(job.partition.split(","))
+        nodes = frozenset(n for n, info in everyone.items() if partitions & set(info.partitions))
+        return Room(job.partition, nodes, job_nodes, frozenset(job.excluded_nodes))
+
+    def await_requeue(self, exclude: tuple[str, ...] = (), limit_s: float = AWAIT_REQUEUE_LIMIT_S,
+                      hold: bool = False) -> None:  # fmt: skip
         """Slurm ends or requeues the job itself (preemption, node failure): let the ranks finish their
         checkpoint and wait for Slurm's signal, doing nothing that could tear a save. Once the requeue has
-        begun (SIGTERM, job completing), the blamed nodes are excluded from the next run."""
+        begun (SIGTERM, job completing), the blamed nodes are excluded from the next run, and the job is held
+        (``hold``) when it could never start without them."""
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # KillWait is our time to set the exclusion
         self.inbox.drain()
         deadline = time.monotonic() + limit_s
@@ -112,6 +128,11 @@ class JobActions:
             if requeued:
                 if exclude:
                     self.exclude(exclude)
+                if hold:
+                    try:
+                        self.slurm.hold(self.job_id)
+                    except SlurmError as err:
+                        self.record(ev.requeue_skipped(self.clock(), f"the hold was refused: {err}"))
                 return
 
     def exclude(self, nodes: tuple[str, ...]) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import pytest
 from fakes import FakeChannel, FakeInbox, FakeLauncher, FakeSlurm, Launch
 
 from slurm.env import SlurmEnv
-from slurm.model import JobInfo
+from slurm.model import JobInfo, NodeInfo
 from supervisor.campaign import CampaignPaths, CampaignSpec
 from supervisor.config import Config
 from supervisor.decisions import events as ev
@@ -147,6 +147,42 @@ def test_a_node_down_in_slurm_is_blamed_and_excluded_when_slurm_requeues(tmp_pat
     assert ("update_excluded_nodes", JOB, ["n2"]) in slurm.calls
     assert r.of(ev.NODES_EXCLUDED)[-1]["nodes"] == ["n2"]
     assert r.of(ev.ATTEMPT_ENDED)[-1]["outcome"]["class"] == ev.NODE_FAILURE
+
+
+def in_partition(slurm: FakeSlurm, nodes: Sequence[str], partition: str = "batch") -> None:
+    """Slurm's records name each node's partition; the job runs in ``partition``."""
+    for n in nodes:
+        info = slurm.node_infos.get(n) or NodeInfo(name=n, state="IDLE")
+        slurm.node_infos[n] = replace(info, partitions=(partition,))
+    slurm.set_job(partition=partition)
+
+
+def test_a_requeue_that_could_never_start_holds_the_job_and_says_why_in_one_line(tmp_path: Path, capsys) -> None:
+    """Two nodes in the partition, the job needs both, one is down: Slurm would keep it pending for ever."""
+    sup, slurm, launcher, channel, _ = make(tmp_path, [Launch(1, log="1: gloo: Connection reset by peer\n")])
+    slurm.set_node("n2", "DOWN", "NOT_RESPONDING")
+    in_partition(slurm, NODES)
+    slurm.set_job(flags=frozenset({"COMPLETING"}))
+    r = run(sup, slurm, launcher, channel)
+    assert r.code == 0 and r.classes() == [ev.NODE_FAILURE]
+    assert ("update_excluded_nodes", JOB, ["n2"]) in slurm.calls  # the broken node stays out...
+    assert ("hold", JOB) in slurm.calls  # ...and the job waits for a person instead of for ever
+    ended = r.of(ev.CAMPAIGN_ENDED)[-1]
+    assert ended["state"] == "held"
+    assert "needs 2 nodes and partition batch has 2" in ended["reason"] and "n2 (node_failure in this run)" in \
+        ended["reason"] and "--forgive NODE" in ended["reason"] and f"scontrol release {JOB}" in ended["reason"]
+    assert [e["tier"] for e in r.of(ev.ACTION) if e["kind"] == policy.ALERT][0] == "L2"
+    assert ended["reason"] in capsys.readouterr().err  # the batch log says it too
+
+
+def test_a_requeue_with_room_in_the_partition_is_not_held(tmp_path: Path) -> None:
+    sup, slurm, launcher, channel, _ = make(tmp_path, [Launch(1, log="1: gloo: Connection reset by peer\n")])
+    slurm.set_node("n2", "DOWN", "NOT_RESPONDING")
+    in_partition(slurm, (*NODES, "n3"))
+    slurm.set_job(flags=frozenset({"COMPLETING"}))
+    r = run(sup, slurm, launcher, channel)
+    assert ("update_excluded_nodes", JOB, ["n2"]) in slurm.calls
+    assert ("hold", JOB) not in slurm.calls and not r.of(ev.CAMPAIGN_ENDED)
 
 
 def test_a_time_limit_checkpoints_then_requeues_without_blame(tmp_path: Path) -> None:
