@@ -97,7 +97,7 @@ def crash(err: BaseException) -> None:
     """End as a crashed supervisor: one line on stderr, the traceback in the log, then SIGABRT (no core file).
     The batch script (supervisor/batchwrap.py) requeues the job after a crash signal, and the next run continues
     the campaign from the journal; a supervisor that keeps crashing stops the campaign (its budget for unknown
-    faults, ``campaign_state.after_supervisor_death``), never a requeue loop."""
+    faults, ``silent_end.after_supervisor_death``), never a requeue loop."""
     import resource
     import signal
     import traceback

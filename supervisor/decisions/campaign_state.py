@@ -17,12 +17,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from slurm.model import JobInfo
 from supervisor.decisions import events as ev
 from supervisor.decisions import goodput
 from supervisor.decisions.checkpoint_interval import IntervalInputs
 from supervisor.decisions.ledger import Ledger, LedgerConfig
-from supervisor.decisions.policy import History, PolicyConfig, over_budget
+from supervisor.decisions.policy import History
 
 Event = Mapping[str, Any]
 HANG_DETECTIONS = ("rank_hang", "global_stall", "rank_stopped")
@@ -310,68 +309,4 @@ def fold(events: Iterable[Event], ledger_config: LedgerConfig | None = None, vie
     return state
 
 
-def infer_previous_outcome(state: CampaignState, down_nodes: Iterable[str], job: JobInfo | None = None,
-                           died: str | None = None) -> list[ev.Event]:
-    """When a Slurm run ended without its supervisor recording how (Slurm requeued or killed the whole job, e.g. a
-    node failure took the batch host down), infer the outcome now so the report and the ledger stay true.
-
-    ``down_nodes``: nodes Slurm reports DOWN/NOT_RESPONDING now. ``died``: the batch script's line saying the
-    previous run's supervisor died of a signal and the script requeued the job (``batchwrap.death_note``): the
-    supervisor's own death is nobody's node's fault (``unknown``, nobody blamed). Returns the events to journal (an interruption
-    and the attempt's end), stamped with the last time the previous run was heard of."""
-    last_attempt = state.open_attempt
-    if last_attempt is None:
-        return []
-    nodes = _texts(last_attempt.get("nodes"))
-    down_set = set(down_nodes)
-    down = sorted(n for n in nodes if n in down_set)
-    silent = state.silent_nodes
-    failsafe = state.failsafe
-    if failsafe is not None and _text(failsafe.get("batch_host")):
-        blamed, cls, confidence = [str(failsafe["batch_host"])], ev.NODE_FAILURE, 0.9
-        evidence = [f"failsafe: the agent on {failsafe.get('node')} found the supervisor gone and "
-                    f"{failsafe.get('action')}d the job: {failsafe.get('reason', '')}"]
-    elif died:
-        blamed, cls, confidence = [], ev.UNKNOWN, 0.5
-        evidence = [f"the batch script: {died.removeprefix('supervise: ')}", "the supervisor's own death "
-                    "blames no node; the campaign continues from its journal"]  # fmt: skip
-    elif down or silent:
-        blamed = down or sorted(silent)
-        cls, confidence = ev.NODE_FAILURE, 0.9 if down else 0.6
-        evidence = [f"node {n} is DOWN/NOT_RESPONDING in Slurm after the previous run ended" for n in down]
-        evidence += [f"node agent on {n} went silent before the previous run ended" for n in sorted(silent)]
-    elif job is not None and job.preempt_time:
-        blamed, cls, confidence = [], ev.PREEMPTION, 0.8
-        evidence = [f"Slurm recorded a preemption time {job.preempt_time} for the job"]
-    else:
-        blamed, cls, confidence = [], ev.UNKNOWN, 0.1
-        evidence = ["the previous run ended without a word from its supervisor (killed with the job?)"]
-    t = state.last_seen
-    return [
-        ev.interruption_event(t, cls, blamed, confidence, evidence),
-        ev.attempt_ended(t, str(last_attempt.get("job_id") or ""), cls, blamed, evidence),
-    ]
-
-
 FINAL_STATES = ("completed", "failed", "stopped")
-
-
-def after_supervisor_death(state: CampaignState, died: str | None, config: PolicyConfig,
-                           now: float) -> tuple[str, str] | None:  # fmt: skip
-    """The run the batch script requeued after its supervisor died (``died``: the script's line): whether it must
-    end at once instead of supervising, as (campaign state, one-line reason); None to go on.
-
-    - The campaign had already ended (completed, failed, stopped) when its supervisor was killed on its way out:
-      nothing is run or journaled again; the run ends as the campaign did.
-    - The supervisor keeps dying: its deaths (``unknown``) over the class's budget without progress, or too many
-      faults in the restart window, as for any fault (``policy``): the campaign fails instead of a requeue loop.
-    """
-    if not died:
-        return None
-    if state.ended is not None and state.ended.get("state") in FINAL_STATES:
-        end = str(state.ended["state"])
-        return end, f"the campaign had already ended ({end}) when its supervisor died: nothing to run"
-    reason = over_budget(ev.UNKNOWN, state.history, config, now)
-    if reason is not None:
-        return "failed", f"the supervisor itself keeps dying ({reason}): the campaign stops; see the batch log"
-    return None

@@ -3,10 +3,11 @@ what it must say before this run goes on.
 
 * ``campaign_started`` is journaled by the first run only.
 * A previous run that ended without a word (its batch host died with the job, or the supervisor itself was
-  killed) gets its outcome inferred now (``campaign_state.infer_previous_outcome``: the agents' ``failsafe``
-  event, the batch script's line in the batch log, or Slurm's node states), so the report and the ledger stay true.
+  killed) gets its outcome inferred now (``silent_end.infer_previous_outcome``: the agents' ``failsafe``
+  event, the batch script's line in the batch log, Slurm's node states, or the run's accounting record), so the
+  report and the ledger stay true.
 * A run the batch script requeued after its supervisor died ends at once when the campaign had already ended, or
-  when the supervisor keeps dying (``campaign_state.after_supervisor_death``).
+  when the supervisor keeps dying (``silent_end.after_supervisor_death``).
 * ``attempt_started``.
 
 Returns the exit code of a run that must end here, else None.
@@ -19,12 +20,15 @@ from typing import Any
 
 from slurm.client import SlurmClient
 from slurm.env import SlurmEnv
+from slurm.errors import AccountingUnavailable, SlurmError
+from slurm.model import JobRun
 from supervisor.batchwrap import read_death_note
-from supervisor.decisions import campaign_state
+from supervisor.decisions import campaign_state, silent_end
 from supervisor.decisions import events as ev
 from supervisor.decisions.policy import PolicyConfig
 from supervisor.driver.context import Context
 from supervisor.driver.evidence import guarded_job, guarded_nodes
+from supervisor.driver.guard import SLURM_QUERY
 from supervisor.paths import CampaignPaths
 
 
@@ -40,9 +44,10 @@ def open_attempt(ctx: Context, state: campaign_state.CampaignState, *, paths: Ca
     job, _ = guarded_job(ctx, slurm, job_id)
     down = [n for n, info in known_nodes.items() if info.is_down]
     died = death_note(state, paths, job_id)
-    for event in campaign_state.infer_previous_outcome(state, down, job, died):
+    runs = accounting(ctx, slurm, job_id) if state.open_attempt is not None else None
+    for event in silent_end.infer_previous_outcome(state, down, job, died, runs):
         ctx.record(event)
-    stop = campaign_state.after_supervisor_death(state, died, policy, now)
+    stop = silent_end.after_supervisor_death(state, died, policy, now)
     if stop is not None:
         end, reason = stop
         if ended_before is None:
@@ -60,3 +65,15 @@ def death_note(state: campaign_state.CampaignState, paths: CampaignPaths, job_id
     if last is None or str(last.get("job_id")) != job_id or not isinstance(restart, int):
         return None
     return read_death_note(paths.batch_log(job_id), job_id, restart)
+
+
+def accounting(ctx: Context, slurm: SlurmClient, job_id: str) -> list[JobRun] | None:
+    """The job's runs from accounting (``sacct``), asked only when the journal lacks a run's ending; None when
+    the site has no accounting or it did not answer (unknown: the inference goes on without it)."""
+    try:
+        return slurm.history(job_id)
+    except AccountingUnavailable:
+        return None
+    except SlurmError as err:
+        ctx.record(ev.supervisor_error(ctx.clock(), SLURM_QUERY, f"sacct: {err}"))
+        return None

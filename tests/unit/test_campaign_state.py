@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.decisions import campaign_state
+from supervisor.decisions import campaign_state, silent_end
 from supervisor.decisions import events as ev
 from supervisor.decisions.ledger import Ledger
 from supervisor.decisions.policy import History
@@ -50,7 +50,7 @@ def test_the_loop_facts_restore_what_earlier_runs_learned() -> None:
     assert state.open_attempt is not None and state.silent_nodes == {"n1"} and state.last_seen == 5.0
     closed = campaign_state.fold([*events, ev.attempt_ended(6.0, "7", ev.UNKNOWN)])
     assert closed.open_attempt is None
-    assert campaign_state.infer_previous_outcome(closed, ["n1"]) == []
+    assert silent_end.infer_previous_outcome(closed, ["n1"]) == []
 
 
 def test_an_attempt_without_an_end_is_inferred_from_silent_agents_when_slurm_says_nothing() -> None:
@@ -58,7 +58,7 @@ def test_an_attempt_without_an_end_is_inferred_from_silent_agents_when_slurm_say
         ev.attempt_started(4.0, "7", 0, ["n1", "n2"], None),
         {"type": ev.DETECTION, "t": 5.0, "kind": "node_silent", "nodes": ["n2"]},
     ])  # fmt: skip
-    interruption, ended = campaign_state.infer_previous_outcome(state, [])
+    interruption, ended = silent_end.infer_previous_outcome(state, [])
     assert interruption["class"] == ev.NODE_FAILURE and interruption["blamed_nodes"] == ["n2"]
     assert interruption["confidence"] == 0.6 and ended["outcome"]["class"] == ev.NODE_FAILURE
 
@@ -79,7 +79,7 @@ def test_a_supervisor_death_noted_by_the_batch_script_is_unknown_and_blames_nobo
         ev.attempt_started(1.0, "77", 0, ["n1", "n2"], None),
         {"type": ev.DETECTION, "t": 2.0, "kind": "node_silent", "nodes": ["n2"]},
     ]
-    interruption, ended = campaign_state.infer_previous_outcome(campaign_state.fold(events), ["n1"], None, note)
+    interruption, ended = silent_end.infer_previous_outcome(campaign_state.fold(events), ["n1"], None, note)
     assert interruption["class"] == ended["outcome"]["class"] == ev.UNKNOWN
     assert interruption["blamed_nodes"] == [] and "died of signal 9" in interruption["evidence"][0]
 
@@ -117,7 +117,9 @@ def test_a_type_confused_event_never_breaks_the_fold_nor_anything_that_reads_it(
     view.timeline(10.0, doc["goodput"])
     state.interval.measured(10.0)
     state.ledger.table(10.0)
-    assert doc["attempts"] and doc["attempts"][0]["launch"] == 1  # the good events still tell their story
+    # the good events still tell their story (an odd event readable as a launch, e.g. a step_launched without its
+    # number, may add a row of its own before it)
+    assert [a for a in doc["attempts"] if a["launch"] == 1 and a["start"] == 3.0 and a["job_id"] == "7"]
 
 
 def test_an_odd_event_is_skipped_and_said() -> None:

@@ -16,7 +16,7 @@ from slurm.model import JobInfo
 from slurm.probe import Probe
 from supervisor.agent import failsafe as fs
 from supervisor.agent.main import Agent, build_parser, failsafe_from_args
-from supervisor.decisions import campaign_state
+from supervisor.decisions import campaign_state, silent_end
 from supervisor.decisions import events as ev
 from supervisor.heartbeat import wire
 from supervisor.journal import Journal, read
@@ -126,7 +126,7 @@ def test_the_next_run_reads_the_failsafe_as_the_batch_hosts_failure() -> None:
         ev.failsafe(30.0, "n2", "requeue", "n1", "9", "no word from the supervisor", ["n1"]),
     ]
     state = campaign_state.fold(events)
-    interruption, ended = campaign_state.infer_previous_outcome(state, [], None)
+    interruption, ended = silent_end.infer_previous_outcome(state, [], None)
     assert interruption["class"] == ev.NODE_FAILURE and interruption["blamed_nodes"] == ["n1"]
     assert ended["type"] == ev.ATTEMPT_ENDED
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from supervisor.decisions import events as ev
 from supervisor.decisions.campaign_state import fold as fold_state
-from supervisor.decisions.campaign_state import infer_previous_outcome
+from supervisor.decisions.silent_end import infer_previous_outcome
 from supervisor.report_view import fold, render_text
 
 

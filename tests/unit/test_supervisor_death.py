@@ -10,7 +10,7 @@ from pathlib import Path
 from fakes import Launch
 from test_driver import JOB, NODES, make, run
 
-from supervisor.decisions import campaign_state
+from supervisor.decisions import campaign_state, silent_end
 from supervisor.decisions import events as ev
 from supervisor.decisions.policy import PolicyConfig
 from supervisor.journal import read
@@ -85,5 +85,5 @@ def test_a_supervisor_that_keeps_dying_stops_the_campaign_instead_of_a_requeue_l
 def test_after_supervisor_death_decides_nothing_without_the_scripts_line():
     state = campaign_state.fold([ev.campaign_started(1.0, "/c", ["x"], JOB), ev.attempt_started(2.0, JOB, 0, NODES, None),
                                  ev.campaign_ended(3.0, "completed")])  # fmt: skip
-    assert campaign_state.after_supervisor_death(state, None, PolicyConfig(), 4.0) is None
-    assert campaign_state.after_supervisor_death(state, DIED.format(run=0), PolicyConfig(), 4.0)[0] == "completed"
+    assert silent_end.after_supervisor_death(state, None, PolicyConfig(), 4.0) is None
+    assert silent_end.after_supervisor_death(state, DIED.format(run=0), PolicyConfig(), 4.0)[0] == "completed"
