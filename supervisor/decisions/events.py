@@ -309,17 +309,20 @@ def preflight(t: float, nodes: Iterable[str], duration_s: float, unfit: Iterable
               launch: int | None = None, blamed_nodes: Iterable[str] = (), enough: bool = True,
               unfit_checks: Mapping[str, Sequence[str]] | None = None, slow: Mapping[str, str] | None = None,
               errors: Mapping[str, str] | None = None, skipped: str | None = None,
-              figures: Mapping[str, Any] | None = None, allreduce_busbw_Bps: float | None = None) -> Event:  # noqa: N803
+              figures: Mapping[str, Any] | None = None, allreduce_busbw_Bps: float | None = None,  # noqa: N803
+              kept: Mapping[str, str] | None = None, retested: Sequence[str] = ()) -> Event:  # fmt: skip
     """Node checks before a launch took ``duration_s`` (ending at ``t``); ``unfit``: nodes they found broken.
     The supervisor's check before launch ``launch`` (driver/prelaunch.py) adds: ``unfit_checks`` (each health-unfit
     node's fatal checks), ``slow`` (nodes the collective test found markedly slow, and why), ``blamed_nodes``
     (both: left out of the launch when ``enough`` remain; the ledger strikes them), ``errors`` (ranks that failed
-    the test: inconclusive, nobody blamed), ``skipped`` (why the test did not run, or None), ``figures``."""
+    the test: inconclusive, nobody blamed), ``skipped`` (why the test did not run, or None), ``figures``, and
+    ``kept`` (nodes slower than their peers but not worth leaving out, and why: decisions/slow_nodes.py), and
+    ``retested`` (nodes measured again because the last verdict blamed them for a fault that could hurt a node)."""
     return {"type": PREFLIGHT, "t": t, "nodes": _nodes(nodes), "duration_s": duration_s, "unfit": _nodes(unfit),
             "launch": launch, "blamed_nodes": _nodes(blamed_nodes), "enough": enough,
             "unfit_checks": {n: list(c) for n, c in (unfit_checks or {}).items()}, "slow": dict(slow or {}),
             "errors": dict(errors or {}), "skipped": skipped, "figures": dict(figures or {}),
-            "allreduce_busbw_Bps": allreduce_busbw_Bps}
+            "allreduce_busbw_Bps": allreduce_busbw_Bps, "kept": dict(kept or {}), "retested": list(retested)}
 
 
 def checkpoint_interval(t: float, setting: str, advice: Mapping[str, Any]) -> Event:

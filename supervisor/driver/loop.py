@@ -131,6 +131,7 @@ class Supervisor:
                                         p.layout.tasks_per_node, default={})  # fmt: skip
             p.ctx.record({**interruption.to_event(p.ctx.clock()), "launch": launch.number,
                           "last_step": last_step(found), **({"torchrun_restarts": restarts} if restarts else {})})
+            p.prelaunch.after(interruption.cls, interruption.blamed_nodes)  # a node it could have hurt: measured again
             outcome = p.actuators.carry_out(Situation(launch, interruption, decision, found, history))
             self.final_progress(launch)  # a checkpoint saved on the way out (preemption, time limit, cancel)
             if interruption.cls == ev.NUMERICAL:  # the launch is gone now: no checkpoint can appear after this

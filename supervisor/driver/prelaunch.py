@@ -7,8 +7,11 @@
    included, so a slow node can be swapped for one), measures compute, point-to-point latency and bandwidth to
    rank 0 and an all-reduce (torch.distributed: gloo on CPU, NCCL where the ranks see GPUs), and flags a node
    markedly slower than its peers (``factor``). ``enabled = "auto"`` runs it when the launch would use nodes not
-   measured yet in this Slurm run (so before the first launch, not before a relaunch on the same nodes), true
-   before every launch, false never. An inconclusive measurement (a rank failed, torch missing) blames nobody.
+   measured yet in this Slurm run, or hurt since (a node blamed for a hang, a hardware fault, a node failure or a
+   communication error is measured again before a relaunch uses it: the fault may have left it slow), true before
+   every launch, false never. An inconclusive measurement (a rank failed, torch missing) blames nobody. A node
+   is left out only for a slowness that persists and matters (``decisions/slow_nodes.py``: 3/4 of the rounds, a floor,
+   and a cost model that weighs the training's slowdown against the spare or the requeue leaving it out costs).
 3. **Verdict.** Unfit and slow nodes are added to the launch's exclusions when enough nodes remain (the spares
    take their place); otherwise the loop answers with an :class:`Evidence` of a hardware fault on them (the policy
    requeues the job without them, or stops when the budget is spent): the training never starts on them.
@@ -34,6 +37,8 @@ from supervisor.driver.ports import StepLauncher
 from supervisor.health import preflight
 
 Runner = Callable[..., preflight.Verdict]
+# The verdicts that could have hurt the nodes they blame: a relaunch measures those nodes again ("auto").
+HURTING = frozenset({ev.HANG, ev.HARDWARE, ev.NODE_FAILURE, ev.COMM_ERROR})
 
 
 class NotStarted:
@@ -77,6 +82,7 @@ class Prelaunch:
         self.start, self.log_dir, self.runner = start, log_dir, runner
         self.runs = 0
         self.measured: set[str] = set()  # nodes a conclusive collective test measured in this Slurm run
+        self.hurt: set[str] = set()  # measured, then blamed by a verdict that could have hurt them: measured again
         self.no_torch = ""  # why the collective test cannot run here (found once, then skipped)
 
     def check(self, nodes: Sequence[str], excluded: Sequence[str], needed: int, launch: int) -> Checked:
@@ -91,7 +97,8 @@ class Prelaunch:
         fit = [n for n in candidates if n not in unfit]
         verdict, skipped = None, self._skip_reason(fit)
         if skipped is None:
-            verdict = self._measure(fit, max(1.0, self.config.budget_s - (time.monotonic() - started)))
+            verdict = self._measure(fit, max(1.0, self.config.budget_s - (time.monotonic() - started)),
+                                    spares=len(fit) - needed)  # fmt: skip
         slow = dict(verdict.slow) if verdict is not None and not verdict.unknown else {}
         blamed: dict[str, tuple[str, ...]] = dict(gpu_faults(unfit))
         for node, why in slow.items():
@@ -105,13 +112,24 @@ class Prelaunch:
             slow=slow, errors=dict(verdict.errors) if verdict is not None else {}, skipped=skipped,
             figures={n: dict(f) for n, f in verdict.figures.items()} if verdict is not None else {},
             allreduce_busbw_Bps=verdict.allreduce_busbw_Bps if verdict is not None else None,
+            kept=dict(verdict.kept) if verdict is not None else {},
+            retested=sorted(self.hurt & set(fit)) if verdict is not None else [],
         ))  # fmt: skip
+        if verdict is not None and not verdict.unknown:
+            self.hurt.difference_update(fit)
         if enough:
             return Checked(new_excluded, blamed)
         findings = detections(unfit) + tuple(_slow_detection(n, why) for n, why in sorted(slow.items()))
         evidence = cl.Evidence(gpu_faults=blamed, health_findings=findings, allocation_nodes=tuple(candidates),
                                job_nodes=tuple(nodes))  # fmt: skip
         return Checked(tuple(excluded), blamed, False, evidence)
+
+    def after(self, cls: str, blamed: Sequence[str]) -> None:
+        """An interruption of class ``cls`` blamed ``blamed``: the nodes it could have hurt are measured again
+        before a launch uses them (their measurement's time is journaled, and counted as preflight time)."""
+        if cls in HURTING:
+            self.hurt.update(n for n in blamed if n in self.measured)
+            self.measured.difference_update(blamed)
 
     def _await_reports(self, nodes: Sequence[str], deadline: float) -> None:
         """Until every node whose agent reported has sent a health report (the first comes at agent start)."""
@@ -134,7 +152,7 @@ class Prelaunch:
             return "these nodes were measured earlier in this Slurm run"
         return None
 
-    def _measure(self, nodes: Sequence[str], budget_s: float) -> preflight.Verdict:
+    def _measure(self, nodes: Sequence[str], budget_s: float, spares: int) -> preflight.Verdict:
         self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         before = set(self.work_dir.iterdir())
         self.runs += 1
@@ -142,7 +160,8 @@ class Prelaunch:
             verdict = self.runner(list(nodes), self.work_dir, budget_s=budget_s, factor=self.config.factor,
                                   env={**self.env, HELPER_ENV: "preflight"}, python=self.python,
                                   srun_args=["--mem=0", *self.config.srun_args], start=self.start,
-                                  log_path=self.log_dir / f"preflight-{self.runs}.log")  # fmt: skip
+                                  log_path=self.log_dir / f"preflight-{self.runs}.log", spares=spares,
+                                  costs=self.config.costs)  # fmt: skip
         finally:
             for path in set(self.work_dir.iterdir()) - before:  # the rendezvous files, pid files, results
                 shutil.rmtree(path, ignore_errors=True)

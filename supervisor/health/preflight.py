@@ -4,10 +4,10 @@ before training starts. Standalone: the supervision loop decides when to call :f
 the :class:`Verdict` (journal ``verdict.to_event(t)``, exclude ``verdict.blamed_nodes``).
 
 Judgement (``judge``): only when every rank reported (a failed or missing rank makes the verdict "unknown":
-nobody is blamed on missing data). A node is slow when its compute time exceeds ``factor`` times the median of
-the *other* nodes, or (with at least two peers to compare, since a ping-pong with rank 0 cannot tell which end
-is slow otherwise) its latency to rank 0 exceeds ``factor`` times the others' median and an absolute floor, or
-its bandwidth is below the others' median divided by ``factor``.
+nobody is blamed on missing data). The rule itself is ``decisions/slow_nodes.py``: a node is left out only when it
+is slower than its peers (``factor``, and an absolute floor) in 3/4 of the measurement rounds, and what its slowness
+would cost the training is more than what leaving it out costs (a spare, or a requeue when none is left).
+Nodes slower but not worth leaving out are kept and named in ``Verdict.kept``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from slurm import srun
+from supervisor.decisions import slow_nodes
+from supervisor.decisions.slow_nodes import DEFAULT_COSTS, Costs
 
 Starter = Callable[[Sequence[str], Mapping[str, str], Path, "str | None"], Any]  # driver.launcher.start's shape
 DEFAULT_BUDGET_S = 30.0
 DEFAULT_FACTOR = 2.0
-LATENCY_FLOOR_S = 100e-6  # below this, latency differences are noise on any fabric
 SRUN_SLACK_S = 20.0  # srun's own start-up and tear-down, beyond the workers' budget
 
 
@@ -39,15 +39,22 @@ class PreflightConfig:
     """``[preflight]`` (docs/configuration.md): when the collective test runs before a launch, its time budget,
     and how much slower than its peers a node must be to be left out."""
 
-    enabled: str | bool = "auto"  # "auto": when the launch has nodes not measured yet in this Slurm run
+    enabled: str | bool = "auto"  # "auto": when the launch has nodes not measured yet, or hurt since (a relaunch)
     budget_s: float = DEFAULT_BUDGET_S
     factor: float = DEFAULT_FACTOR
     srun_args: tuple[str, ...] = ()  # extra srun arguments for the measurement step (e.g. ["--gpus-per-task=1"])
+    horizon_s: float = Costs.horizon_s  # the cost model (decisions/slow_nodes.py)
+    requeue_cost_s: float = Costs.requeue_cost_s
+
+    @property
+    def costs(self) -> Costs:
+        return Costs(horizon_s=self.horizon_s, requeue_cost_s=self.requeue_cost_s)
 
     def __post_init__(self) -> None:
         if self.enabled not in ("auto", True, False):
             raise ValueError(f'preflight.enabled must be "auto", true or false, got {self.enabled!r}')
-        for name, low, high in (("budget_s", 1.0, 600.0), ("factor", 1.0, 1000.0)):
+        for name, low, high in (("budget_s", 1.0, 600.0), ("factor", 1.0, 1000.0), ("horizon_s", 60.0, 2.592e6),
+                                ("requeue_cost_s", 0.0, 2.592e6)):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or not low <= value <= high or (name == "factor" and value == low):  # fmt: skip
@@ -59,7 +66,7 @@ class PreflightConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> PreflightConfig:
-        known = ("enabled", "budget_s", "factor", "srun_args")
+        known = ("enabled", "budget_s", "factor", "srun_args", "horizon_s", "requeue_cost_s")
         for key in data:
             if key not in known:
                 raise ValueError(f"preflight.{key}: unknown setting; known settings: {', '.join(known)}")
@@ -68,9 +75,10 @@ class PreflightConfig:
 
 @dataclass(frozen=True)
 class Verdict:
-    ok: bool  # every rank measured and no node is markedly slow
+    ok: bool  # every rank measured and no node is worth leaving out
     unknown: bool  # some rank failed or did not report: nothing can be concluded
-    slow: Mapping[str, str] = field(default_factory=dict)  # node -> why
+    slow: Mapping[str, str] = field(default_factory=dict)  # node -> why: left out
+    kept: Mapping[str, str] = field(default_factory=dict)  # node -> why: slower, but not worth leaving out
     errors: Mapping[str, str] = field(default_factory=dict)  # node -> the worker's error (or "no result")
     figures: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # node -> measured values
     allreduce_busbw_Bps: float | None = None
@@ -87,14 +95,10 @@ class Verdict:
         return doc
 
 
-def _median_of_others(values: Mapping[str, float], node: str) -> float | None:
-    others = [v for n, v in values.items() if n != node]
-    return statistics.median(others) if others else None
-
-
 def judge(results: Sequence[Mapping[str, Any]], nodes: Sequence[str], factor: float = DEFAULT_FACTOR,
-          elapsed_s: float | None = None) -> Verdict:  # fmt: skip
-    """``results``: the workers' ``rank-N.json`` documents; ``nodes``: the nodes that were asked."""
+          elapsed_s: float | None = None, spares: int = 0, costs: Costs = DEFAULT_COSTS) -> Verdict:  # fmt: skip
+    """``results``: the workers' ``rank-N.json`` documents; ``nodes``: the nodes that were asked; ``spares``: how
+    many of them the training can do without (a slow node beyond them costs a requeue to leave out)."""
     if not factor > 1:
         raise ValueError(f"preflight factor must be > 1, got {factor!r}")
     by_node = {str(r.get("node")): r for r in results if isinstance(r, Mapping)}
@@ -105,37 +109,32 @@ def judge(results: Sequence[Mapping[str, Any]], nodes: Sequence[str], factor: fl
         return Verdict(False, True, errors=errors, allreduce_busbw_Bps=busbw, elapsed_s=elapsed_s)
     rank_node = {int(r["rank"]): str(r["node"]) for r in by_node.values() if isinstance(r.get("rank"), int)}
     figures: dict[str, dict[str, float]] = {n: {} for n in nodes}
+    rounds: dict[str, dict[str, list[float]]] = {n: {} for n in nodes}
     for n, r in by_node.items():
         if _num(r.get("compute_s")) is not None:
             figures.setdefault(n, {})["compute_s"] = float(r["compute_s"])
+            rounds.setdefault(n, {})[slow_nodes.COMPUTE] = _series(r.get("compute_rounds_s"), r["compute_s"])
     root = next((r for r in by_node.values() if r.get("rank") == 0), {})
     for peer, p in (root.get("p2p") or {}).items():
-        node = rank_node.get(int(peer))
+        node = rank_node.get(int(peer)) if str(peer).isdigit() else None
         if node is None or not isinstance(p, Mapping):
             continue
-        for key in ("latency_s", "bandwidth_Bps"):
+        for key, metric, per_round in (("latency_s", slow_nodes.LATENCY, "latency_rounds_s"),
+                                       ("bandwidth_Bps", slow_nodes.BANDWIDTH, "bandwidth_rounds_Bps")):  # fmt: skip
             if _num(p.get(key)) is not None:
                 figures.setdefault(node, {})[key] = float(p[key])
-    slow: dict[str, str] = {}
-    compute = {n: f["compute_s"] for n, f in figures.items() if "compute_s" in f}
-    for n, value in compute.items():
-        ref = _median_of_others(compute, n)
-        if ref and value > factor * ref:
-            slow[n] = f"compute {value * 1e3:.1f} ms vs {ref * 1e3:.1f} ms on its peers (> {factor:g}x)"
-    latency = {n: f["latency_s"] for n, f in figures.items() if "latency_s" in f}
-    bandwidth = {n: f["bandwidth_Bps"] for n, f in figures.items() if "bandwidth_Bps" in f}
-    if len(latency) >= 3:  # rank 0's peers: two others to compare with
-        for n, value in latency.items():
-            ref = _median_of_others(latency, n)
-            if ref and value > factor * ref and value > LATENCY_FLOOR_S:
-                slow.setdefault(n, f"latency {value * 1e6:.0f} us vs {ref * 1e6:.0f} us on its peers (> {factor:g}x)")
-    if len(bandwidth) >= 3:
-        for n, value in bandwidth.items():
-            ref = _median_of_others(bandwidth, n)
-            if ref and value < ref / factor:
-                slow.setdefault(n, f"bandwidth {value / 1e6:.0f} MB/s vs {ref / 1e6:.0f} MB/s on its peers "
-                                   f"(< 1/{factor:g})")  # fmt: skip
-    return Verdict(not slow, False, slow=slow, figures=figures, allreduce_busbw_Bps=busbw, elapsed_s=elapsed_s)
+                rounds.setdefault(node, {})[metric] = _series(p.get(per_round), p[key])
+    slower = slow_nodes.slower_nodes(rounds, factor, costs)
+    out, kept = slow_nodes.leave_out(slower, spares, costs)
+    return Verdict(not out, False, slow=out, kept=kept, figures=figures, allreduce_busbw_Bps=busbw,
+                   elapsed_s=elapsed_s)  # fmt: skip
+
+
+def _series(values: Any, single: Any) -> list[float]:
+    """A figure's per-round values (a worker from before rounds reported one figure: one round)."""
+    if isinstance(values, list) and values and all(_num(v) is not None for v in values):
+        return [float(v) for v in values]
+    return [float(single)]
 
 
 def _num(value: Any) -> float | None:
@@ -157,7 +156,7 @@ def worker_argv(nodes: Sequence[str], out_dir: Path, budget_s: float = DEFAULT_B
 def run(nodes: Sequence[str], work_dir: Path, budget_s: float = DEFAULT_BUDGET_S, factor: float = DEFAULT_FACTOR,
         env: Mapping[str, str] | None = None, python: str = sys.executable,
         srun_args: Sequence[str] = (), start: Starter | None = None,
-        log_path: Path | None = None) -> Verdict:  # fmt: skip
+        log_path: Path | None = None, spares: int = 0, costs: Costs = DEFAULT_COSTS) -> Verdict:  # fmt: skip
     """Measure ``nodes`` (in the current allocation, or a new one outside) and judge; never raises for a failed
     measurement (that is an "unknown" verdict). ``work_dir`` must be on a filesystem every node sees.
     ``start``: how to start the srun (the supervisor's step launcher, output to ``log_path``); default: a
@@ -188,7 +187,7 @@ def run(nodes: Sequence[str], work_dir: Path, budget_s: float = DEFAULT_BUDGET_S
             results.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    return judge(results, nodes, factor, round(elapsed, 3))
+    return judge(results, nodes, factor, round(elapsed, 3), spares=spares, costs=costs)
 
 
 def _end(proc: Any) -> None:
@@ -207,10 +206,12 @@ def describe(verdict: Verdict) -> str:
     """One line for the log and the journal's reader."""
     if verdict.unknown:
         return "preflight inconclusive: " + "; ".join(f"{n}: {e}" for n, e in sorted(verdict.errors.items()))
+    kept = "; slower but kept: " + "; ".join(f"{n}: {why}" for n, why in sorted(verdict.kept.items())) \
+        if verdict.kept else ""  # fmt: skip
     if verdict.slow:
-        return "preflight: slow " + "; ".join(f"{n}: {why}" for n, why in sorted(verdict.slow.items()))
+        return "preflight: slow " + "; ".join(f"{n}: {why}" for n, why in sorted(verdict.slow.items())) + kept
     bw = f", all-reduce {verdict.allreduce_busbw_Bps / 1e6:.0f} MB/s" if verdict.allreduce_busbw_Bps else ""
-    return f"preflight ok on {len(verdict.figures)} nodes{bw}"
+    return f"preflight ok on {len(verdict.figures)} nodes{bw}{kept}"
 
 
 if __name__ == "__main__":  # python -m supervisor.health.preflight NODE... (a manual check inside an allocation)

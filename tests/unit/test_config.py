@@ -89,6 +89,8 @@ def test_the_documented_example_config_is_valid_and_complete(tmp_path):
         ('[submit]\njob_name = "x\\n/usr/bin/id > f\\n#"\n', "control character"),
         ('[submit]\njob_name = "a b"\n', "submit.job_name = 'a b' is not allowed"),
         ('[run]\nsrun_args = ["--x\\n"]\n', "control character"),
+        ("[preflight]\nhorizon_s = 1\n", "preflight.horizon_s must be a number in [60, 2.592e+06], got 1"),
+        ("[preflight]\nrequeue_cost_s = nan\n", "preflight.requeue_cost_s = nan is out of range"),
     ],
 )
 def test_values_outside_the_documented_range_exit_3_naming_key_value_and_range(tmp_path, text, needle):

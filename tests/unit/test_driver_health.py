@@ -261,6 +261,36 @@ def test_an_inconclusive_measurement_blames_nobody_and_a_missing_torch_is_found_
     assert journal[0]["errors"]["n1"].endswith("No module named 'torch'") and journal[0]["blamed_nodes"] == []
 
 
+def test_a_relaunch_measures_again_the_nodes_a_verdict_could_have_hurt_and_only_then(tmp_path: Path) -> None:
+    """"auto" skips nodes measured earlier in the Slurm run, except those blamed since for a hang, a hardware
+    fault, a node failure or a communication error (the fault may have left them slow); an app error or a
+    preemption hurts no node. The spares the training can do without reach the judgement."""
+    from supervisor.driver.prelaunch import Prelaunch
+    from supervisor.health.preflight import PreflightConfig, Verdict
+
+    calls: list[tuple[list[str], int]] = []
+
+    def runner(nodes: list[str], work_dir: Path, **kw: Any) -> Verdict:
+        calls.append((nodes, kw["spares"]))
+        return Verdict(True, False, figures={n: {"compute_s": 0.1} for n in nodes})
+
+    journal: list[dict[str, Any]] = []
+    channel = FakeChannel(JOB)
+    ctx = Context.of(journal.append)
+    pre = Prelaunch(ctx, config=PreflightConfig(enabled="auto"), health=HealthWatch(ctx, NODES), channel=channel,
+                    work_dir=tmp_path / "pf", python="python3", env={}, start=FakeLauncher(channel, NODES, 1, []),
+                    log_dir=tmp_path, runner=runner, health_enabled=False)  # type: ignore[arg-type]  # fmt: skip
+    pre.check(NODES, (), 2, 1)
+    pre.after(ev.APP_ERROR, ["n2"])
+    pre.check(NODES, (), 2, 2)
+    assert calls == [(list(NODES), 1)] and journal[-1]["skipped"]  # nothing hurt: not measured again
+    pre.after(ev.HANG, ["n2"])
+    pre.check(NODES, (), 2, 3)
+    assert calls[-1] == (list(NODES), 1) and journal[-1]["retested"] == ["n2"]
+    pre.check(NODES, (), 2, 4)
+    assert len(calls) == 2 and journal[-1]["retested"] == []  # measured again once, not at every launch
+
+
 def test_stopped_ranks_are_asked_for_stacks_too_and_a_silent_agent_is_said(tmp_path: Path, monkeypatch) -> None:
     """Before the kill every live or stopped rank is asked (the agent uses py-spy --nonblocking for a stopped
     one); a rank whose agent never answers is journaled without a stack, after a bounded wait."""
