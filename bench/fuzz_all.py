@@ -289,6 +289,9 @@ LOG_SEED = (b"0: step=40 loss=0.5\n1: [rank1]:[E gloo] Connection closed by peer
 STACK_SEEDS = [p.read_bytes() for p in sorted((Path(__file__).resolve().parents[1] / "tests" / "fixtures" /
                                                "stacks").glob("rank*.txt"))]  # fmt: skip
 
+FLIGHT_SEEDS = [p.read_bytes() for p in sorted((Path(__file__).resolve().parents[1] / "tests" / "fixtures" /
+                                                "flight_recorder").glob("rank_*"))]  # fmt: skip
+
 
 def _untrusted_text_targets(tmp: Path) -> list[Target]:
     """Issue 22: the journal's folds and everything that renders them, the CLI's readers of private files, the
@@ -299,6 +302,7 @@ def _untrusted_text_targets(tmp: Path) -> list[Target]:
     from supervisor.commands import status
     from supervisor.decisions import campaign_state
     from supervisor.decisions.classify import Evidence, LogLine, classify
+    from supervisor.decisions.flight_recorder import FlightRecorderError
     from supervisor.decisions.tasklog import srun_task_exits, torchrun_worker_exits
     from supervisor.errors import CampaignError, UsageError
     from supervisor.plot.timeline import TimelineView
@@ -349,6 +353,12 @@ def _untrusted_text_targets(tmp: Path) -> list[Target]:
         d.finish()
         return logs("\n".join(text for _, text in d.lines()).encode())
 
+    def flight_dump(data: bytes) -> Any:  # a rank's flight-recorder dump (JSON or pickle), as the ending reads it
+        from supervisor.decisions import flight_recorder
+
+        dump = flight_recorder.parse_dump(data)
+        return flight_recorder.lagging({0: dump, 1: dump, 2: flight_recorder.Dump({})})
+
     def stack_dump(data: bytes) -> Any:  # a rank's stack dump, as the stall probe reads it
         from supervisor.decisions import stall
 
@@ -372,6 +382,7 @@ def _untrusted_text_targets(tmp: Path) -> list[Target]:
         Target("log-signatures", [LOG_SEED], logs, (), max_s=1.0),
         Target("log-digest", [LOG_SEED], log_digest, (), max_s=1.0),
         Target("stall-stacks", STACK_SEEDS, stack_dump, (), max_s=1.0),
+        Target("flight-recorder", FLIGHT_SEEDS, flight_dump, (FlightRecorderError,), max_s=1.0),
         Target("batchscript", [script_seed], text_of(batchscript.parse), (UsageError,)),
         Target("slurm-durations", [b"5 sec", b"1-00:00:30", b"UNLIMITED"], text_of(parse_config.seconds), ()),
     ]

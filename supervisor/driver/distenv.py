@@ -114,6 +114,23 @@ def plan(
     return DistEnv(env, per_task, tasks_per_node if placed else 0)
 
 
+# PyTorch's flight recorder: a record of each process group's recent collectives, dumped on an NCCL timeout
+# (driver/flight_dumps.py reads the dumps: which rank the others wait for). 2,000 entries is torch's own suggestion.
+FLIGHT_RECORDER_ENTRIES = "2000"
+
+
+def flight_recorder_env(dump_prefix: str, user_env: Mapping[str, str]) -> dict[str, str]:
+    """The flight recorder on, dumping on a collective timeout to ``dump_prefix<RANK>`` (torch's variables of
+    2.4-2.6 and of 2.7+); a variable the user set (``TORCH_NCCL_TRACE_BUFFER_SIZE=0`` too) is left alone."""
+    wanted = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump_prefix,
+        "TORCH_FR_DUMP_TEMP_FILE": dump_prefix,
+    }
+    return {k: v for k, v in wanted.items() if k not in user_env}
+
+
 def shim(per_task: Sequence[str], command: Sequence[str], placed: int = 0) -> list[str]:
     """``command`` run by ``/bin/sh -c`` after exporting ``per_task`` from srun's variables; the shell text is
     fixed (built from the constant tables and the integer ``placed``), ``command`` follows as separate argv

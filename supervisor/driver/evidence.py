@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -23,9 +24,9 @@ from supervisor.decisions import events as ev
 from supervisor.decisions import tasklog
 from supervisor.decisions.detect import DetectionEvent
 from supervisor.decisions.respond import job_state_of
-from supervisor.driver import health_watch
+from supervisor.driver import flight_dumps, health_watch
 from supervisor.driver.context import Context
-from supervisor.driver.guard import HEALTH, SLURM_QUERY
+from supervisor.driver.guard import EVIDENCE, HEALTH, SLURM_QUERY
 from supervisor.driver.launch_log import LaunchLog
 from supervisor.driver.signals import Received
 
@@ -131,10 +132,11 @@ def build(
     gpu_faults: Mapping[str, tuple[str, ...]] | None = None,
     health_findings: Sequence[Mapping[str, Any]] = (),
     history: Any = None,
+    found_after: Sequence[tuple[float, DetectionEvent]] = (),
 ) -> cl.Evidence:
     """The one Evidence of an ending. ``ranks``: the launch's rank views (earlier launches' left out); ``history``:
     the campaign's ``policy.History`` (where its earlier app errors happened: a crash keeping to one node blames
-    it)."""
+    it); ``found_after``: detections made from what the ending left behind (the flight recorder's dumps), timed."""
     exits = merge_task_exits(rank_exits(ranks), *worker_exits(log_lines, step_nodes))
     if not exits and watched.exit_code is not None:
         exits = tuple(cl.RankExit(node=n, exit_code=watched.exit_code) for n in step_nodes[:1])
@@ -151,7 +153,7 @@ def build(
         sigterm_ranks=tuple(r.rank for r in ranks if r.rank_flags & sigterm_flag),
         rank_exits=exits,
         node_states={n: node_state_word(info) for n, info in (nodes or {}).items()},
-        detections=tuple((now, d) for d in watched.detections),
+        detections=(*((now, d) for d in watched.detections), *found_after),
         log_lines=tuple(cl.LogLine(text=line) for line in log_lines),
         allocation_nodes=step_nodes,
         task_nodes=tasklog.task_nodes(step_nodes, tasks_per_node),  # srun --label: each line's rank -> node
@@ -199,11 +201,16 @@ class Gatherer:
         return guarded_nodes(self.ctx, self.slurm, self.job_nodes)
 
     def gather(self, launch_nodes: tuple[str, ...], log: LaunchLog, watched: WatchResult,
-               ranks: Sequence[Any]) -> cl.Evidence:  # fmt: skip
-        """``ranks``: the launch's rank views (earlier launches' left out); ``log``: the launch's log."""
+               ranks: Sequence[Any], dumps: Path | None = None) -> cl.Evidence:  # fmt: skip
+        """``ranks``: the launch's rank views (earlier launches' left out); ``log``: the launch's log; ``dumps``:
+        where its ranks' flight recorders dump (``driver/flight_dumps.py``)."""
         now = self.ctx.clock()
         for d in watched.detections:
             self.ctx.record(ev.detection_event(d, now))
+        lag = self.ctx.guard.call(EVIDENCE, flight_dumps.lag_detection, dumps, launch_nodes, self.tasks_per_node,
+                                  default=None) if dumps is not None else None  # fmt: skip
+        if lag is not None:
+            self.ctx.record(ev.detection_event(lag[1], lag[0]))
         job, job_known = self.job()
         unfit = self.ctx.guard.call(HEALTH, self._unfit, launch_nodes, default={})
         return build(
@@ -212,6 +219,7 @@ class Gatherer:
             signal_lead_s=self.signal_lead_s, scheduled_end=self.scheduled_end(), tasks_per_node=self.tasks_per_node,
             node_addresses=self.node_addresses, gpu_faults=health_watch.gpu_faults(unfit),
             health_findings=health_watch.detections(unfit), history=self.state.history,
+            found_after=(lag,) if lag is not None else (),
         )  # fmt: skip
 
     def _unfit(self, nodes: tuple[str, ...]) -> dict[str, Any]:

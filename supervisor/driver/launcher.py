@@ -26,7 +26,7 @@ from slurm.errors import SlurmError
 from supervisor.decisions import events as ev
 from supervisor.decisions import placement
 from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, LogSignature
-from supervisor.driver import distenv
+from supervisor.driver import distenv, flight_dumps
 from supervisor.driver.context import Context
 from supervisor.driver.launch_log import LaunchLog
 from supervisor.driver.ports import Process, StepLauncher
@@ -110,7 +110,10 @@ class TrainingLauncher:
                              tasks_per_node=self.layout.tasks_per_node, exclude=excluded,
                              nodelist=() if moved else nodes, arbitrary=moved, extra=self.srun_args)  # fmt: skip
         log_path = self.log_dir / f"{name}.log"
-        env = {**self.step_env(resume_value(resume, self.checkpoint_dir_known, scan_ok)), **dist.env}
+        dumps = flight_dumps.dump_dir(log_path)  # the ranks' flight recorders dump here on a collective timeout
+        dumps.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env = {**self.step_env(resume_value(resume, self.checkpoint_dir_known, scan_ok)), **dist.env,
+               **distenv.flight_recorder_env(str(dumps / flight_dumps.PREFIX), self.environ)}  # fmt: skip
         if moved:  # rank 0 is no longer on the first node of the step's node list: say where it is
             hosts = self.log_dir / f"{name}.hosts"
             hosts.write_text(srun.hostfile_text(nodes, self.layout.tasks_per_node))

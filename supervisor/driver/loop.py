@@ -24,7 +24,7 @@ from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Evidence, Interruption
 from supervisor.decisions.detect import NODE_SILENT, Detector
 from supervisor.decisions.respond import last_step, respond
-from supervisor.driver import prelaunch
+from supervisor.driver import flight_dumps, prelaunch
 from supervisor.driver.actuators import Actuators, Situation
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoint_tracker import CheckpointTracker
@@ -119,7 +119,8 @@ class Supervisor:
                 self.final_progress(launch)
                 p.watcher.journal_timeouts()
                 found = p.ctx.guard.call(EVIDENCE, p.gather.gather, launch.nodes, launch.reader, watched,
-                                         p.watcher.ranks(launch), default=None) or self.unknown_evidence(launch)
+                                         p.watcher.ranks(launch), flight_dumps.dump_dir(launch.log_path),
+                                         default=None) or self.unknown_evidence(launch)  # fmt: skip
             else:  # too few nodes passed the preflight: the training does not start; the policy answers
                 launch = prelaunch.not_started(p.trainer.launches, p.trainer.log_dir / "preflight.log")
                 watched, found = WatchResult("preflight"), checked.evidence or Evidence()

@@ -35,6 +35,10 @@ def test_env_is_set_from_srun_layout_and_a_relaunch_gets_a_fresh_port(tmp_path):
             assert (env["RANK"], env["LOCAL_RANK"], env["NODE_RANK"]) == (str(rank), str(rank % 2), str(rank // 2))
             assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("4", "2")
             assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (addr, port) == ("127.0.0.1", port)
+            # the flight recorder is on, dumping on a collective timeout into the launch's private directory
+            prefix = env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
+            assert env["TORCH_FR_DUMP_TEMP_FILE"] == prefix and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+            assert prefix.endswith("train-1.fr/rank_") and (os.stat(os.path.dirname(prefix)).st_mode & 0o777) == 0o700
         os.kill(int(rows[3]["pid"]), signal.SIGKILL)
         second = wait_for("a relaunch", lambda: launches(camp)[1:] or None, 60)[0]
         assert second["master"] != first["master"]
