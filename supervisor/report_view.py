@@ -50,6 +50,9 @@ def render_text(report: dict[str, Any]) -> str:
     lines.append(f"excluded nodes: {', '.join(report['excluded_nodes']) or 'none'}")
     ck = report["checkpoints"]["latest_valid"]
     lines.append("latest valid checkpoint: " + ("none" if not ck else f"step {ck['step']} at {ck['path']}"))
+    for change in report.get("environment_changes") or []:
+        lines.append(f"resumed from {change.get('checkpoint')} in another environment: "
+                     + "; ".join(change.get("differences") or []))  # fmt: skip
     if report.get("checkpoint_interval"):
         lines.append("checkpoint interval: " + interval_text(report["checkpoint_interval"]))
     ettr = "-" if g["ettr"] is None else f"{g['ettr']:.1%}"

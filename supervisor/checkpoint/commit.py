@@ -28,7 +28,7 @@ from typing import Any
 
 from supervisor.checkpoint import trust
 from supervisor.checkpoint.durable import fsync_path, rename_durable, write_durable
-from supervisor.checkpoint.fingerprint import fingerprint
+from supervisor.checkpoint.fingerprint import fingerprint, torch_versions
 from supervisor.checkpoint.hashing import DEFAULT_ALGORITHM, hash_file
 from supervisor.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest, parse_manifest
 from supervisor.checkpoint.store import CheckpointStore, checkpoint_name
@@ -152,7 +152,7 @@ class CheckpointSaver:
         outcome = ""
         if self.rank == 0:
             try:
-                final = self._commit(tmp, step, extra, reports, torch.__version__)
+                final = self._commit(tmp, step, extra, reports, torch.__version__, torch_versions(torch))
                 outcome = f"OK {final.name}"
             except Exception as err:  # tell the other ranks instead of leaving them in the barrier
                 outcome = f"ERROR {_describe(err)}"
@@ -166,7 +166,7 @@ class CheckpointSaver:
         return final
 
     def _commit(self, tmp: Path, step: int, extra: dict[str, Any], reports: list[dict[str, Any]],
-                torch_version: str) -> Path:
+                torch_version: str, versions: dict[str, str | None] | None = None) -> Path:
         entries: list[FileEntry] = []
         for report in reports:
             if report.get("error"):
@@ -175,7 +175,7 @@ class CheckpointSaver:
         fsync_path(tmp)  # the shard directory entries, created by every rank
         manifest = Manifest(step=step, time=time.time(), world_size=self.world, hash_algorithm=self.hash_algorithm,
                             files=tuple(sorted(entries, key=lambda e: e.path)),
-                            env=fingerprint(torch_version, self.seeds), extra=extra)
+                            env=fingerprint(torch_version, self.seeds, versions), extra=extra)
         if self.key is not None:  # supervised: authenticate it, and the files torch unpickles, with the campaign key
             sha = {e.path: trust.sha256_file(tmp / e.path) for e in manifest.files if trust.is_pickled(e.path)}
             manifest = dataclasses.replace(manifest, auth=trust.make_auth(self.key, manifest.to_doc(), sha))

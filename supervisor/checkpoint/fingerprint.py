@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import sys
 from pathlib import Path
@@ -50,10 +51,37 @@ def git_commit(start: Path | None = None) -> str | None:
     return None
 
 
-def fingerprint(torch_version: str | None = None, seeds: dict[str, Any] | None = None) -> dict[str, Any]:
+def driver_version(path: Path = Path("/proc/driver/nvidia/version")) -> str | None:
+    """The NVIDIA kernel driver's version on this host (``NVRM version: ... Kernel Module  550.54.15 ...``)."""
+    try:
+        text = path.read_text(errors="replace")[:4096]
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module(?: for [a-z0-9_]+)?\s+([0-9]+(?:\.[0-9]+)+)", text)
+    return m.group(1) if m else None
+
+
+def torch_versions(torch: Any) -> dict[str, str | None]:
+    """CUDA and NCCL as the running torch sees them (None on a CPU build or when it cannot say)."""
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    nccl = None
+    try:
+        if cuda and torch.cuda.is_available():
+            found = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, found)) if isinstance(found, tuple) else str(found)
+    except Exception:  # noqa: BLE001 - a fingerprint never fails a save
+        nccl = None
+    return {"cuda": str(cuda) if cuda else None, "nccl": nccl}
+
+
+def fingerprint(torch_version: str | None = None, seeds: dict[str, Any] | None = None,
+                versions: dict[str, str | None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """``versions``: CUDA and NCCL (:func:`torch_versions`)."""
     return {
         "python": sys.version.split()[0],
         "torch": torch_version,
+        **(versions or {}),
+        "driver": driver_version(),
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
         "git_commit": git_commit(),

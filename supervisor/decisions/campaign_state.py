@@ -75,6 +75,7 @@ class Accounting:
         self.attempt: Event | None = None  # the open attempt's attempt_started (its job id and restart count)
         self.excluded: set[str] = set()
         self.quarantined: list[dict[str, Any]] = []
+        self.env_changes: list[dict[str, Any]] = []  # launches resumed in another environment than their checkpoint's
         self.latest_ckpt: dict[str, Any] | None = None
         self.timed: list[Event] = []  # the events the goodput ledger folds
         self.interval: dict[str, Any] | None = None  # the last checkpoint interval asked of the ranks
@@ -140,6 +141,9 @@ class Accounting:
         elif kind == ev.CHECKPOINT_INTERVAL:  # numbers stay numbers (or absent), words stay words
             self.interval = {k: (v if _a_number(v) else None) if k in _INTERVAL_FIGURES else _text(v)
                              for k, v in e.items() if k not in ("type", "v")}  # fmt: skip
+        elif kind == ev.ENV_CHANGED:
+            self.env_changes.append({"t": t, "checkpoint": _text(e.get("checkpoint")),
+                                     "differences": _texts(e.get("differences"))})  # fmt: skip
         elif kind == ev.CHECKPOINT_QUARANTINED:
             self.quarantined.append({"path": _text(e.get("path")), "reason": _text(e.get("reason"))})
         elif kind == ev.CAMPAIGN_ENDED:
@@ -163,6 +167,7 @@ class Accounting:
             "excluded_nodes": sorted(self.excluded),
             "checkpoints": {"latest_valid": self.latest_ckpt, "quarantined": list(self.quarantined)},
             "checkpoint_interval": self.interval,
+            "environment_changes": [dict(c) for c in self.env_changes],
             "goodput": {
                 "wall_s": wall / 1000,
                 "productive_s": total["productive"] / 1000,

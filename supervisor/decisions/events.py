@@ -56,6 +56,7 @@ NODE_FORGIVEN = "node_forgiven"
 CHECKPOINT_QUARANTINED = "checkpoint_quarantined"
 CHECKPOINT_REFUSED = "checkpoint_refused"
 STACKS = "stacks"
+ENV_CHANGED = "env_changed"
 NODES_EXCLUDED = "nodes_excluded"
 AGENTS_MISSING = "agents_missing"
 AGENTS_RESTARTED = "agents_restarted"
@@ -105,6 +106,7 @@ EVENT_TYPES: tuple[str, ...] = (
     NODE_LOSS_VERDICT,
     FAILSAFE,
     REQUEUE_EXPEDITED,
+    ENV_CHANGED,
 )
 # Written by ``supervisor.journal`` itself (never by the supervisor) and dropped by every reader.
 STORAGE_EVENT_TYPES: tuple[str, ...] = (JOURNAL_RESUMED,)
@@ -244,6 +246,11 @@ def checkpoint_refused(t: float, path: str, reason: str) -> Event:
 def stacks(t: float, node: str | None, rank: int | None, result: str, detail: str | None = None) -> Event:
     """One rank's stack dump before a kill: ``result`` is ``stacks_saved`` or ``stacks_failed``."""
     return {"type": STACKS, "t": t, "node": node, "rank": rank, "result": result, "detail": detail}
+
+
+def env_changed(t: float, checkpoint: str, differences: Sequence[str]) -> Event:
+    """A launch resumed from ``checkpoint`` in another environment than the one that wrote it (decisions/env_drift.py)."""
+    return {"type": ENV_CHANGED, "t": t, "checkpoint": checkpoint, "differences": list(differences)}
 
 
 def nodes_excluded(t: float, nodes: Iterable[str]) -> Event:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from slurm import probe
@@ -34,6 +34,7 @@ from supervisor.driver.actuators import Actuators
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoint_tracker import CheckpointTracker
 from supervisor.driver.context import Context
+from supervisor.driver.env_now import EnvCheck
 from supervisor.driver.evidence import Gatherer, guarded_job
 from supervisor.driver.guard import GuardedChannel
 from supervisor.driver.health_watch import HealthWatch
@@ -177,6 +178,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
         detector=a.detector, checkpoints=checkpoints, trainer=trainer, agents=agents, health=health,
         nodeloss=watch_nodes, notifier=notifier, progress=progress, interval=interval, preemption=preemption,
         watcher=watcher, jobs=jobs,
+        env_check=EnvCheck(ctx, python=ranks_python(spec.command, python), cwd=spec.cwd, alert=notifier.env_changed),
         prelaunch=Prelaunch(ctx, config=config.preflight, health=health, channel=channel,
                             work_dir=paths.root / "preflight", python=python, env=step_env, start=a.start_step,
                             log_dir=log_dir, health_enabled=run.health_interval_s > 0),
@@ -190,6 +192,13 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
         ),
         no_kill=has_option(spec.sbatch_flags, "--no-kill", "-k"),
     )  # fmt: skip
+
+
+def ranks_python(command: Sequence[str], python: str) -> str:
+    """The interpreter the ranks run: the command's own when it names one (``python3 train.py``), else the
+    campaign's (torchrun, a script with a shebang)."""
+    first = command[0] if command else ""
+    return first if os.path.basename(first).startswith("python") else python
 
 
 def agent_args(a: Attempt, nodes: tuple[str, ...]) -> list[str]:

@@ -29,6 +29,7 @@ from supervisor.driver.actuators import Actuators, Situation
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoint_tracker import CheckpointTracker
 from supervisor.driver.context import Context
+from supervisor.driver.env_now import EnvCheck
 from supervisor.driver.evidence import Gatherer, WatchResult
 from supervisor.driver.guard import (
     CHECKPOINT_SCAN,
@@ -79,6 +80,7 @@ class Parts:
     gather: Gatherer
     actuators: Actuators
     jobs: JobActions  # the Slurm job itself (requeue, exclusions, its room in its partitions)
+    env_check: EnvCheck  # the relaunch's environment against its checkpoint's
     no_kill: bool  # the job keeps running when one of its nodes fails (``--no-kill``, set for spare nodes)
 
     def close(self) -> None:
@@ -157,8 +159,12 @@ class Supervisor:
         p.interval.launched()
         p.checkpoints.launched(resume_step)
         p.watcher.forget_ranks()  # the ranks in the table now are earlier launches'
-        return p.trainer.launch(resume, resume_step, tuple(sorted(set(excluded) | p.nodeloss.lost)), self.rank_shift,
-                                scan_ok=picked is not None)  # fmt: skip
+        launch = p.trainer.launch(resume, resume_step, tuple(sorted(set(excluded) | p.nodeloss.lost)), self.rank_shift,
+                                  scan_ok=picked is not None)  # fmt: skip
+        # (its ranks start meanwhile: the check delays nothing)
+        p.ctx.guard.call(CHECKPOINT_SCAN, p.env_check.resumed, resume, launch.nodes, p.layout.tasks_per_node,
+                         default=None)  # fmt: skip
+        return launch
 
     def decide(self, launch: Launch, found: Evidence, history: policy.History) -> tuple[Interruption, policy.Decision]:
         """The core's decision on the evidence. Should it fail (a bug met by an odd piece of evidence: the

@@ -77,6 +77,23 @@ class Notifier:
                                  actions_taken=["node left out of the next launch" if fatal and not capacity
                                                 else "journaled"]))  # fmt: skip
 
+    def env_changed(self, checkpoint: str, differences: tuple[str, ...], nodes: tuple[str, ...]) -> None:
+        """A launch (on ``nodes``) resumed in another environment than its checkpoint's: one L2 alert, journaled as
+        its action."""
+        self.guard.call(WARNING, self._env_changed, checkpoint, differences, nodes, default=None)
+
+    def _env_changed(self, checkpoint: str, differences: tuple[str, ...], nodes: tuple[str, ...]) -> None:
+        action = policy.Action(policy.ALERT, "L2", tuple(nodes), f"resumed from {checkpoint} in another environment than the one "
+                               f"that wrote it: {'; '.join(differences)}",
+                               {"class": "environment", "suggested_action": "if the change was not meant, relaunch in "
+                                "the checkpoint's environment; if it was, watch the loss and the step time"})  # fmt: skip
+        event = action.to_event(self.clock())
+        self.record(event)
+        detection = {"kind": "environment", "metric": "environment", "value": "; ".join(differences),
+                     "threshold": "the checkpoint's fingerprint", "nodes": list(nodes), "evidence": list(differences)}  # fmt: skip
+        self.submit(alerts.build(self.job_id, self.campaign, event, [detection], t=event["t"],
+                                 actions_taken=["journaled; the run goes on"]))  # fmt: skip
+
     def update_metrics(self, channel: Any) -> None:
         """Feed the metrics endpoint (when on) the heartbeat channel's newest snapshot and the campaign state."""
         if self.metrics is not None:

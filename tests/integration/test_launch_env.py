@@ -46,5 +46,6 @@ def test_env_is_set_from_srun_layout_and_a_relaunch_gets_a_fresh_port(tmp_path):
         assert ended["state"] == "completed"
         attempts = camp.report()["attempts"]
         assert attempts[1]["resume_step"] and attempts[1]["resume_step"] >= 10
+        assert not camp.of_type("env_changed")  # the same interpreter, torch, code and world size: nothing to say
     finally:
         cancel(camp.job_id)

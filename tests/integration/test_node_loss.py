@@ -134,6 +134,10 @@ def test_spares_used_up_the_training_goes_on_with_fewer_nodes_when_min_nodes_all
         assert third["nodes"] == [batch]
         action = [e for e in camp.of_type("action") if e["kind"] == "restart_in_allocation"][-1]
         assert action["params"].get("fewer_nodes") is True
+        # the relaunch resumes a 2-rank checkpoint with 1 rank: said (env_changed, an L2 alert), and only then
+        assert third["resume_from"], third
+        changed = wait_for("the world-size change said", lambda: camp.of_type("env_changed") or None, 30)
+        assert [c["differences"] for c in changed] == [["world size 2 -> 1"]], changed
         job = slurm_job(camp.job_id)
         assert job.restart_count == 0 and len(camp.of_type("attempt_started")) == 1
     finally:
