@@ -149,6 +149,36 @@ def test_client_program_live_hang_relaunches_loss_spike_warns_nan_stops(tmp_path
         cancel(camp.job_id)
 
 
+def test_a_rank_stuck_on_the_way_to_a_collective_save_is_named_within_its_own_step_timeout(tmp_path):
+    """Issue 26: a user's program marks its save with ``client.phase("checkpoint")``; at step 20 rank 1 stops on
+    the way to the save while rank 0 enters it and waits in the save's barrier. Rank 0's checkpoint allowance is
+    600 s here; rank 1's own step timeout (learned, seconds) decides: its stacks show it outside any collective,
+    rank 0 waiting inside one, and rank 1 is named long before the allowance (it once took the allowance and then
+    named nobody)."""
+    config = ("[run]\nsummary_interval_s = 0.25\nloop_interval_s = 0.25\n"
+              "[detect]\nwarmup_samples = 10\ncheckpoint_allowance_s = 600.0\n")  # fmt: skip
+    camp = submit_program(tmp_path, "--client", "--save-phase", "--hang-before-save", "20", "--hang-rank", "1",
+                          steps=40, config=config)  # fmt: skip
+    try:
+        wait_printed(camp, 1, 20)
+        t0 = time.time()
+        row = Row(camp, 0)
+        rank1_node = launches(camp)[0]["nodes"][1]
+        got = row.check("hang", [rank1_node], "restart_in_allocation")
+        before = newest_valid(camp.ckpt)  # rank 0 saved step 20 before it waited in the barrier
+        assert before is not None and before[1] == 20, before
+        named = [e for e in camp.of_type("detection") if e["kind"] == "rank_hang"]
+        assert named and named[0]["ranks"] == [1], camp.of_type("detection")
+        assert named[0]["t"] - t0 < 120, (named[0]["t"] - t0, named)  # its own step timeout, not the 600 s
+        assert not [e for e in camp.of_type("detection") if e["kind"] == "global_stall"]
+        resumed = row.resumed_from(before)
+        record_time("rank stuck before a collective save", detected_s=got["t"] - t0, resumed_s=resumed - t0)
+        ended = wait_for("the campaign to complete", camp.ended, 240)
+        assert ended["state"] == "completed", ended
+    finally:
+        cancel(camp.job_id)
+
+
 def test_every_agent_silenced_at_once_blames_no_node_and_relaunches(tmp_path):
     """All node agents stop answering together (SIGSTOP: the supervisor's network, or the agents' step, failed):
     far likelier our side than every node at once. Class unknown, nobody blamed or excluded, relaunched."""

@@ -14,6 +14,7 @@ faults leave a marker file in ``--ckpt-dir`` so a relaunch does not repeat them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import os
 import re
@@ -47,6 +48,11 @@ def parse_args() -> argparse.Namespace:
                    help="one-shot: the rank on the node named in CKPT_DIR/bad-node prints an Xid line, exits 1")
     p.add_argument("--hang-at-step", type=int, default=0, help="one-shot: --hang-rank sleeps forever here")
     p.add_argument("--hang-rank", type=int, default=1)
+    p.add_argument("--save-phase", action="store_true",
+                   help="with --client: the save and its barrier run inside client.phase('checkpoint')")
+    p.add_argument("--hang-before-save", type=int, default=0,
+                   help="one-shot: at this checkpoint step --hang-rank sleeps forever just before the save, while "
+                        "its peers enter the save (and its barrier)")
     p.add_argument("--nan-at-step", type=int, default=0)
     p.add_argument("--slow-rank", type=int, default=-1,
                    help="this rank's forward pass takes --slow-s longer (a slow GPU: the peers wait for it)")
@@ -178,11 +184,15 @@ def main() -> int:
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             asked, stop = bool(flags[0]), bool(flags[1])
         if (args.ckpt_every and step % args.ckpt_every == 0) or asked or stop:
-            if rank == 0:
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
-                           ckpt_dir / f"checkpoint-{step}.pt")
-            if world > 1:
-                dist.barrier()
+            if step == args.hang_before_save and rank == args.hang_rank and once(ckpt_dir, "hang-before-save"):
+                while True:  # stuck on the way to the save: its peers wait in the save's barrier
+                    time.sleep(3600)
+            with (client.phase("checkpoint") if client is not None and args.save_phase else contextlib.nullcontext()):
+                if rank == 0:
+                    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
+                               ckpt_dir / f"checkpoint-{step}.pt")
+                if world > 1:
+                    dist.barrier()
         if stop:
             break
     if world > 1:
