@@ -67,13 +67,7 @@ def _measure(command: list[str], out: Path, budget_s: float) -> tuple[list[dict[
                           extra=["--mem=0"])  # fmt: skip
     started = time.monotonic()
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=budget_s + 60, check=False)
-    results = []
-    for path in sorted(out.glob("rank-*.json")):
-        try:
-            results.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return results, time.monotonic() - started
+    return preflight.read_results(out), time.monotonic() - started
 
 
 def main() -> int:

@@ -181,13 +181,18 @@ def run(nodes: Sequence[str], work_dir: Path, budget_s: float = DEFAULT_BUDGET_S
         time.sleep(0.05)
     _end(proc)
     elapsed = time.monotonic() - started
+    return judge(read_results(out), nodes, factor, round(elapsed, 3), spares=spares, costs=costs)
+
+
+def read_results(out: Path) -> list[dict[str, Any]]:
+    """The workers' ``rank-N.json`` documents in ``out`` (one that cannot be read is missing: judged unknown)."""
     results = []
     for path in sorted(out.glob("rank-*.json")):
         try:
             results.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    return judge(results, nodes, factor, round(elapsed, 3), spares=spares, costs=costs)
+    return results
 
 
 def _end(proc: Any) -> None:
