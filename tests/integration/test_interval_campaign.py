@@ -33,6 +33,8 @@ def test_the_supervisor_asks_for_checkpoints_at_the_interval_and_the_ledger_adds
             key = (s["launch"], s["step"])
             per_checkpoint[key] = max(per_checkpoint.get(key, 0.0), s["stall_s"])
         assert g["badput_s"]["checkpoint"] == pytest.approx(sum(per_checkpoint.values()), abs=0.01 * len(stalls))
-        assert g["ideal_step_s"] >= 0.3
+        # at least the program's 0.3 s sleep, to within what subtracting the ranks' own stall timings (ms-rounded)
+        # from the supervisor's observation times costs: CI saw 0.299892 once on a loaded machine
+        assert g["ideal_step_s"] >= 0.3 * 0.98, g["ideal_step_s"]
     finally:
         cancel(camp.job_id)
