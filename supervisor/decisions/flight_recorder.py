@@ -54,13 +54,6 @@ class Lag:
     evidence: tuple[str, ...]
 
 
-def _simple(op: str, arg: Any) -> Any:
-    if op in ("BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "UNICODE", "BININT", "BININT1", "BININT2", "LONG1",
-              "LONG4", "BINFLOAT", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8", "INT", "LONG", "FLOAT"):  # fmt: skip
-        return arg
-    return {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}[op]
-
-
 def _pop_mark(stack: list[Any]) -> list[Any]:
     for i in range(len(stack) - 1, -1, -1):
         if stack[i] is _MARK:
@@ -73,6 +66,7 @@ def _pop_mark(stack: list[Any]) -> list[Any]:
 _SCALARS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "UNICODE", "BININT", "BININT1", "BININT2",
                       "LONG1", "LONG4", "BINFLOAT", "SHORT_BINBYTES", "BINBYTES", "BINBYTES8", "INT", "LONG",
                       "FLOAT", "NONE", "NEWTRUE", "NEWFALSE"})  # fmt: skip
+_CONSTANTS = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
 
 
 def data_from_pickle(data: bytes) -> Any:
@@ -93,7 +87,7 @@ def data_from_pickle(data: bytes) -> Any:
                     raise FlightRecorderError("pickle: stack not one value at STOP")
                 return stack[0]
             if op in _SCALARS:
-                stack.append(_simple(op, arg))
+                stack.append(_CONSTANTS[op] if op in _CONSTANTS else arg)
             elif op == "MARK":
                 stack.append(_MARK)
             elif op == "EMPTY_DICT":

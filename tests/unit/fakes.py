@@ -302,3 +302,19 @@ class FakeInbox:
 
     def close(self) -> None:
         return None
+
+
+def recording_notifier(journal: list[dict[str, Any]], sent: list[Any]) -> Any:
+    """A real Notifier (default alert and metrics settings) whose journal is ``journal`` and whose alerts land in
+    ``sent`` instead of the dispatcher."""
+    from supervisor.config import AlertConfig
+    from supervisor.decisions import campaign_state, policy
+    from supervisor.driver.context import Context
+    from supervisor.driver.notify import Notifier
+    from supervisor.metrics import MetricsConfig
+
+    notifier = Notifier(Context.of(journal.append, lambda: 5.0), alerts_config=AlertConfig(),
+                        metrics_config=MetricsConfig(), policy_config=policy.PolicyConfig(), job_id="7", campaign="/c",
+                        state=campaign_state.fold([]))  # fmt: skip
+    notifier.submit = sent.append  # type: ignore[method-assign]
+    return notifier

@@ -326,18 +326,13 @@ def test_stopped_ranks_are_asked_for_stacks_too_and_a_silent_agent_is_said(tmp_p
 
 
 def test_new_problems_are_alerted_with_their_figures_once() -> None:
+    from fakes import recording_notifier
+
     from supervisor import alerts
-    from supervisor.config import AlertConfig
-    from supervisor.decisions import campaign_state
-    from supervisor.driver.notify import Notifier
-    from supervisor.metrics import MetricsConfig
 
     journal: list[dict[str, Any]] = []
     sent: list[alerts.Alert] = []
-    notifier = Notifier(Context.of(journal.append, lambda: 5.0), alerts_config=AlertConfig(),
-                        metrics_config=MetricsConfig(), policy_config=policy.PolicyConfig(), job_id="7", campaign="/c",
-                        state=campaign_state.fold([]))  # fmt: skip
-    notifier.submit = sent.append  # type: ignore[method-assign, assignment]
+    notifier = recording_notifier(journal, sent)
     watch, _, table = _watch()
     watch.on_news = notifier.health
     table.report("n2", HOT)

@@ -81,18 +81,13 @@ def test_a_checkpoint_without_a_manifest_or_no_resume_says_nothing(tmp_path):
 
 
 def test_the_alert_is_l2_with_every_difference_and_what_to_do():
-    from supervisor import alerts
-    from supervisor.config import AlertConfig
+    from fakes import recording_notifier
+
     from supervisor.decisions import policy
-    from supervisor.driver.notify import Notifier
-    from supervisor.metrics import MetricsConfig
 
     journal: list[dict[str, Any]] = []
-    sent: list[alerts.Alert] = []
-    notifier = Notifier(Context.of(journal.append, lambda: 5.0), alerts_config=AlertConfig(),
-                        metrics_config=MetricsConfig(), policy_config=policy.PolicyConfig(), job_id="7", campaign="/c",
-                        state=campaign_state.fold([]))  # fmt: skip
-    notifier.submit = sent.append  # type: ignore[method-assign, assignment]
+    sent: list[Any] = []
+    notifier = recording_notifier(journal, sent)
     notifier.env_changed("/ck/checkpoint-10", ("torch 2.4.1 -> 2.5.0", "world size 16 -> 12"), ("n1", "n2"))
     (alert,) = sent
     assert (alert.tier, alert.cls) == ("L2", "environment") and alert.empty_fields() == []
