@@ -4,6 +4,7 @@
     with client.phase("checkpoint"): ...   # phases: init step checkpoint eval restore data other
     client.should_checkpoint(), client.should_stop(), client.resume_from()
     client.watch_ddp(ddp_model)            # once: own time per step (collective waits excluded), for stragglers
+    client.watch_collectives()             # the same for FSDP2 / any torch.distributed collectives
 
 A silent no-op when no supervisor runs the program. Imports only the standard library.
 See docs/client.md.
@@ -18,7 +19,7 @@ from supervisor.client.api import (
     should_stop,
     step,
 )
-from supervisor.client.collectives import waiting, watch_ddp
+from supervisor.client.collectives import unwatch_collectives, waiting, watch_collectives, watch_ddp
 
 __all__ = [
     "defer_sigterm",
@@ -28,6 +29,8 @@ __all__ = [
     "should_checkpoint",
     "should_stop",
     "step",
+    "unwatch_collectives",
     "waiting",
+    "watch_collectives",
     "watch_ddp",
 ]

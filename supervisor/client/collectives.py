@@ -10,6 +10,11 @@ its slot (one aligned store, outside ``client.step()``); the reader subtracts th
   backward pass, the time from handing it to the collective to the collective's completion: after the last
   bucket is ready the rank has nothing left to compute, so that interval is waiting for the slowest peer (plus
   the transfer, the same on every rank). torch is imported here only, when called.
+* ``watch_collectives()``: once, after ``init_process_group``: for FSDP2 and any program calling
+  ``torch.distributed``'s collectives. Every blocking collective called as ``dist.<name>(...)`` and every
+  ``Work.wait()`` of an asynchronous one counts as waiting (a collective called from inside another is counted
+  once). On NCCL the host does not wait (the GPU does): the time the calling stream spends from the call to the
+  collective's end is measured with CUDA events instead and read once the GPU has passed them.
 * ``with waiting(): dist.all_reduce(...)``: for other collectives (a non-DDP loop, a metrics all-reduce placed
   where peers wait): the block's duration counts as waiting.
 
@@ -18,7 +23,9 @@ Both are no-ops when no supervisor runs the program. See docs/client.md, "Own ti
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -98,3 +105,121 @@ class waiting:  # noqa: N801 - used like a function: `with client.waiting():`
             _api._add_wait(time.monotonic_ns() - self.t0)
         except Exception as err:
             _api._disable(f"writing the slot failed: {err!r}")
+
+
+# torch.distributed's collectives, as users and FSDP2 call them (``dist.<name>``); absent names are skipped.
+COLLECTIVES = (
+    "all_gather", "all_gather_coalesced", "all_gather_into_tensor", "all_gather_object", "all_gather_single",
+    "all_reduce", "all_reduce_coalesced", "all_to_all", "all_to_all_single", "barrier", "broadcast",
+    "broadcast_object_list", "gather", "gather_object", "monitored_barrier", "reduce", "reduce_scatter",
+    "reduce_scatter_single", "reduce_scatter_tensor", "scatter", "scatter_object_list",
+)  # fmt: skip
+_MAX_PENDING_EVENTS = 1024  # a GPU this far behind the host: new collectives go untimed until it catches up
+
+
+class _HostWaits:
+    """Waits as the host sees them: the call's wall time (gloo, MPI, CPU tensors)."""
+
+    def begin(self) -> int:
+        return time.monotonic_ns()
+
+    def end(self, t0: int) -> None:
+        _api._add_wait(time.monotonic_ns() - t0)
+
+
+class _StreamWaits:
+    """Waits as the GPU sees them (NCCL: the host only enqueues): a timing event on the calling stream before the
+    call and after it; the stream reaches the second once the collective is over, so the pair's elapsed time is
+    the stream's wait for the peers plus the transfer. Pairs are read when the GPU has passed them (``query``,
+    no sync), so a wait lands in the step in which it is read: up to a step late, the same on every rank."""
+
+    def __init__(self, cuda: Any) -> None:
+        self.cuda = cuda
+        self.pending: deque[tuple[Any, Any]] = deque()
+
+    def begin(self) -> Any:
+        if len(self.pending) >= _MAX_PENDING_EVENTS:
+            return None
+        event = self.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def end(self, start: Any) -> None:
+        if start is not None:
+            stop = self.cuda.Event(enable_timing=True)
+            stop.record()
+            self.pending.append((start, stop))
+        while self.pending and self.pending[0][1].query():
+            first, last = self.pending.popleft()
+            _api._add_wait(int(first.elapsed_time(last) * 1e6))
+
+
+def _counted(fn: Callable[..., Any], clock: Any, depth: threading.local) -> Callable[..., Any]:
+    """``fn`` with its duration added to the step's waits; a call made from inside a counted one (a blocking
+    collective calling ``Work.wait``) is not counted again."""
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        if getattr(depth, "n", 0):
+            return fn(*args, **kwargs)
+        depth.n = 1
+        try:
+            start = clock.begin()
+        except Exception:  # noqa: BLE001 - the measure must never fail the collective
+            start = None
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            depth.n = 0
+            if start is not None:
+                try:
+                    clock.end(start)
+                except Exception:  # noqa: S110, BLE001 - same
+                    pass
+
+    counted.__wrapped__ = fn  # type: ignore[attr-defined]
+    counted.__name__ = getattr(fn, "__name__", "collective")
+    counted.__qualname__ = getattr(fn, "__qualname__", counted.__name__)
+    counted.__doc__ = getattr(fn, "__doc__", None)
+    return counted
+
+
+_watched: list[tuple[Any, str, Any]] = []  # (owner, name, original): what unwatch_collectives() puts back
+
+
+def watch_collectives() -> bool:
+    """Measure this rank's waits in every ``torch.distributed`` collective (FSDP2, tensor/pipeline parallel
+    loops, your own all-reduces): each blocking ``dist.<collective>(...)`` and each ``Work.wait()`` counts as
+    waiting for peers. Call once, after ``init_process_group`` (the backend decides how waits are timed).
+    Returns True when on; False when unsupervised or torch.distributed is not initialized (nothing changed)."""
+    if not _api.is_supervised():
+        return False
+    import torch  # torch only here, when asked for
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        _api._warn_once("watch_collectives", "watch_collectives needs an initialized process group",
+                        "call it after torch.distributed.init_process_group(...)")  # fmt: skip
+        return False
+    if _watched:
+        return True
+    nccl = "nccl" in str(dist.get_backend()).lower() and torch.cuda.is_available()
+    clock: Any = _StreamWaits(torch.cuda) if nccl else _HostWaits()
+    depth = threading.local()
+    for name in COLLECTIVES:
+        fn = getattr(dist, name, None)
+        if callable(fn):
+            _watched.append((dist, name, fn))
+            setattr(dist, name, _counted(fn, clock, depth))
+    work = getattr(dist, "Work", None) or getattr(dist.distributed_c10d, "Work", None)
+    if work is not None:
+        _watched.append((work, "wait", work.wait))
+        work.wait = _counted(work.wait, clock, depth)
+    _api._enable_waits()
+    return True
+
+
+def unwatch_collectives() -> None:
+    """Put torch.distributed's own functions back (tests; a program that wants its collectives untouched)."""
+    while _watched:
+        owner, name, original = _watched.pop()
+        setattr(owner, name, original)

@@ -240,7 +240,8 @@ class IntervalInputs:
             cls = e.get("class") if kind == "interruption" else None
             self.pending_from = None
             if kind == "interruption" and cls not in ("completed", "cancelled"):
-                self.times.append(float(t))
+                if cls != "straggler":  # a swap checkpoints first: it costs a restart, no work
+                    self.times.append(float(t))
                 self.waiting_since = float(t)
             elif kind == "campaign_ended":
                 self.waiting_since = None

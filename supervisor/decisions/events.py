@@ -22,6 +22,7 @@ APP_ERROR = "app_error"
 NUMERICAL = "numerical"
 CANCELLED = "cancelled"
 UNKNOWN = "unknown"
+STRAGGLER = "straggler"  # not a fault: a slow node swapped out for a spare (decisions/straggler_swap.py)
 COMPLETED = "completed"
 
 INTERRUPTION_CLASSES: tuple[str, ...] = (
@@ -36,7 +37,10 @@ INTERRUPTION_CLASSES: tuple[str, ...] = (
     CANCELLED,
     UNKNOWN,
 )
-OUTCOMES: tuple[str, ...] = (*INTERRUPTION_CLASSES, COMPLETED)
+# The contract's classes (../shared/design/architecture.md) are the causes the classifier finds. A launch may also
+# end by the supervisor's own choice: a straggler swapped out for a spare (not a fault; budget and tier like a class).
+RESTART_CLASSES: tuple[str, ...] = (*INTERRUPTION_CLASSES, STRAGGLER)
+OUTCOMES: tuple[str, ...] = (*RESTART_CLASSES, COMPLETED)
 
 # (contract) campaign states, as reported by ``report --json``.
 CAMPAIGN_STATES: tuple[str, ...] = ("running", "pending", "completed", "failed", "held", "stopped")

@@ -351,7 +351,7 @@ def ledger(events: Iterable[Event], now: float) -> dict[str, Any]:
     totals["other"] += (end - f.start) - sum(totals.values())  # 0 while the base tiles the campaign (it does)
     by_class: dict[str, dict[str, Any]] = {}
     for i, launch in enumerate(f.launches):
-        if launch.cls is None or launch.cls not in ev.INTERRUPTION_CLASSES:
+        if launch.cls is None or launch.cls not in ev.RESTART_CLASSES:
             continue
         entry = by_class.setdefault(launch.cls, {"count": 0, "buckets_ms": {}})
         entry["count"] += 1

@@ -39,6 +39,7 @@ HOLD = "hold"  # requeue held: an operator must release it
 STOP = "stop"  # end the campaign (params.state: stopped|failed), with a message saying why and what to do
 FINISH = "finish"  # the run completed
 
+# (A straggler swap, ev.STRAGGLER, is the supervisor's own choice: not a fault, no crash-loop count, no backoff.)
 FAULT_CLASSES = frozenset(ev.INTERRUPTION_CLASSES) - {ev.PREEMPTION, ev.TIMEOUT, ev.CANCELLED}
 # A node blamed for these is never reused for the next launch (an app error blames a node only once it
 # repeated there and nowhere else).
@@ -57,6 +58,7 @@ DEFAULT_BUDGETS: Mapping[str, int | None] = MappingProxyType(
         ev.APP_ERROR: 2,
         ev.NUMERICAL: 0,
         ev.UNKNOWN: 3,
+        ev.STRAGGLER: 2,  # swaps of a straggler for a spare since progress; then it stays a warning
     }
 )
 DEFAULT_TIERS: Mapping[str, str] = MappingProxyType(
@@ -71,6 +73,7 @@ DEFAULT_TIERS: Mapping[str, str] = MappingProxyType(
         ev.APP_ERROR: "L2",
         ev.NUMERICAL: "L3",
         ev.UNKNOWN: "L2",
+        ev.STRAGGLER: "L3",
     }
 )
 
@@ -96,15 +99,15 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         budgets = dict(DEFAULT_BUDGETS)
         for cls, value in self.budgets.items():
-            if cls not in ev.INTERRUPTION_CLASSES:
-                raise ValueError(f"policy.budgets: unknown class {cls!r}; use one of {', '.join(ev.INTERRUPTION_CLASSES)}")
+            if cls not in ev.RESTART_CLASSES:
+                raise ValueError(f"policy.budgets: unknown class {cls!r}; use one of {', '.join(ev.RESTART_CLASSES)}")
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"policy.budgets.{cls} must be a whole number >= 0 or null (no limit), got {value!r}")
             budgets[cls] = value
         tiers = dict(DEFAULT_TIERS)
         for cls, tier in self.tiers.items():
-            if cls not in ev.INTERRUPTION_CLASSES:
-                raise ValueError(f"policy.tiers: unknown class {cls!r}; use one of {', '.join(ev.INTERRUPTION_CLASSES)}")
+            if cls not in ev.RESTART_CLASSES:
+                raise ValueError(f"policy.tiers: unknown class {cls!r}; use one of {', '.join(ev.RESTART_CLASSES)}")
             if tier not in ev.TIERS:
                 raise ValueError(f"policy.tiers.{cls} must be one of {', '.join(ev.TIERS)}, got {tier!r}")
             tiers[cls] = tier

@@ -53,6 +53,7 @@ from supervisor.driver.recorder import Recorder
 from supervisor.driver.requeue import JobActions
 from supervisor.driver.signals import SignalInbox
 from supervisor.driver.stall_probe import StallProbe
+from supervisor.driver.straggler_swap import SwapJudge
 from supervisor.driver.time_limit_watch import JobDeadline, TimeLimitClock
 from supervisor.driver.watch import Watcher
 from supervisor.heartbeat.server import BIND_ENV, bind_address, resolve_sources
@@ -167,10 +168,14 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
     interrupts = Interrupts(ctx, a.inbox, stop_request.path(paths.root), preemption,
                             TimeLimitClock(deadline.current, deadline.confirmed, float(config.submit.signal_lead_s),
                                            ctx.clock))  # fmt: skip
+    swap = SwapJudge(state=state, policy_config=config.policy, factor=a.detector.config.straggler.factor,
+                     costs=config.preflight.costs, clock=ctx.clock,
+                     spares=lambda launched, now: len(set(placement.usable_nodes(layout, watch_nodes.lost))
+                                                      - set(launched) - state.ledger.excluded_nodes(now)))  # fmt: skip
     watcher = Watcher(ctx, channel=channel, detector=a.detector, checkpoints=checkpoints, agents=agents,
                       interrupts=interrupts, loop_interval_s=run.loop_interval_s, notifier=notifier,
                       observers=(progress, interval), health=health, nodeloss=watch_nodes,
-                      stall=StallProbe(ctx, channel, paths.root))  # fmt: skip
+                      stall=StallProbe(ctx, channel, paths.root), swap=swap)  # fmt: skip
     jobs = JobActions(ctx, slurm=a.slurm, channel=channel, inbox=a.inbox, job_id=job_id,
                       restart_count=env.restart_count, scheduled_end=deadline.current)  # fmt: skip
     return Parts(

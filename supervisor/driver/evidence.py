@@ -37,13 +37,15 @@ log = structlog.get_logger("supervisor")
 @dataclass(frozen=True)
 class WatchResult:
     """Why the loop stopped watching a launch: ``reason`` is "exited", "detection", "signal", "stop_request"
-    (``supervise cancel``) or "health" (a node of the launch failed a fatal health check)."""
+    (``supervise cancel``), "health" (a node of the launch failed a fatal health check) or "swap" (a straggler
+    is swapped for a spare: ``swap`` holds the verdict, ``detections`` the straggler warning)."""
 
     reason: str
     exit_code: int | None = None  # srun's, when it exited
     detections: tuple[DetectionEvent, ...] = ()
     signals: tuple[Received, ...] = ()
     time_limit_near: float | None = None  # when the supervisor's own clock found Slurm's USR1 overdue
+    swap: Any = None  # decisions.straggler_swap.Verdict, for reason "swap"
 
 
 def query_job(slurm: SlurmClient, job_id: str) -> tuple[JobInfo | None, bool]:

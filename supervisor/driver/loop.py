@@ -19,7 +19,7 @@ from typing import Any
 
 from supervisor import stop_request
 from supervisor.config import Config
-from supervisor.decisions import campaign_state, capacity, placement, policy
+from supervisor.decisions import campaign_state, capacity, placement, policy, straggler_swap
 from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Evidence, Interruption
 from supervisor.decisions.detect import NODE_SILENT, Detector
@@ -128,8 +128,12 @@ class Supervisor:
                 watched, found = WatchResult("preflight"), checked.evidence or Evidence()
             history = p.state.history  # the campaign before this interruption (History is immutable)
             request = stop_request.read(p.paths.root) if watched.reason == "stop_request" else None
-            interruption, decision = stop_request.respond(request) if request is not None else \
-                self.decide(launch, found, history)  # fmt: skip
+            if request is not None:
+                interruption, decision = stop_request.respond(request)
+            elif watched.reason == "swap":  # a straggler worth a spare: checkpoint, stop, relaunch without it
+                interruption, decision = straggler_swap.respond(watched.detections[-1], watched.swap, p.config.policy)
+            else:
+                interruption, decision = self.decide(launch, found, history)
             restarts = p.ctx.guard.call(EVIDENCE, launch.reader.torchrun_restarts, launch.nodes,
                                         p.layout.tasks_per_node, default={})  # fmt: skip
             p.ctx.record({**interruption.to_event(p.ctx.clock()), "launch": launch.number,

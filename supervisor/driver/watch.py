@@ -38,6 +38,7 @@ from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.notify import Notifier
 from supervisor.driver.ports import Channel
 from supervisor.driver.stall_probe import StallProbe
+from supervisor.driver.straggler_swap import SwapJudge
 
 CHECKPOINT_SCAN_S = 5.0  # how often the checkpoint directory is looked at for new valid checkpoints
 TIMEOUTS_JOURNAL_S = 600.0  # learned timeouts are journaled this often (and whenever a launch ends)
@@ -55,7 +56,7 @@ class Watcher:
         self, ctx: Context, *, channel: Channel, detector: Detector, checkpoints: CheckpointTracker,
         agents: AgentStep, interrupts: Interrupts, loop_interval_s: float, notifier: Notifier | None = None,
         observers: Sequence[Observer] = (), health: HealthWatch | None = None, nodeloss: NodeLossWatch | None = None,
-        stall: StallProbe | None = None,
+        stall: StallProbe | None = None, swap: SwapJudge | None = None,
     ) -> None:  # fmt: skip
         self.ctx, self.channel, self.detector, self.checkpoints = ctx, channel, detector, checkpoints
         self.agents, self.interrupts, self.loop_interval_s = agents, interrupts, loop_interval_s
@@ -65,6 +66,7 @@ class Watcher:
         self.old_pids: set[int] = set()  # rank pids of earlier launches: their slots linger until overwritten
         self.stall = stall  # names the rank a stall waits for from the stacks of ranks past their own timeout
         self.held: tuple[DetectionEvent, ...] | None = None  # a global stall held while the stall probe reads stacks
+        self.swap = swap  # whether a straggler warning is worth swapping its node for a spare now
 
     def forget_ranks(self) -> None:
         """Called before a new launch: the ranks now in the table belong to earlier launches."""
@@ -120,6 +122,11 @@ class Watcher:
         undecided = self.nodeloss is not None and self.nodeloss.undecided
         verdict = triage.sort(found, now, undecided)
         for d in verdict.warnings:
+            judged = self.ctx.guard.call(DETECT, self.judge_swap, d, launch, default=None)
+            if judged is not None:
+                d = dataclasses.replace(d, evidence=(*d.evidence, judged.why))
+            if judged is not None and judged.swap:  # journaled as the launch's ending (Gatherer.gather); its L3
+                return WatchResult("swap", detections=(*triage.pending, d), swap=judged)  # alert, strike: the swap's
             self.ctx.record(ev.detection_event(d, self.ctx.clock()))
             if self.notifier is not None:
                 self.notifier.warning(d)
@@ -136,6 +143,10 @@ class Watcher:
         if triage.exits_overdue(now, self.live(launch).ranks):
             return WatchResult("detection", detections=triage.with_pending(self.verdict_on_silent_nodes(launch)))
         return None
+
+    def judge_swap(self, detection: DetectionEvent, launch: Launch) -> Any:
+        """The swap verdict on a straggler warning (None: another warning, or no judge)."""
+        return None if self.swap is None else self.swap.judge(detection, self.live(launch), launch.nodes)
 
     def probe_stall(self, launch: Launch) -> DetectionEvent | None:
         """The stall probe's pass: the ranks past their own timeout (the hang detector's last observe) and the

@@ -240,3 +240,121 @@ def test_a_real_ddp_model_accepts_the_hook_and_its_gradients_are_unchanged(slot_
         assert all(own <= it for own, it in zip(rec.recent_own_ns, rec.recent_iter_ns, strict=True))
     finally:
         dist.destroy_process_group()
+
+
+class HostClock:
+    def __init__(self, c: Clock) -> None:
+        self.c = c
+
+    def begin(self) -> int:
+        return self.c.now
+
+    def end(self, t0: int) -> None:
+        api._add_wait(self.c.now - t0)
+
+
+def test_a_counted_collective_is_counted_once_even_when_it_waits_on_its_own_work(waits: list[int]) -> None:
+    c = Clock()
+    depth = collectives.threading.local()
+    clock = HostClock(c)
+
+    def wait() -> None:
+        c.now += 300
+
+    counted_wait = collectives._counted(wait, clock, depth)
+
+    def all_reduce(t: Any, async_op: bool = False) -> str:
+        c.now += 1000
+        counted_wait()  # a blocking collective waits on its own Work inside
+        return "work"
+
+    counted = collectives._counted(all_reduce, clock, depth)
+    assert counted("t") == "work" and waits == [1300]
+    counted_wait()
+    assert waits == [1300, 300] and counted.__wrapped__ is all_reduce and counted.__name__ == "all_reduce"
+
+
+def test_a_failing_collective_raises_its_own_error_and_a_broken_clock_never_fails_it(waits: list[int]) -> None:
+    depth = collectives.threading.local()
+
+    def lost(*args: Any) -> None:
+        raise RuntimeError("Connection closed by peer")
+
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        collectives._counted(lost, HostClock(Clock()), depth)()
+    assert waits == [0] and not depth.n  # counted, and the next call is counted again
+
+    class Broken:
+        def begin(self) -> int:
+            raise OSError("clock")
+
+        def end(self, t0: int) -> None:
+            raise OSError("clock")
+
+    assert collectives._counted(lambda: 7, Broken(), depth)() == 7
+
+
+class FakeEvent:
+    """A CUDA timing event: recorded at the fake GPU's time, passed once the GPU's clock reaches it."""
+
+    gpu = [0.0]  # ms the fake GPU has executed up to
+    log: list[FakeEvent] = []
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.at = 0.0
+
+    def record(self) -> None:
+        self.at = FakeEvent.gpu[0] + 5.0 * len(FakeEvent.log)  # the stream is behind the host
+        FakeEvent.log.append(self)
+
+    def query(self) -> bool:
+        return FakeEvent.gpu[0] >= self.at
+
+    def elapsed_time(self, other: FakeEvent) -> float:
+        return other.at - self.at
+
+
+def test_gpu_waits_are_read_when_the_stream_has_passed_them_without_a_sync(waits: list[int]) -> None:
+    FakeEvent.gpu, FakeEvent.log = [0.0], []
+    clock = collectives._StreamWaits(type("cuda", (), {"Event": FakeEvent}))
+    start = clock.begin()
+    clock.end(start)  # recorded at 0 ms and 5 ms of GPU time: the GPU is not there yet
+    assert waits == [] and len(clock.pending) == 1
+    FakeEvent.gpu[0] = 6.0
+    clock.end(clock.begin())  # the next collective's end reads the first pair (no synchronize)
+    assert waits == [5_000_000] and len(clock.pending) == 1
+    clock.pending.extend([clock.pending[0]] * collectives._MAX_PENDING_EVENTS)
+    assert clock.begin() is None  # a GPU this far behind: untimed until it catches up
+
+
+def test_unsupervised_watch_collectives_changes_nothing(env: pytest.MonkeyPatch) -> None:
+    assert client.watch_collectives() is False and collectives._watched == []
+
+
+@pytest.mark.torch
+def test_watch_collectives_times_real_gloo_collectives_and_puts_them_back(slot_dir: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    torch = pytest.importorskip("torch")
+    dist = torch.distributed
+    original = dist.all_reduce, dist.distributed_c10d.Work.wait
+    assert client.watch_collectives() is False  # before init_process_group: a warning, nothing changed
+    assert "needs an initialized process group" in capsys.readouterr().err and dist.all_reduce is original[0]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        assert client.watch_collectives() is True and client.watch_collectives() is True  # twice: wrapped once
+        assert dist.all_reduce.__wrapped__ is original[0]
+        t = torch.ones(4)
+        client.step(0)
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+        dist.barrier()
+        client.step(1)
+        rec = S.read_slot(S.slot_path(slot_dir, 0))
+        assert rec is not None and rec.rank_flags & S.RANK_FLAG_WAITS
+        (own,) = rec.recent_own_ns
+        assert own < rec.recent_iter_ns[-1] and torch.equal(t, torch.ones(4))  # world of one: the sum is itself
+    finally:
+        client.unwatch_collectives()
+        dist.destroy_process_group()
+    assert (dist.all_reduce, dist.distributed_c10d.Work.wait) == original
