@@ -8,9 +8,10 @@ every other rank's NCCL watchdog trace (one round per process group), judged two
 
 For each case (a device-side assert: app_error, nobody blamed; an Xid 79 printed on one node: hardware, that node
 blamed) it prints the verdict of each, the digest's scan throughput (MB/s on one core, the digest alone, the file
-already in the page cache), the bytes a pass leaves at the ending, and the digest's peak Python memory
-(tracemalloc, in a separate pass: tracing slows the scan). Goals (issue 26): the right verdict, >= 500 MB/s,
-<= 64 MiB.
+already in the page cache) as the supervisor runs it for this launch (``python3 train.py`` under srun: no torchrun,
+so torchrun's report lines are not looked for) and, for comparison, as for a launch that may run torchrun
+(``bash train.sh``: they are), and the digest's peak Python memory (tracemalloc, in a separate pass: tracing
+slows the scan). Goals (issue 26): the right verdict, >= 500 MB/s, <= 64 MiB.
 
 Usage: python bench/bench_log_scan.py [--ranks 4096] [--mb 200] [--json FILE]
 """
@@ -31,7 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from supervisor.decisions import tasklog  # noqa: E402
 from supervisor.decisions.classify import Evidence, classify  # noqa: E402
 from supervisor.decisions.log_digest import LogDigest  # noqa: E402
+from supervisor.driver.distenv import plain_python  # noqa: E402
 from supervisor.driver.launch_log import PASS_BYTES, TAIL_BYTES, TAIL_LINES, LaunchLog  # noqa: E402
+
+COMMAND = ("python3", "train.py")  # the launch that wrote this log (one rank per srun task)
+MARKERS = not plain_python(COMMAND)  # what the launcher passes LaunchLog for it
 
 TRACE = [
     "[rank{r}]:[E1204 18:10:19.840416429 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective operation "
@@ -85,9 +90,9 @@ def tail_lines(path: Path) -> list[str]:
         return [line for line in f.read().decode(errors="replace").split("\n") if line][-TAIL_LINES:]
 
 
-def scan(path: Path, ranks: int) -> tuple[float, int]:
+def scan(path: Path, ranks: int, markers: bool = MARKERS) -> tuple[float, int]:
     """(seconds, passes) to digest the whole file in the supervisor's 16 MiB passes."""
-    digest = LogDigest(tasks=ranks)
+    digest = LogDigest(tasks=ranks, markers=markers)
     passes = 0
     start = time.perf_counter()
     with open(path, "rb") as f:
@@ -102,7 +107,7 @@ def peak_memory(path: Path, ranks: int) -> int:
     """Peak Python memory of reading and digesting the log in 16 MiB passes: the pass's chunk (freed after each
     pass) and everything the digest keeps."""
     tracemalloc.start()
-    digest = LogDigest(tasks=ranks)
+    digest = LogDigest(tasks=ranks, markers=MARKERS)
     with open(path, "rb") as f:
         while chunk := f.read(PASS_BYTES):
             digest.feed(chunk)
@@ -126,20 +131,23 @@ def main() -> int:
         for name, (first, expected, blames) in CASES.items():
             size = write_log(log, args.ranks, args.mb, first)
             log.read_bytes()  # into the page cache: the figure is the scan's, not the disk's
-            ours = verdict(LaunchLog(log, tasks=args.ranks).lines(), args.ranks)
+            ours = verdict(LaunchLog(log, tasks=args.ranks, markers=MARKERS).lines(), args.ranks)
             base = verdict(tail_lines(log), args.ranks)
             seconds = min(scan(log, args.ranks)[0] for _ in range(3))
+            with_markers = min(scan(log, args.ranks, markers=True)[0] for _ in range(3))
             peak = peak_memory(log, args.ranks)
             want_blamed = (f"gpu{FIRST_RANK:04d}",) if blames else ()
             row = {"case": name, "log_mb": round(size / 1e6, 1), "ranks": args.ranks, "expected": expected,
                    "ours": ours[0], "ours_blamed": list(ours[1]), "ours_right": ours == (expected, want_blamed),
                    "baseline": base[0], "baseline_blamed": list(base[1][:3]),
                    "baseline_right": base == (expected, want_blamed), "scan_mb_s": round(size / seconds / 1e6),
+                   "scan_mb_s_torchrun_possible": round(size / with_markers / 1e6),
                    "peak_mib": round(peak / 2**20, 1)}  # fmt: skip
             results.append(row)
             print(f"{name:22s} {row['log_mb']:6.1f} MB  expected {expected:9s}  ours {ours[0]:9s} "
                   f"{'right' if row['ours_right'] else 'WRONG'}  tail {base[0]:10s} "
-                  f"{'right' if row['baseline_right'] else 'wrong'}  scan {row['scan_mb_s']} MB/s  "
+                  f"{'right' if row['baseline_right'] else 'wrong'}  scan {row['scan_mb_s']} MB/s "
+                  f"({row['scan_mb_s_torchrun_possible']} MB/s if torchrun could be in it)  "
                   f"peak {row['peak_mib']} MiB")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -75,7 +75,11 @@ TRIGGERS: dict[str, tuple[str, ...]] = {
 # ... or ends with one of these (a Python exception line with no message: ``ValueError`` alone).
 ENDINGS: dict[str, tuple[str, ...]] = {"python-exception": ("error", "exception")}
 
-_TRACEBACK_LINES = (b'  File "', b"    ")  # a Python traceback's frame line and the source line under it
+_TRACEBACK_LINES = (b'  File "', b"    ")
+# A run of one task's C++ stack frames (``  3: frame #7: ...`` lines): matched whole, one call instead of a loop.
+_FRAME_RUN = re.compile(rb"(?P<label>[ 0-9]{1,8}: frame #)[^\n]*\n(?:(?P=label)[^\n]*\n)*")
+_NO_DIGITS = str.maketrans("", "", "0123456789")
+CANDIDATE_CACHE = 4096  # lines (digits left out) whose candidate signatures are remembered  # a Python traceback's frame line and the source line under it
 _UNLABELLED = re.compile(rb"\n(?! *[0-9]{1,7}: )")  # the start of a line srun did not label
 
 
@@ -138,10 +142,12 @@ class LogDigest:
 
     ``tasks``: how many srun tasks the launch has (None: unknown, the scan never skims). ``ranks_per_task``: one
     under plain srun, a node's ranks under ``srun torchrun`` (a task's lines then interleave its ranks' lines).
-    ``signatures``: the campaign's (the user's come first)."""
+    ``signatures``: the campaign's (the user's come first). ``markers``: whether torchrun's report lines are looked
+    for (False only when the launch is known to run no torchrun: a plain ``python train.py``; they cost a third of
+    a skimming pass)."""
 
     def __init__(self, signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES, *, tasks: int | None = None,
-                 ranks_per_task: int = 1, total_bytes: int = TOTAL_BYTES) -> None:  # fmt: skip
+                 ranks_per_task: int = 1, total_bytes: int = TOTAL_BYTES, markers: bool = True) -> None:  # fmt: skip
         self.signatures = tuple(signatures)
         self.checks, self.gate, self.endings = _checks([s for s in self.signatures if not s.slurm])
         self.unlabelled_checks, self.unlabelled_gate, self.unlabelled_endings = _checks(self.signatures)
@@ -164,6 +170,10 @@ class LogDigest:
         self.skim_for: tuple[int, ...] | None = None  # the tasks the skim regex looks for
         self.skim_re = _UNLABELLED
         self.lines_scanned = 0
+        self.with_markers = markers
+        # Which checks a line can match depends only on its trigger words and endings, which hold no digit: lines
+        # that differ only in numbers (ranks, sequence numbers, times) share it (see _candidates).
+        self.candidates: dict[tuple[bool, str], tuple[LogSignature, ...]] = {}
 
     # ------------------------------------------------------------------ feeding
 
@@ -229,11 +239,9 @@ class LogDigest:
                 continue
             if task >= 0 and data.startswith(b"frame #", colon + 2, end):
                 # A run of C++ stack frames (torch's ``frame #3: c10d::...``): counted, never an error line.
-                prefix = data[pos : colon + 9]
-                run_end, frames = end + 1, 1
-                while data.startswith(prefix, run_end, hi):
-                    run_end = find(b"\n", run_end, hi) + 1
-                    frames += 1
+                run = _FRAME_RUN.match(data, pos, hi)
+                run_end = run.end() if run is not None and run.end() > end else end + 1
+                frames = data.count(b"\n", pos, run_end)
                 self._count(task, frames)
                 self.lines_scanned += frames
                 pos = run_end
@@ -258,6 +266,8 @@ class LogDigest:
 
     def _markers(self, data: bytes, lo: int, hi: int, base: int) -> None:
         """torchrun's report lines in ``data[lo:hi]`` (whole lines)."""
+        if not self.with_markers:
+            return
         for marker in MARKERS:
             at = data.find(marker, lo, hi)
             while at >= 0 and len(self.marked) < MARKED_LINES:
@@ -308,7 +318,7 @@ class LogDigest:
             if task is None:
                 self._unlabelled_line(line, offset)
                 return
-        if b"exitcode" in line or b"Root Cause" in line or b"(local_rank: " in line:
+        if self.with_markers and (b"exitcode" in line or b"Root Cause" in line or b"(local_rank: " in line):
             self._mark(line, offset)
         state = self.state.get(task)
         if state is _DONE and self.first >= FIRST_LINES:
@@ -364,20 +374,8 @@ class LogDigest:
     def _error_text(self, line: bytes, body: bytes, labelled: bool = True) -> str | None:
         """The line (decoded, capped) if a signature matches its body (as ``classify`` will), else None."""
         text = body[:LINE_CAP].decode(errors="replace")[:MATCH_CHARS]
-        low = text.lower()
-        checks, gate, endings = (self.checks, self.gate, self.endings) if labelled else \
-            (self.unlabelled_checks, self.unlabelled_gate, self.unlabelled_endings)  # fmt: skip
-        if gate is not None and gate.search(low) is None and not low.endswith(endings):
-            return None
         exact = None  # the text exactly as ``classify`` cuts it (its own label and prefix rules), made when needed
-        for sig, triggers, ends in checks:
-            if triggers:
-                for trigger in triggers:
-                    if trigger in low:
-                        break
-                else:
-                    if not (ends and low.endswith(ends)):
-                        continue
+        for sig in self._candidates(text.lower(), labelled):
             if sig.pattern.search(text):
                 return line[:LINE_CAP].decode(errors="replace")
             if exact is None:
@@ -385,6 +383,28 @@ class LogDigest:
             if exact != text and sig.pattern.search(exact):
                 return line[:LINE_CAP].decode(errors="replace")
         return None
+
+    def _candidates(self, low: str, labelled: bool) -> tuple[LogSignature, ...]:
+        """The signatures, in table order, whose trigger words (or endings) ``low`` has: only these can match it.
+        Remembered for the line with its digits left out: no trigger or ending holds a digit, and leaving digits
+        out can only join a trigger word, never break one, so the remembered set holds every signature the line
+        itself has the triggers of (one more signature tried costs a search, never a verdict)."""
+        key = (labelled, low.translate(_NO_DIGITS))
+        found = self.candidates.get(key)
+        if found is not None:
+            return found
+        low = key[1]
+        checks, gate, endings = (self.checks, self.gate, self.endings) if labelled else \
+            (self.unlabelled_checks, self.unlabelled_gate, self.unlabelled_endings)  # fmt: skip
+        if gate is not None and gate.search(low) is None and not low.endswith(endings):
+            picked: tuple[LogSignature, ...] = ()
+        else:
+            picked = tuple(sig for sig, triggers, ends in checks
+                           if not triggers or any(t in low for t in triggers) or (ends and low.endswith(ends)))  # fmt: skip
+        if len(self.candidates) >= CANDIDATE_CACHE:
+            self.candidates.clear()
+        self.candidates[key] = picked
+        return picked
 
     # ------------------------------------------------------------------ reading
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import random
+import re
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,15 @@ LAUNCHER_NAMES = ("torchrun", "torch.distributed.run", "torch.distributed.launch
 def runs_torchrun(command: Sequence[str]) -> bool:
     """Whether ``command`` starts torchrun (``torchrun``, ``python -m torch.distributed.run``, ...)."""
     return any(a.rsplit("/", 1)[-1] in LAUNCHER_NAMES for a in command)
+
+
+def plain_python(command: Sequence[str]) -> bool:
+    """Whether ``command`` is a Python interpreter running a program that is not torchrun (``python train.py``,
+    ``python -m pkg.train``): its log then holds no torchrun report lines, and the log digest need not look for
+    them. A shell script or anything else may run torchrun inside: False."""
+    if not command or runs_torchrun(command):
+        return False
+    return re.fullmatch(r"python[0-9.]*", command[0].rsplit("/", 1)[-1]) is not None
 
 
 def torchrun_restarts_on(command: Sequence[str], user_env: Mapping[str, str]) -> bool:

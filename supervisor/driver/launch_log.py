@@ -27,12 +27,13 @@ TAIL_LINES = 400
 
 
 class LaunchLog:
-    """``tasks``: srun tasks of the launch; ``ranks_per_task``: ranks behind each (a node's under torchrun)."""
+    """``tasks``: srun tasks of the launch; ``ranks_per_task``: ranks behind each (a node's under torchrun);
+    ``markers``: False when the launch runs no torchrun (its report lines are then not looked for)."""
 
     def __init__(self, path: Path, *, tasks: int | None = None, ranks_per_task: int = 1,
-                 signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES) -> None:  # fmt: skip
+                 signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES, markers: bool = True) -> None:  # fmt: skip
         self.path = path
-        self.digest = LogDigest(signatures, tasks=tasks, ranks_per_task=ranks_per_task)
+        self.digest = LogDigest(signatures, tasks=tasks, ranks_per_task=ranks_per_task, markers=markers)
         self.file: BinaryIO | None = None
         self.finished = False
 

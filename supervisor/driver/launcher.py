@@ -126,7 +126,8 @@ class TrainingLauncher:
         proc = self.start(argv, env, log_path, self.cwd)
         torchrun = distenv.runs_torchrun(self.command)
         log = LaunchLog(log_path, tasks=len(nodes) * self.layout.tasks_per_node, signatures=self.signatures,
-                        ranks_per_task=TORCHRUN_RANKS_PER_TASK if torchrun else 1)  # fmt: skip
+                        ranks_per_task=TORCHRUN_RANKS_PER_TASK if torchrun else 1,
+                        markers=not distenv.plain_python(self.command))  # fmt: skip
         return Launch(number, name, proc, log_path, time.monotonic(), nodes,
                       worker_restarts=distenv.torchrun_restarts_on(self.command, self.environ), log=log)
 

@@ -16,6 +16,7 @@ from supervisor.decisions import tasklog
 from supervisor.decisions.classify import Evidence, classify
 from supervisor.decisions.log_digest import ENDINGS, FIRST_LINES, LINE_CAP, TRIGGERS, LogDigest
 from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, MATCH_CHARS, signatures_from_table
+from supervisor.driver import distenv
 from supervisor.driver.launch_log import TAIL_BYTES, LaunchLog
 
 # One rank's trace after a peer failed, as torch 2.x's ProcessGroupNCCL watchdog prints it (the frames shortened).
@@ -209,3 +210,43 @@ def test_a_log_that_cannot_be_read_gives_what_was_read(tmp_path):
     assert reader2.advance() > 0
     log.unlink()
     assert reader2.lines() == ["0: RuntimeError: boom"]
+
+
+_DIGITS = st.text("0123456789", min_size=0, max_size=3)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(data=st.data())
+def test_lines_that_differ_in_digits_are_judged_each_on_its_own_text(data):
+    """The candidate signatures are remembered for a line with its digits left out: each line of a log where
+    lines differ only in their numbers (digits changed, added, removed) is kept exactly when a fresh digest, with
+    nothing remembered, keeps it alone."""
+    sig = data.draw(st.sampled_from([s for s in DEFAULT_LOG_SIGNATURES if s.name in TRIGGERS and not s.slurm]))
+    base = data.draw(st.from_regex(sig.pattern).filter(lambda t: "\n" not in t and "\r" not in t))[:200]
+    variants = []
+    for _ in range(data.draw(st.integers(2, 8))):
+        text = "".join(c + data.draw(_DIGITS) if c.isdigit() or data.draw(st.booleans()) else c for c in base
+                       if not (c.isdigit() and data.draw(st.booleans())))  # fmt: skip
+        variants.append(text)
+    lines = [f"{i}: {text}" for i, text in enumerate([base, *variants])]
+    together = {t for _, t in digest_of("".join(line + "\n" for line in lines).encode(), tasks=len(lines)).lines()}
+    alone = {line for line in lines if digest_of(f"{line}\n".encode(), tasks=len(lines)).lines()}
+    assert together == alone, (sig.name, lines)
+
+
+def test_a_plain_python_launch_skips_torchruns_report_lines_and_keeps_the_same_errors():
+    restart = ("0: E1203 08:04:14.767000 20095 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+               "(exitcode: -9) local_rank: 1 (pid: 20188) of binary: /venv/bin/python3")  # fmt: skip
+    data = (restart + "\n").encode() + flood(64, 4, ROOT, 2)
+    on, off = LogDigest(tasks=64), LogDigest(tasks=64, markers=False)
+    for d in (on, off):
+        d.feed(data)
+        d.finish()
+    assert on.markers() == [restart] and off.markers() == []
+    assert [t for t in on.lines() if t[1] != restart] == off.lines()
+    assert distenv.plain_python(["/usr/bin/python3.11", "train.py", "--steps", "5"])
+    assert distenv.plain_python(["python", "-m", "pkg.train"])
+    assert not distenv.plain_python(["python", "-m", "torch.distributed.run", "train.py"])
+    assert not distenv.plain_python(["torchrun", "--nproc-per-node=8", "train.py"])
+    assert not distenv.plain_python(["bash", "train.sh"])  # may run torchrun inside
+    assert not distenv.plain_python([])
