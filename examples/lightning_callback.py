@@ -47,6 +47,7 @@ class SupervisorCallback(pl.Callback):
 
     def __init__(self, ckpt_dir: str | Path, check_every: int = 10, loss_every: int = 1) -> None:
         self.ckpt_dir = Path(ckpt_dir)
+        client.saves_to(self.ckpt_dir)  # resume works behind a wrapper script too (no --ckpt-dir in the command)
         self.check_every = max(1, check_every)
         self.loss_every = loss_every
         self._eval_phase: Any = None

@@ -25,6 +25,7 @@ ADDRESS_NAME = "aggregator.json"
 LIVE_NAME = "live.json"
 LOGS_NAME = "logs"
 STACKS_NAME = "stacks"
+DECLARED_CHECKPOINT_DIR_NAME = "checkpoint_dir.declared"  # where the program said it saves (client.saves_to)
 
 SLOT_DIR_ENV = "SUPERVISOR_SLOT_DIR"  # the slot directory template ranks and agents get ({node} filled in)
 SLOT_ROOT = "/dev/shm"
@@ -67,6 +68,10 @@ class CampaignPaths(NamedTuple):
     @property
     def stacks(self) -> Path:
         return self.root / STACKS_NAME
+
+    @property
+    def declared_checkpoint_dir(self) -> Path:
+        return self.root / DECLARED_CHECKPOINT_DIR_NAME
 
     def batch_log(self, job_id: str) -> Path:
         """The batch step's output, every Slurm run of the job appended (``--output=.../batch-%j.out``)."""

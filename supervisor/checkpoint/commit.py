@@ -70,6 +70,9 @@ class CheckpointSaver:
         self._staging: dict[tuple[Any, ...], Any] = {}  # reused CPU buffers for async saves
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            from supervisor.client.declare import saves_to
+
+            saves_to(self.root)  # the supervisor scans it even when the command's flags do not name it
 
     # -- public API ------------------------------------------------------------------------------------
     def save(self, state_dict: dict[str, Any], step: int, *, extra: dict[str, Any] | None = None,

@@ -37,13 +37,37 @@ def _dir_of(value: str) -> str | None:
     return value
 
 
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
+
+
+def shell_command(argv: Sequence[str]) -> list[str] | None:
+    """The words of the command string a shell is given with ``-c`` (``bash -c "torchrun ... --ckpt-dir X"``,
+    ``bash -lc ...``), or None: not a shell, no ``-c``, or a string ``shlex`` cannot split."""
+    import shlex
+
+    if not argv or posixpath.basename(argv[0]) not in SHELLS:
+        return None
+    for i, tok in enumerate(argv[1:], start=1):
+        if not tok.startswith("-"):
+            return None  # a script file: its flags are its own
+        if tok.startswith("-") and not tok.startswith("--") and "c" in tok[1:] and i + 1 < len(argv):
+            try:
+                return shlex.split(argv[i + 1], comments=True)
+            except ValueError:
+                return None
+    return None
+
+
 def checkpoint_dir_from_argv(argv: Sequence[str]) -> str | None:
     """The checkpoint directory a training command names, or None.
 
     When a flag is given more than once the last one counts (as argparse does); between different
     flags the order of ``DIR_FLAGS`` then ``KEY_ARGS`` decides. Everything after a bare ``--`` is
-    positional and ignored.
+    positional and ignored. A shell's ``-c`` string is read as the command it runs.
     """
+    inner = shell_command(argv)
+    if inner is not None:
+        return checkpoint_dir_from_argv(inner)
     found: dict[str, str] = {}
     tokens = list(argv)
     i = 0
@@ -80,6 +104,25 @@ def resolve_checkpoint_dir(explicit: str | None, configured: str, argv: Sequence
     return ""
 
 
-RESUME_OFF_HINT = ("resume is off: the supervisor does not know where checkpoints are, so it cannot hand a "
-                   "relaunch a validated checkpoint (SUPERVISOR_RESUME_FROM stays unset); to turn it on pass "
-                   "--checkpoint-dir DIR or set [run] checkpoint_dir")
+def parse_declaration(text: str) -> str | None:
+    """The directory a program declared (``client.saves_to``: ``{"path": "/abs/dir", ...}``), normalised; None for
+    anything else (not JSON, not absolute, a NUL or newline, longer than 4096 bytes). Never raises: the file is the
+    program's text."""
+    import json
+
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    path = doc.get("path") if isinstance(doc, dict) else None
+    if not isinstance(path, str) or not path.startswith("/") or "\x00" in path or "\n" in path:
+        return None
+    if len(path.encode(errors="replace")) > 4096:
+        return None
+    return posixpath.normpath(path)
+
+
+RESUME_OFF_HINT = ("resume is off until the program says where it saves (CheckpointSaver does; a script of your own "
+                   "calls client.saves_to(DIR)): the supervisor cannot hand a relaunch a validated checkpoint "
+                   "before that (SUPERVISOR_RESUME_FROM stays unset); to turn it on now pass --checkpoint-dir DIR "
+                   "or set [run] checkpoint_dir")

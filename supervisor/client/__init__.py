@@ -3,6 +3,7 @@
     client.step(i, loss=loss_value)        # end of iteration i: the heartbeat (no syscall)
     with client.phase("checkpoint"): ...   # phases: init step checkpoint eval restore data other
     client.should_checkpoint(), client.should_stop(), client.resume_from()
+    client.saves_to(ckpt_dir)              # where checkpoints go, when the command's flags do not say (wrappers)
     client.watch_ddp(ddp_model)            # once: own time per step (collective waits excluded), for stragglers
     client.watch_collectives()             # the same for FSDP2 / any torch.distributed collectives
 
@@ -20,12 +21,14 @@ from supervisor.client.api import (
     step,
 )
 from supervisor.client.collectives import unwatch_collectives, waiting, watch_collectives, watch_ddp
+from supervisor.client.declare import saves_to
 
 __all__ = [
     "defer_sigterm",
     "is_supervised",
     "phase",
     "resume_from",
+    "saves_to",
     "should_checkpoint",
     "should_stop",
     "step",

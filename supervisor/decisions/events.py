@@ -59,6 +59,7 @@ CAMPAIGN_ENDED = "campaign_ended"
 NODE_FORGIVEN = "node_forgiven"
 CHECKPOINT_QUARANTINED = "checkpoint_quarantined"
 CHECKPOINT_REFUSED = "checkpoint_refused"
+CHECKPOINT_DIR_DECLARED = "checkpoint_dir_declared"
 STACKS = "stacks"
 ENV_CHANGED = "env_changed"
 NODES_EXCLUDED = "nodes_excluded"
@@ -93,6 +94,7 @@ EVENT_TYPES: tuple[str, ...] = (
     NODE_FORGIVEN,
     CHECKPOINT_QUARANTINED,
     CHECKPOINT_REFUSED,
+    CHECKPOINT_DIR_DECLARED,
     STACKS,
     NODES_EXCLUDED,
     AGENTS_MISSING,
@@ -245,6 +247,12 @@ def checkpoint_refused(t: float, path: str, reason: str) -> Event:
     """A checkpoint this campaign did not sign was found where others can write (or adoption is off): it is
     never resumed from, nor moved; ``reason`` names the fix."""
     return {"type": CHECKPOINT_REFUSED, "t": t, "path": path, "reason": reason[:500]}
+
+
+def checkpoint_dir_declared(t: float, path: str) -> Event:
+    """The program said where it saves (``client.saves_to``; no command flag or config named it): the supervisor
+    scans it from now on and relaunches resume from it."""
+    return {"type": CHECKPOINT_DIR_DECLARED, "t": t, "path": path[:4096]}
 
 
 def stacks(t: float, node: str | None, rank: int | None, result: str, detail: str | None = None) -> Event:

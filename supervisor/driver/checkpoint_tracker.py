@@ -18,16 +18,42 @@ log = structlog.get_logger("supervisor")
 class CheckpointTracker:
     def __init__(
         self, ctx: Context, checkpoint_dir: str | None, quarantined: Iterable[str] = (), best_step: int | None = None,
-        *, key: bytes | None = None, adopt_foreign: bool = True,
+        *, key: bytes | None = None, adopt_foreign: bool = True, declared: Path | None = None,
     ) -> None:  # fmt: skip
+        """``declared``: the campaign's ``checkpoint_dir.declared`` (``client.saves_to``), read while no
+        directory is known."""
         self.checkpoint_dir = checkpoint_dir
+        self.declared = declared
         self.key, self.adopt_foreign = key, adopt_foreign  # manifests signed by this campaign; foreign ones
         self.record, self.clock = ctx.record, ctx.clock
         self.quarantined: set[str] = set(quarantined)  # what earlier runs journaled is not journaled again
         self.best_step = best_step
         self.last_finite_loss_step: int | None = None  # the newest iteration seen with a finite loss
 
+    def known(self) -> bool:
+        """Whether the checkpoint directory is known (named by the command, the config, or the program)."""
+        return bool(self.checkpoint_dir or self._adopt_declared())
+
+    def _adopt_declared(self) -> str | None:
+        """The directory the program declared, adopted (and journaled) the first time it is seen."""
+        if self.checkpoint_dir or self.declared is None:
+            return self.checkpoint_dir
+        try:
+            if not self.declared.is_file():
+                return None
+            text = self.declared.read_text(errors="replace")[:8192]
+        except OSError:
+            return None
+        from supervisor.checkpoint.locate import parse_declaration
+
+        found = parse_declaration(text)
+        if found is not None:
+            self.checkpoint_dir = found
+            self.record(ev.checkpoint_dir_declared(self.clock(), found))
+        return found
+
     def _store(self) -> Any:
+        self._adopt_declared()
         if not self.checkpoint_dir or not Path(self.checkpoint_dir).is_dir():
             return None
         from supervisor.checkpoint.store import CheckpointStore

@@ -139,11 +139,12 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
     log_dir = paths.attempt_logs(job_id, env.restart_count)
     python = spec.python or "python3"
     checkpoints = CheckpointTracker(ctx, run.checkpoint_dir, state.quarantined, state.best_step,
-                                    key=campaign_key(paths.root), adopt_foreign=run.adopt_foreign_checkpoints)  # fmt: skip
+                                    key=campaign_key(paths.root), adopt_foreign=run.adopt_foreign_checkpoints,
+                                    declared=paths.declared_checkpoint_dir)  # fmt: skip
     trainer = TrainingLauncher(
         ctx, start=a.start_step, layout=layout, command=spec.command, cwd=spec.cwd, srun_args=run.srun_args,
         job_id=job_id, restart_count=env.restart_count, campaign=paths.root, log_dir=log_dir,
-        node_addresses=addresses, checkpoint_dir_known=bool(run.checkpoint_dir), signatures=config.log_signatures,
+        node_addresses=addresses, checkpoint_dir_known=checkpoints.known, signatures=config.log_signatures,
     )  # fmt: skip
     step_env = trainer.step_env()
     notifier = Notifier(ctx, alerts_config=config.alerts, metrics_config=config.metrics, policy_config=config.policy,

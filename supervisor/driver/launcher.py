@@ -17,7 +17,7 @@ import secrets
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from slurm import srun
@@ -73,7 +73,8 @@ class TrainingLauncher:
     def __init__(
         self, ctx: Context, *, start: StepLauncher, layout: placement.TrainingLayout, command: Sequence[str], cwd: str | None,
         srun_args: Sequence[str], job_id: str, restart_count: int, campaign: Path, log_dir: Path,
-        node_addresses: Mapping[str, str], checkpoint_dir_known: bool, environ: Mapping[str, str] = os.environ,
+        node_addresses: Mapping[str, str], checkpoint_dir_known: bool | Callable[[], bool],
+        environ: Mapping[str, str] = os.environ,
         signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES,
     ) -> None:  # fmt: skip
         self.ctx, self.start, self.layout, self.command, self.cwd = ctx, start, layout, tuple(command), cwd
@@ -112,7 +113,8 @@ class TrainingLauncher:
         log_path = self.log_dir / f"{name}.log"
         dumps = flight_dumps.dump_dir(log_path)  # the ranks' flight recorders dump here on a collective timeout
         dumps.mkdir(mode=0o700, parents=True, exist_ok=True)
-        env = {**self.step_env(resume_value(resume, self.checkpoint_dir_known, scan_ok)), **dist.env,
+        known = self.checkpoint_dir_known() if callable(self.checkpoint_dir_known) else self.checkpoint_dir_known
+        env = {**self.step_env(resume_value(resume, known, scan_ok)), **dist.env,
                **distenv.flight_recorder_env(str(dumps / flight_dumps.PREFIX), self.environ)}  # fmt: skip
         if moved:  # rank 0 is no longer on the first node of the step's node list: say where it is
             hosts = self.log_dir / f"{name}.hosts"

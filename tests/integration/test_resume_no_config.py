@@ -53,3 +53,34 @@ def test_readme_usage_without_config_resumes_from_the_newest_checkpoint(tmp_path
         assert first_step == relaunch["resume_step"] + 1  # not step 1
     finally:
         cancel(camp.job_id)
+
+
+def test_a_wrapper_script_resumes_because_the_programs_saver_says_where_it_saves(tmp_path):
+    """Issue 27: launched through a wrapper script (``bash train.sh``: no --ckpt-dir in the command), submit says
+    resume is off until the program says where it saves; examples/train_ddp.py's CheckpointSaver does
+    (``client.saves_to``), the supervisor adopts that directory (journaled once), and after a rank is killed the
+    relaunch resumes from the newest valid checkpoint there, not from step 0."""
+    root, ckpt = tmp_path / "campaign", tmp_path / "ckpt"
+    wrapper = tmp_path / "train.sh"
+    wrapper.write_text(f"#!/bin/bash\nexec {sys.executable} {EXAMPLE} --steps 60 --ckpt-dir {ckpt} "
+                       "--ckpt-every 10 --step-time 0.3 --seed 3\n")  # fmt: skip
+    out = supervise("submit", "-N", "2", "--ntasks-per-node=1", "--time=10", "--campaign", str(root), "--",
+                    "bash", str(wrapper))  # fmt: skip
+    assert "resume is off until the program says where it saves" in out.stderr
+    camp = Campaign(out.stdout.split()[1], root, ckpt)
+    try:
+        pid = wait_for("rank 0 past a checkpoint", lambda: rank_pid(camp, 0, min_step=22), START_TIMEOUT)
+        declared = wait_for("the declared directory", lambda: camp.of_type("checkpoint_dir_declared"), 30)
+        assert [e["path"] for e in declared] == [str(ckpt)]
+        before = len(launches(camp))
+        os.kill(pid, signal.SIGKILL)
+        relaunch = wait_for("a relaunch", lambda: launches(camp)[before:] or None, 90)[0]
+        assert relaunch["resume_step"] is not None and relaunch["resume_step"] >= 20, relaunch
+        assert relaunch["resume_from"].startswith(str(ckpt))
+        ended = wait_for("the campaign to complete", camp.ended, 240)
+        assert ended["state"] == "completed"
+        log2 = next(root.glob(f"logs/*/train-{relaunch['launch']}.log")).read_text(errors="replace")
+        assert f"resumed from {relaunch['resume_from']} at step {relaunch['resume_step']}" in log2
+        assert len(camp.of_type("checkpoint_dir_declared")) == 1
+    finally:
+        cancel(camp.job_id)
