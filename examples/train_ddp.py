@@ -1,7 +1,13 @@
-"""A small resumable DDP training program (torch, gloo, CPU) that shows the supervisor contract.
+"""A small resumable DDP (or FSDP2) training program (torch, gloo, CPU) that shows the supervisor contract.
 
     python examples/train_ddp.py --steps 100 --ckpt-dir /tmp/ckpt --ckpt-every 10 --seed 1
     torchrun --nproc-per-node 2 examples/train_ddp.py ...      # or: srun -n 2 python examples/train_ddp.py ...
+    ... examples/train_ddp.py --fsdp2 ...                     # shard with fully_shard (FSDP2) instead of DDP
+
+``--fsdp2``: every Linear layer and the whole model are ``fully_shard``ed over a CPU device mesh of all ranks;
+the checkpoint is sharded DCP (each rank writes its shards), and a resume on another number of ranks reshards on
+load (DCP), with the RNG streams starting afresh (a warning says so). Own time per step comes from
+``client.watch_collectives()`` (FSDP2's all-gathers and reduce-scatters) instead of ``client.watch_ddp``.
 
 Its process group is ``init_process_group("gloo", init_method="env://")``: under the supervisor (any launch
 style, docs/launch.md) and torchrun the variables are set; under plain srun it derives them itself.
@@ -91,7 +97,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--async-save", action="store_true", help="block only while staging, write in background")
     p.add_argument("--keep-last", type=int, default=3)
     p.add_argument("--keep-every", type=int, default=0, help="also keep every checkpoint whose step divides by N")
+    p.add_argument("--fsdp2", action="store_true", help="shard the model with fully_shard (FSDP2) instead of DDP")
     p.add_argument("--timings", action="store_true", help="rank 0: print the start-up stages' times (stderr)")
+    p.add_argument("--checksums", action="store_true",
+                   help="(tests) rank 0 prints the full weights' checksum at each save and after a restore (stderr)")
     p.add_argument("--die-at-step", type=int, default=0, help="(tests) SIGKILL every rank right after step N")
     p.add_argument("--nan-at-step", type=int, default=0,
                    help="(tests) from step N on, the loss is NaN (a diverged run; the weights become NaN too)")
@@ -175,6 +184,23 @@ def batch_indices(epoch: int, offset: int, *, n: int, batch: int, rank: int, wor
     return mine[offset * batch:(offset + 1) * batch]
 
 
+def shard_fsdp2(net: nn.Module, world: int) -> nn.Module:
+    """FSDP2: each Linear layer, then the whole model, sharded over a CPU mesh of every rank (gloo)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if not dist.is_initialized():  # one process: a group of one, so the state dict is sharded DCP all the same
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_fallback_port()}", rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    if hasattr(client, "watch_collectives"):
+        client.watch_collectives()  # own time per step: FSDP2's collective waits left out
+    return net
+
+
 # -- checkpoint state --------------------------------------------------------------------------------------
 def _python_rng_tensor() -> torch.Tensor:
     version, internal, gauss = random.getstate()
@@ -219,6 +245,17 @@ def restore(path: Path, model: nn.Module, opt: torch.optim.Optimizer, rank: int,
 
 
 # -- loop --------------------------------------------------------------------------------------------------
+def weights_checksum(model: nn.Module) -> str:
+    """The full (unsharded) weights, hashed: every rank must call it (a sharded parameter is gathered)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        digest.update(full.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def agree(flags: list[bool], world: int) -> list[bool]:
     """Every rank must take the same checkpoint/stop decision, or the collectives deadlock."""
     if world == 1:
@@ -261,9 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         if steps_per_epoch < 1:
             raise SystemExit("error: --dataset-size too small for --batch-size x world size")
         net = build_model(args.model_mb)
-        model: nn.Module = nn.parallel.DistributedDataParallel(net) if world > 1 else net
-        if world > 1 and hasattr(client, "watch_ddp"):
-            client.watch_ddp(model)  # own time per step (the all-reduce's wait left out): names a straggler
+        if args.fsdp2:
+            model = shard_fsdp2(net, world)
+        else:
+            model = nn.parallel.DistributedDataParallel(net) if world > 1 else net
+            if world > 1 and hasattr(client, "watch_ddp"):
+                client.watch_ddp(model)  # own time per step (the all-reduce's wait left out): names a straggler
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         saver = CheckpointSaver(args.ckpt_dir, keep_last=args.keep_last, keep_every=args.keep_every,
                                 seeds={"seed": args.seed})
@@ -274,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
                 start, epoch, offset = restore(resume, model, opt, rank, world)
             if rank == 0:
                 print(f"resumed from {resume} at step {start}", file=sys.stderr, flush=True)
+            if args.checksums:
+                checksum = weights_checksum(model)
+                if rank == 0:
+                    print(f"restored checksum={checksum}", file=sys.stderr, flush=True)
     marks["restored"] = time.time()
     loss_fn = nn.MSELoss()
     stop = False
@@ -305,12 +349,16 @@ def main(argv: list[str] | None = None) -> int:
             with client.phase("checkpoint"):  # type: ignore[attr-defined]
                 saver.save(checkpoint_state(model, opt, rank, step, epoch, offset), step,
                            extra={"epoch": epoch, "offset": offset, "seed": args.seed}, async_save=args.async_save)
+                if args.checksums:
+                    checksum = weights_checksum(model)
+                    if rank == 0:
+                        print(f"saved step {step} checksum={checksum}", file=sys.stderr, flush=True)
         if args.die_at_step and step == args.die_at_step:
             os.kill(os.getpid(), signal.SIGKILL)
         if stop:
             break
     saver.close()
-    if world > 1:
+    if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
     return 143 if stop and _signalled["stop"] else 0

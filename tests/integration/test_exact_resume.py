@@ -122,3 +122,30 @@ def test_resume_with_a_different_world_size_continues_from_the_checkpoint(tmp_pa
     second, err, rc = train(tmp_path / "ck")  # one process now: the model and optimizer reshard
     assert rc == 0 and _resumed_at(err) == 8 and "RNG streams restart" in err
     assert [int(STEP_LINE.match(x).group(1)) for x in second] == list(range(9, 13))  # type: ignore[union-attr]
+
+
+def test_fsdp2_three_process_resume_is_bitwise_identical(tmp_path: Path) -> None:
+    """Issue 27, sharded for real: the example with ``--fsdp2`` (fully_shard over a CPU mesh, sharded DCP) resumes
+    on the same number of ranks to bitwise the losses of an uninterrupted run."""
+    reference, _, rc = train(tmp_path / "ref", "--fsdp2", world=3)
+    assert rc == 0 and len(reference) == 12
+    first, _, rc = train(tmp_path / "ck", "--fsdp2", "--die-at-step", "6", world=3)
+    assert rc == -9 and first == reference[:6]
+    second, err, rc = train(tmp_path / "ck", "--fsdp2", world=3)
+    assert rc == 0 and _resumed_at(err) == 4, err
+    assert second == reference[4:]
+
+
+def test_fsdp2_resume_on_fewer_ranks_reshards_the_saved_weights(tmp_path: Path) -> None:
+    """A node lost without a spare (``min_nodes`` allowing): three ranks' sharded checkpoint is loaded by two, DCP
+    reshards it, and the full weights after the restore are the ones saved (same checksum); the RNG streams start
+    afresh, with a warning, and training goes on to the end."""
+    _, err3, rc = train(tmp_path / "ck", "--fsdp2", "--checksums", "--die-at-step", "6", world=3)
+    assert rc == -9
+    saved = re.search(r"saved step 4 checksum=(\w+)", err3)
+    assert saved, err3
+    second, err2, rc = train(tmp_path / "ck", "--fsdp2", "--checksums", world=2)
+    assert rc == 0 and _resumed_at(err2) == 4, err2
+    assert f"restored checksum={saved.group(1)}" in err2
+    assert "checkpoint world size 3 != 2" in err2
+    assert [int(STEP_LINE.match(x).group(1)) for x in second] == list(range(5, 13))  # type: ignore[union-attr]

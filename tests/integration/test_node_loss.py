@@ -142,3 +142,33 @@ def test_spares_used_up_the_training_goes_on_with_fewer_nodes_when_min_nodes_all
         assert job.restart_count == 0 and len(camp.of_type("attempt_started")) == 1
     finally:
         cancel(camp.job_id)
+
+
+def test_an_fsdp2_job_shrunk_by_lost_nodes_reshards_its_checkpoint(tmp_path, crashable_cluster):
+    """Issue 27, sharded for real: the example with ``--fsdp2`` (sharded DCP), 2 nodes + 1 spare, min_nodes 1. The
+    spare replaces the first lost node; after the second, the relaunch runs one rank on one node and loads the
+    two ranks' sharded checkpoint resharded: the full weights it restored are the ones saved at that step."""
+    camp = submit(tmp_path, steps=400, step_time=0.3, config="spare_nodes = 1\nmin_nodes = 1\n",
+                  train=("--fsdp2", "--checksums"))  # fmt: skip
+    try:
+        batch, nodes = training(camp, 12)
+        first = next(n for n in nodes if n != batch)
+        crashable_cluster.crash_node(first)
+        relaunch = wait_for("the relaunch on the spare", lambda: launches(camp)[1:] or None, 60)[0]
+        second = next(n for n in relaunch["nodes"] if n != batch)
+        wait_for("rank 0 past a checkpoint of the second launch",
+                 lambda: rank_pid(camp, 0, min_step=(relaunch["resume_step"] or 0) + 12), 90)  # fmt: skip
+        crashable_cluster.crash_node(second)
+        third = wait_for("the relaunch on fewer nodes", lambda: launches(camp)[2:] or None, 60)[0]
+        assert third["nodes"] == [batch] and third["resume_step"], third
+        log = wait_for("the resharded restore", lambda: next(
+            (t for p in camp.root.glob("logs/*/train-3.log") if "restored checksum=" in (t := p.read_text(errors="replace"))),
+            None), 90)  # fmt: skip
+        assert "checkpoint world size 2 != 1" in log
+        restored = re.search(r"restored checksum=(\w+)", log).group(1)  # type: ignore[union-attr]
+        earlier = "".join(p.read_text(errors="replace") for p in camp.root.glob("logs/*/train-[12].log"))
+        assert f"saved step {third['resume_step']} checksum={restored}" in earlier
+        wait_for("rank 0 training on after the reshard", lambda: rank_pid(camp, 0, min_step=third["resume_step"] + 3),
+                 60)  # fmt: skip
+    finally:
+        cancel(camp.job_id)
