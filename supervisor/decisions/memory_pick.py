@@ -1,0 +1,77 @@
+"""Which in-memory snapshot a relaunch resumes from, if any. Pure.
+
+The memory tier (issue 27) keeps each rank's newest snapshots in node-local memory, on its own node and on a
+buddy node. At a relaunch the node agents say what they hold (``Held``: a step, a rank, the world size it was
+taken at, the digest its writer recorded, and whether the agent re-read it and found that digest). A snapshot of
+step N can be resumed from only when *every* rank of that world has, on some node that is still usable, a copy
+whose content was verified and whose digest agrees with every other verified copy of that rank's shard; a
+partial step never is, whatever else exists. It must also be newer than the newest valid filesystem checkpoint
+(the filesystem tier is then as new, and needs no transfers). Among the candidates the newest step wins; each
+rank's copy is taken from the node it will run on when that node holds one, else from the first other holder in
+name order (a buddy), so the transfers are the fewest.
+
+Anything else — nothing complete, a world size that differs from the relaunch's (the shards are per rank), copies
+that disagree — means the filesystem tier, as before the memory tier existed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Held:
+    """One rank's snapshot shard as a node agent reports it."""
+
+    step: int
+    rank: int
+    world: int
+    digest: str  # what the writer recorded (sha256 of the shard's bytes)
+    verified: bool  # the agent re-read the bytes and got ``digest``
+
+
+@dataclass(frozen=True)
+class Pick:
+    step: int
+    sources: Mapping[int, str]  # rank -> the node to read its shard from
+    fetches: int  # ranks whose shard is not on the node they will run on (copied before they start)
+    why: str  # one line for the journal and the report
+
+
+def pick(held: Mapping[str, Iterable[Held]], *, world: int, usable: Iterable[str], placement: Mapping[int, str],
+         newest_filesystem_step: int | None) -> tuple[Pick | None, str]:  # fmt: skip
+    """(the snapshot to resume from, or None; why). ``held``: node -> what its agent holds; ``usable``: the
+    nodes that may serve (alive, not blamed); ``placement``: rank -> the node it will run on;
+    ``newest_filesystem_step``: the newest valid filesystem checkpoint's step (None: none)."""
+    alive = set(usable)
+    copies: dict[int, dict[int, dict[str, str]]] = {}  # step -> rank -> node -> digest (verified, right world)
+    conflicted: set[tuple[int, int]] = set()
+    for node in sorted(alive):
+        for h in held.get(node, ()):
+            if h.world != world or not h.verified or not 0 <= h.rank < world:
+                continue
+            by_node = copies.setdefault(h.step, {}).setdefault(h.rank, {})
+            if any(d != h.digest for d in by_node.values()):
+                conflicted.add((h.step, h.rank))
+            by_node[node] = h.digest
+    floor = newest_filesystem_step if newest_filesystem_step is not None else -1
+    complete = [s for s, ranks in copies.items()
+                if s > floor and len(ranks) == world and not any((s, r) in conflicted for r in ranks)]  # fmt: skip
+    if not complete:
+        newest = max(copies, default=None)
+        if newest is None:
+            return None, "no verified snapshot of this world size on a usable node"
+        if newest <= floor:
+            return None, f"the newest snapshot (step {newest}) is not newer than the filesystem checkpoint (step {floor})"
+        have = len(copies[newest]) - sum(1 for r in copies[newest] if (newest, r) in conflicted)
+        return None, f"no complete snapshot: step {newest} has {have} of {world} ranks' shards on usable nodes"
+    step = max(complete)
+    sources: dict[int, str] = {}
+    for rank, nodes in copies[step].items():
+        home = placement.get(rank)
+        sources[rank] = home if home in nodes else sorted(nodes)[0]
+    fetches = sum(1 for rank, node in sources.items() if placement.get(rank) != node)
+    chosen = Pick(step, sources, fetches, f"snapshot of step {step} complete in memory ({fetches} shard(s) copied "
+                                          "from a buddy)")  # fmt: skip
+    return chosen, chosen.why

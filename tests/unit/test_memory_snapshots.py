@@ -1,0 +1,156 @@
+"""The memory tier's rank side (supervisor/checkpoint/memory.py, snapshot_format.py): a rank's state written to
+node-local memory and read back bitwise (nested dicts, integer keys, lists, plain values, bfloat16, a DTensor's
+local shard), a torn or altered shard refused with a clear error, retention of the newest steps, and a header
+parser that raises only its own error whatever the bytes."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.checkpoint.memory import MemorySnapshotError, MemorySnapshots
+from supervisor.checkpoint.snapshot_format import MAGIC, SnapshotFormatError, parse_header
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+
+def state(seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "model": {"w": torch.randn(5, 3, generator=gen), "b": torch.randn(3, generator=gen).to(torch.bfloat16)},
+        "optim": {"state": {0: {"step": torch.tensor(float(seed)), "exp_avg": torch.randn(4, generator=gen)}},
+                  "param_groups": [{"lr": 0.1 * seed, "params": [0, 1], "name": None, "nesterov": False,
+                                   "betas": (0.9, 0.9 + 0.01 * seed)}]},
+        "train": {"step": torch.tensor(seed), "empty": torch.empty(0)},
+    }
+
+
+def same(a: object, b: object) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        assert type(a) is type(b)
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    return a == b
+
+
+def test_a_snapshot_reads_back_bitwise_into_the_programs_state(tmp_path: Path) -> None:
+    mem = MemorySnapshots(tmp_path, keep=2)
+    saved = state(3)
+    mem.save(saved, 30)
+    saved["model"]["w"].add_(1.0)  # the training goes on: the snapshot holds the values at save time
+    assert mem.wait() == tmp_path / "step_30" / "rank_0.snap"
+    target = state(4)
+    mem.load(30, target)
+    assert same(target, {**state(3)})
+    record = json.loads((tmp_path / "step_30" / "rank_0.json").read_text())
+    assert record["step"] == 30 and record["world"] == 1 and len(record["sha256"]) == 64
+    assert stat.S_IMODE((tmp_path / "step_30").stat().st_mode) == 0o700
+    mem.close()
+
+
+def test_only_the_newest_steps_are_kept(tmp_path: Path) -> None:
+    mem = MemorySnapshots(tmp_path, keep=2)
+    for step in (10, 20, 30, 40):
+        mem.save(state(step), step)
+    mem.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_30", "step_40"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "sidecar", "missing"])
+def test_a_torn_or_altered_shard_is_refused_with_the_fix(tmp_path: Path, damage: str) -> None:
+    mem = MemorySnapshots(tmp_path)
+    mem.save(state(1), 5)
+    mem.close()
+    shard, sidecar = tmp_path / "step_5" / "rank_0.snap", tmp_path / "step_5" / "rank_0.json"
+    data = bytearray(shard.read_bytes())
+    if damage == "truncate":
+        shard.write_bytes(bytes(data[:-7]))
+    elif damage == "flip":
+        data[len(data) // 2] ^= 0x10
+        shard.write_bytes(bytes(data))
+    elif damage == "sidecar":
+        sidecar.write_text("{not json")
+    else:
+        sidecar.unlink()
+    with pytest.raises(MemorySnapshotError) as err:
+        MemorySnapshots(tmp_path).load(5, state(2))
+    assert "filesystem checkpoint" in err.value.fix
+
+
+def test_a_snapshot_of_another_shape_or_world_is_refused(tmp_path: Path) -> None:
+    mem = MemorySnapshots(tmp_path)
+    mem.save(state(1), 5)
+    mem.close()
+    wrong = state(1)
+    wrong["model"]["w"] = torch.zeros(6, 3)
+    with pytest.raises(MemorySnapshotError, match=r"model/w is \(6, 3\)"):
+        MemorySnapshots(tmp_path).load(5, wrong)
+    other = MemorySnapshots(tmp_path)
+    other.world = 2
+    with pytest.raises(MemorySnapshotError, match="rank 0 of 1; wanted step 5, rank 0 of 2"):
+        other.load(5, state(1))
+
+
+def test_without_a_memory_directory_nothing_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SUPERVISOR_MEMORY_DIR", raising=False)
+    mem = MemorySnapshots()
+    assert not mem.enabled and mem.save(state(1), 1) is None
+    monkeypatch.setenv("SUPERVISOR_MEMORY_DIR", str(tmp_path))
+    assert MemorySnapshots().enabled
+
+
+def test_a_dtensor_local_shard_round_trips_into_the_fsdp2_model(tmp_path: Path) -> None:
+    dist = torch.distributed
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        def build(seed: int):  # type: ignore[no-untyped-def]
+            torch.manual_seed(seed)
+            net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+            for layer in net:
+                fully_shard(layer, mesh=init_device_mesh("cpu", (1,)))
+            opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+            net(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            return net, opt
+
+        net, opt = build(1)
+        model_sd, optim_sd = get_state_dict(net, opt)
+        mem = MemorySnapshots(tmp_path / "mem")
+        mem.save({"model": model_sd, "optim": optim_sd}, 7)
+        mem.close()
+        other, other_opt = build(2)
+        model2, optim2 = get_state_dict(other, other_opt)
+        restored = {"model": model2, "optim": optim2}
+        MemorySnapshots(tmp_path / "mem").load(7, restored)
+        set_state_dict(other, other_opt, model_state_dict=restored["model"], optim_state_dict=restored["optim"])
+        for a, b in zip(net.parameters(), other.parameters(), strict=True):
+            assert torch.equal(a.full_tensor(), b.full_tensor())
+    finally:
+        dist.destroy_process_group()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300) | st.builds(lambda b: MAGIC + len(b).to_bytes(8, "little") + b, st.binary(max_size=200))
+       | st.builds(lambda d: MAGIC + len(d).to_bytes(8, "little") + d,
+                   st.recursive(st.none() | st.integers() | st.text(max_size=5), lambda c: st.lists(c, max_size=4)
+                                | st.dictionaries(st.sampled_from(["step", "rank", "world", "leaves", "payload_bytes",
+                                                                   "path", "dtype", "shape", "offset", "nbytes", "value"]),
+                                                  c, max_size=6), max_leaves=20).map(lambda v: json.dumps(v).encode())))
+def test_the_header_parser_raises_only_its_own_error(data: bytes) -> None:
+    try:
+        parse_header(data)
+    except SnapshotFormatError:
+        pass
