@@ -68,3 +68,19 @@ def crashable_cluster(slurm_cluster: LocalCluster) -> Iterator[LocalCluster]:
             problems.append(f"{node}: {e}")
     if problems:
         pytest.fail("could not revive nodes after the test: " + "; ".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's headless ``chromium``, installed when missing (as root): the pages users open are checked in a
+    real browser. A machine that cannot provide it makes those tests fail, never skip."""
+    from slurm.localcluster.install import InstallError, ensure_packages, find_program
+
+    log: list[str] = []
+    try:
+        ensure_packages(["chromium"], ["chromium"], log, what="browser")
+    except InstallError as e:
+        pytest.fail(f"headless chromium is needed to check the HTML pages: {e}", pytrace=False)
+    found = find_program("chromium")
+    assert found is not None
+    return str(found)

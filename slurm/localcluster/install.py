@@ -35,19 +35,26 @@ def missing_programs(accounting: bool) -> list[str]:
 
 def ensure_installed(accounting: bool, log: list[str]) -> None:
     """apt-get install the packages if any program is missing; ``apt-get update`` only if the install fails."""
-    missing = missing_programs(accounting)
+    packages = BASE_PACKAGES + (ACCOUNTING_PACKAGES if accounting else [])
+    ensure_packages(packages, BASE_PROGRAMS + (ACCOUNTING_PROGRAMS if accounting else []), log, what="Slurm")
+
+
+def ensure_packages(packages: list[str], programs: list[str], log: list[str], what: str = "") -> None:
+    """apt-get install ``packages`` when any of ``programs`` is missing (as root); ``apt-get update`` only if the
+    install fails. Also used by the tests for their own tools (Debian's ``chromium``)."""
+    missing = [n for n in programs if find_program(n) is None]
     if not missing:
         return
-    packages = BASE_PACKAGES + (ACCOUNTING_PACKAGES if accounting else [])
+    label = f"{what} programs" if what else "programs"
     if os.geteuid() != 0:
         raise InstallError(
-            f"Slurm programs missing ({', '.join(missing)}) and not running as root "
+            f"{label} missing ({', '.join(missing)}) and not running as root "
             f"(fix: as root run `apt-get install -y --no-install-recommends {' '.join(packages)}`)"
         )
     apt = find_program("apt-get")
     if apt is None:
         raise InstallError(
-            f"Slurm programs missing ({', '.join(missing)}) and apt-get not found "
+            f"{label} missing ({', '.join(missing)}) and apt-get not found "
             f"(fix: install the packages {' '.join(packages)} with this system's package manager)"
         )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -64,6 +71,6 @@ def ensure_installed(accounting: bool, log: list[str]) -> None:
                 f"apt-get install {' '.join(packages)} failed: {' | '.join(tail)} "
                 "(fix: check the package sources and network, then rerun `up`)"
             )
-    still = missing_programs(accounting)
+    still = [n for n in programs if find_program(n) is None]
     if still:
         raise InstallError(f"after installing, programs still missing: {', '.join(still)}")
