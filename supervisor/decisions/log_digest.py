@@ -79,6 +79,19 @@ _TRACEBACK_LINES = (b'  File "', b"    ")
 # A run of one task's C++ stack frames (``  3: frame #7: ...`` lines): matched whole, one call instead of a loop.
 _FRAME_RUN = re.compile(rb"(?P<label>[ 0-9]{1,8}: frame #)[^\n]*\n(?:(?P=label)[^\n]*\n)*")
 _NO_DIGITS = str.maketrans("", "", "0123456789")
+_SHIELDED = str.maketrans("0123456789", "".join(chr(0xE000 + d) for d in range(10)))  # digits kept as non-digits
+# Trigger words that hold digits (``c10d``): their digits are shielded, not dropped, when a line's digits are.
+_DIGIT_WORDS = tuple(sorted({t for ts in TRIGGERS.values() for t in ts if any(c.isdigit() for c in t)}))
+
+
+def digit_free(text: str) -> str:
+    """``text`` with its digits left out, except inside trigger words that hold digits (shielded there). A trigger
+    word of ``text`` is one of ``digit_free(text)`` (shielded likewise): whole words are shielded, and leaving a
+    digit out elsewhere never breaks a word that holds none."""
+    for word in _DIGIT_WORDS:
+        if word in text:
+            text = text.replace(word, word.translate(_SHIELDED))
+    return text.translate(_NO_DIGITS)
 CANDIDATE_CACHE = 4096  # lines (digits left out) whose candidate signatures are remembered  # a Python traceback's frame line and the source line under it
 _UNLABELLED = re.compile(rb"\n(?! *[0-9]{1,7}: )")  # the start of a line srun did not label
 
@@ -130,9 +143,11 @@ def _checks(signatures: Sequence[LogSignature]) -> tuple[list[Check], re.Pattern
             user = True
             checks.append((sig, (), ()))
             continue
-        checks.append((sig, TRIGGERS[sig.name], ENDINGS.get(sig.name, ())))
-        words.update(TRIGGERS[sig.name])
-        endings.update(ENDINGS.get(sig.name, ()))
+        triggers = tuple(digit_free(t) for t in TRIGGERS[sig.name])  # as the lines they are tried on
+        ends = tuple(digit_free(e) for e in ENDINGS.get(sig.name, ()))
+        checks.append((sig, triggers, ends))
+        words.update(triggers)
+        endings.update(ends)
     gate = None if user else re.compile(_trie(sorted(words)))
     return checks, gate, tuple(sorted(endings))
 
@@ -386,10 +401,11 @@ class LogDigest:
 
     def _candidates(self, low: str, labelled: bool) -> tuple[LogSignature, ...]:
         """The signatures, in table order, whose trigger words (or endings) ``low`` has: only these can match it.
-        Remembered for the line with its digits left out: no trigger or ending holds a digit, and leaving digits
-        out can only join a trigger word, never break one, so the remembered set holds every signature the line
-        itself has the triggers of (one more signature tried costs a search, never a verdict)."""
-        key = (labelled, low.translate(_NO_DIGITS))
+        Judged on, and remembered for, the line with its digits left out (:func:`digit_free`, the triggers taken
+        the same way): that keeps every trigger word the line has and can only join new ones, so the set holds
+        every signature the line itself has the triggers of (one more signature tried costs a search, never a
+        verdict), and lines that differ only in their numbers share it."""
+        key = (labelled, digit_free(low))
         found = self.candidates.get(key)
         if found is not None:
             return found

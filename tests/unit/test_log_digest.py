@@ -250,3 +250,14 @@ def test_a_plain_python_launch_skips_torchruns_report_lines_and_keeps_the_same_e
     assert not distenv.plain_python(["torchrun", "--nproc-per-node=8", "train.py"])
     assert not distenv.plain_python(["bash", "train.sh"])  # may run torchrun inside
     assert not distenv.plain_python([])
+
+
+def test_a_trigger_word_with_digits_survives_the_digit_free_cache_key():
+    """``c10d`` is a trigger: leaving a line's digits out must not turn it into ``cd`` (found by the property
+    above): a line naming c11d (no signature) and one naming c10d (dist-network) differ in their key."""
+    from supervisor.decisions.log_digest import digit_free
+
+    assert digit_free("[c10d] socket 17 timed out") != digit_free("[c11d] socket 17 timed out")
+    assert digit_free("rank 3 xid 79") == digit_free("rank 12 xid 13")  # other numbers are left out
+    d = digest_of(b"0: [c11d] store timed out\n1: [c10d] store timed out\n", tasks=2)
+    assert [t for _, t in d.lines()] == ["1: [c10d] store timed out"]
