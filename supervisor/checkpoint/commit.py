@@ -65,6 +65,10 @@ class CheckpointSaver:
         self.world = dist.get_world_size() if self.distributed else 1
         # A group of its own, so background checkpoint collectives never interleave with training ones.
         self.group = dist.new_group(backend="gloo") if self.distributed else None
+        if self.group is not None:
+            from supervisor.client.collectives import ignore_group
+
+            ignore_group(self.group)  # its (background) collectives are nobody's wait for peers (own time)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-save")
         self._pending: Future[Path] | None = None
         self._staging: dict[tuple[Any, ...], Any] = {}  # reused CPU buffers for async saves

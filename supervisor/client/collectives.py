@@ -154,16 +154,28 @@ class _StreamWaits:
             _api._add_wait(int(first.elapsed_time(last) * 1e6))
 
 
+_IGNORED_GROUPS: list[Any] = []  # process groups whose collectives are nobody's wait (a checkpoint saver's own)
+
+
+def ignore_group(group: Any) -> None:
+    """Leave ``group``'s collectives (passed as ``group=``) out of the waits: a background checkpoint save's
+    collectives overlap the training step and are nobody's wait for peers. ``CheckpointSaver`` calls it."""
+    if group is not None and not any(group is g for g in _IGNORED_GROUPS):
+        _IGNORED_GROUPS.append(group)
+
+
 def _counted(fn: Callable[..., Any], clock: Any, depth: threading.local) -> Callable[..., Any]:
     """``fn`` with its duration added to the step's waits; a call made from inside a counted one (a blocking
-    collective calling ``Work.wait``) is not counted again."""
+    collective calling ``Work.wait``) is not counted again, nor a call on an ignored group (:func:`ignore_group`)."""
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         if getattr(depth, "n", 0):
             return fn(*args, **kwargs)
-        depth.n = 1
+        group = kwargs.get("group")
+        ignored = group is not None and any(group is g for g in _IGNORED_GROUPS)
+        depth.n = 1  # what it calls (its own Work.wait) is inside it
         try:
-            start = clock.begin()
+            start = None if ignored else clock.begin()
         except Exception:  # noqa: BLE001 - the measure must never fail the collective
             start = None
         try:

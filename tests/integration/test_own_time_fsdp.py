@@ -47,7 +47,7 @@ def train(watched):
         x = torch.randn(8, 64, generator=gen)
         out = net(x)
         if watched and rank == 2:
-            time.sleep(0.3)  # rank 2 computes slower: the others wait for it in FSDP2's collectives
+            time.sleep(0.5)  # rank 2 computes slower: the others wait for it in FSDP2's collectives
         out.pow(2).mean().backward()
         opt.step()
         opt.zero_grad()

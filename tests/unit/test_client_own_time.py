@@ -263,7 +263,7 @@ def test_a_counted_collective_is_counted_once_even_when_it_waits_on_its_own_work
 
     counted_wait = collectives._counted(wait, clock, depth)
 
-    def all_reduce(t: Any, async_op: bool = False) -> str:
+    def all_reduce(t: Any, async_op: bool = False, group: Any = None) -> str:
         c.now += 1000
         counted_wait()  # a blocking collective waits on its own Work inside
         return "work"
@@ -272,6 +272,15 @@ def test_a_counted_collective_is_counted_once_even_when_it_waits_on_its_own_work
     assert counted("t") == "work" and waits == [1300]
     counted_wait()
     assert waits == [1300, 300] and counted.__wrapped__ is all_reduce and counted.__name__ == "all_reduce"
+    saver_group = object()
+    collectives.ignore_group(saver_group)
+    try:
+        counted("t", group=saver_group)  # a background checkpoint save's collective: overlaps the step
+        assert waits == [1300, 300]
+        counted("t", group=object())  # another group's: a wait like any
+        assert waits == [1300, 300, 1300]
+    finally:
+        collectives._IGNORED_GROUPS.clear()
 
 
 def test_a_failing_collective_raises_its_own_error_and_a_broken_clock_never_fails_it(waits: list[int]) -> None:
