@@ -21,6 +21,11 @@ Rank 0 prints exactly one ``step=N loss=X`` line per step (X is ``repr(float)``)
 ``SUPERVISOR_RESUME_FROM`` when set (empty = fresh start), else from the newest valid checkpoint in
 ``--ckpt-dir``, and then prints bitwise the same lines as an uninterrupted run: the data order (sampler
 epoch/offset), the model, the optimizer and every RNG (torch, python ``random``) come from the checkpoint.
+
+The memory tier: at the end of every step ``saver.snapshot`` copies the same state into node memory at the
+supervisor's cadence (a no-op unsupervised), and at start ``saver.restore_snapshot`` resumes from the snapshot
+the supervisor picked (``SUPERVISOR_RESUME_MEMORY_STEP``) before any filesystem checkpoint is looked for;
+rank 0 then prints ``resumed from memory at step N``.
 """
 
 from __future__ import annotations
@@ -232,14 +237,19 @@ def restore(path: Path, model: nn.Module, opt: torch.optim.Optimizer, rank: int,
     if not same_world:  # this rank's RNG streams are not in the checkpoint
         del state[f"rng_rank{rank}"]
     load(path, state)
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    if same_world:
-        rng = state[f"rng_rank{rank}"]
-        torch.set_rng_state(rng["torch"])
-        _set_python_rng(rng["python"], rng["python_gauss"])
-    else:
+    if not same_world:
         print(f"warning: checkpoint world size {saved_world} != {world}: RNG streams restart",
               file=sys.stderr)
+    return apply_state(state, model, opt, rank)
+
+
+def apply_state(state: dict, model: nn.Module, opt: torch.optim.Optimizer, rank: int) -> tuple[int, int, int]:
+    """Put a loaded state into the model, the optimizer and this rank's RNG streams (when it holds them)."""
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    rng = state.get(f"rng_rank{rank}")
+    if rng is not None:
+        torch.set_rng_state(rng["torch"])
+        _set_python_rng(rng["python"], rng["python_gauss"])
     train = state["train"]
     return int(train["step"]), int(train["epoch"]), int(train["offset"])
 
@@ -308,10 +318,16 @@ def main(argv: list[str] | None = None) -> int:
         saver = CheckpointSaver(args.ckpt_dir, keep_last=args.keep_last, keep_every=args.keep_every,
                                 seeds={"seed": args.seed})
         start, epoch, offset = 0, 0, 0
-        resume = resume_path(args.ckpt_dir)
-        if resume is not None:
-            with client.phase("restore"):  # type: ignore[attr-defined]
+        with client.phase("restore"):  # type: ignore[attr-defined]
+            # The memory tier first: the supervisor names a snapshot in node memory when one is newer than the
+            # newest checkpoint; every rank's copy is checked before any is used.
+            snap = checkpoint_state(model, opt, rank, 0, 0, 0)
+            resume = "memory" if saver.restore_snapshot(snap) is not None else resume_path(args.ckpt_dir)
+            if resume == "memory":
+                start, epoch, offset = apply_state(snap, model, opt, rank)
+            elif resume is not None:
                 start, epoch, offset = restore(resume, model, opt, rank, world)
+        if resume is not None:
             if rank == 0:
                 print(f"resumed from {resume} at step {start}", file=sys.stderr, flush=True)
             if args.checksums:
@@ -353,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                     checksum = weights_checksum(model)
                     if rank == 0:
                         print(f"saved step {step} checksum={checksum}", file=sys.stderr, flush=True)
+        # node memory, at the supervisor's cadence (a no-op unsupervised): a fault loses a step or two
+        saver.snapshot(lambda: checkpoint_state(model, opt, rank, step, epoch, offset), step)  # noqa: B023
         if args.die_at_step and step == args.die_at_step:
             os.kill(os.getpid(), signal.SIGKILL)
         if stop:

@@ -77,6 +77,10 @@ class RunConfig:
     # Seconds between the node agents' health checks (GPUs, filesystems, /dev/shm, memory, clock; the first at
     # start): a fatal finding blames the node (docs/health.md). 0: no checks.
     health_interval_s: float = 30.0
+    # The memory tier (docs/checkpoints.md): ranks that use the project's saver snapshot their state into node
+    # memory and a relaunch resumes from the newest complete snapshot. "auto" (the cadence measured: the copies
+    # take at most 2 % of the training's time), "off", or every N steps.
+    memory_snapshots: str | int = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +233,9 @@ def _build(section: str, cls: type, values: Mapping[str, Any], source: str) -> A
         if (section, key) == ("run", "checkpoint_interval"):
             kwargs[key] = _checkpoint_interval(value, source)
             continue
+        if (section, key) == ("run", "memory_snapshots"):
+            kwargs[key] = _memory_snapshots(value, source)
+            continue
         default = fields[key].default
         if isinstance(default, tuple):
             if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
@@ -259,6 +266,15 @@ def _checkpoint_interval(value: Any, source: str) -> str | float:
         return parse_setting(value)
     except IntervalSettingError as err:
         raise ConfigError(f"{source}: {err}", 'e.g. checkpoint_interval = "auto" or 1800') from None
+
+
+def _memory_snapshots(value: Any, source: str) -> str | int:
+    if value in ("auto", "off"):
+        return str(value)
+    if type(value) is int and 1 <= value <= 1_000_000:
+        return value
+    raise ConfigError(f"{source}: run.memory_snapshots = {value!r} is not allowed (allowed: \"auto\", \"off\" or "
+                      "a whole number of steps from 1 to 1000000)", 'e.g. memory_snapshots = "auto"')
 
 
 def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:

@@ -20,6 +20,7 @@ import subprocess
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from slurm.localcluster import accounting, procs
 from slurm.localcluster.chroot import Chroot, ChrootError, cluster_binds, host_os_version
@@ -41,6 +42,7 @@ from slurm.localcluster.config import (
 from slurm.localcluster.errors import ClusterError
 from slurm.localcluster.files import locked, tail, write_if_changed
 from slurm.localcluster.install import InstallError, ensure_installed, find_program
+from slurm.localcluster.node_memory import wipe_node_memory
 
 __all__ = ["CRASH_HOLD_S", "SLURM_CHOICES", "ClusterError", "LocalCluster", "default_root", "default_slurm"]
 
@@ -426,9 +428,10 @@ class LocalCluster:
                 held.append(node)
         return held
 
-    def crash_node(self, name: str) -> dict[str, list[int]]:
+    def crash_node(self, name: str) -> dict[str, list[Any]]:
         """Simulate losing node ``name``: SIGKILL its slurmd and its slurmstepds with their process trees, so the
-        job tasks on it die as on a real crash. Returns {"slurmd": [...], "killed": [all pids killed]}."""
+        job tasks on it die as on a real crash, and remove what it held in /dev/shm (``node_memory``). Returns
+        {"slurmd": [...], "killed": [all pids killed], "wiped": [its /dev/shm directories removed]}."""
         self._check_node(name)
         with locked(self.root, 30.0, ClusterError):
             return self._crash_node(name)
@@ -440,12 +443,11 @@ class LocalCluster:
         with locked(self.root, timeout, ClusterError):
             return self._revive_node(name, timeout)
 
-
     def _check_node(self, name: str) -> None:
         if name not in self.node_names:
             raise ClusterError(f"unknown node {name!r} (fix: use one of {', '.join(self.node_names)})")
 
-    def _crash_node(self, name: str) -> dict[str, list[int]]:
+    def _crash_node(self, name: str) -> dict[str, list[Any]]:
         slurmd = self.pid_of(f"slurmd-{name}")
         roots = ([slurmd] if slurmd is not None else []) + sorted(self.stepd_pids(name))
         try:
@@ -456,7 +458,7 @@ class LocalCluster:
         if leftover:
             raise ClusterError(f"crash-node {name}: slurmstepd processes still alive: {sorted(leftover)}")
         crash_marker(self.layout, name).touch()
-        return {"slurmd": [slurmd] if slurmd is not None else [], "killed": killed}
+        return {"slurmd": [slurmd] if slurmd is not None else [], "killed": killed, "wiped": wipe_node_memory(name)}
 
     def _revive_node(self, name: str, timeout: float) -> bool:
         crash_marker(self.layout, name).unlink(missing_ok=True)
@@ -518,3 +520,4 @@ class LocalCluster:
         if error:
             result["error"] = error
         return result
+

@@ -98,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "crash-node":
             killed = cluster.crash_node(args.node)
             print(f"crashed {args.node}: slurmd {killed['slurmd'] or 'was not running'}, "
-                  f"{len(killed['killed'])} process(es) killed: {killed['killed']}")
+                  f"{len(killed['killed'])} process(es) killed: {killed['killed']}; memory lost: "
+                  f"{', '.join(killed['wiped']) or 'none held'}")
         elif args.command == "revive-node":
             started = cluster.revive_node(args.node, timeout=args.timeout)
             state = cluster.node_states().get(args.node)

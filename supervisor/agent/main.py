@@ -29,9 +29,11 @@ import psutil
 from supervisor.agent.discover import find_ranks
 from supervisor.agent.failsafe import Failsafe
 from supervisor.agent.health_thread import HealthThread, health_from_args
+from supervisor.agent.memory_thread import MemoryThread, make_store
 from supervisor.agent.sampler import RankSlots
 from supervisor.agent.slotdir import make_slot_dir
 from supervisor.agent.stacks import StackDumps
+from supervisor.checkpoint.memory import MEMORY_DIR_ENV
 from supervisor.client.slot import check_slot_dir
 from supervisor.errors import ConfigError, SupervisorError, UsageError
 from supervisor.heartbeat import wire
@@ -54,7 +56,7 @@ class Agent:
                  campaign: Path, sample_s: float = 0.25, report_s: float = 1.0, supervisor_timeout_s: float = 30.0,
                  refused_grace_s: float = 5.0, parent_pid: int = 0, keep_slot_dir: bool = False,
                  health: AgentHealth | None = None,
-                 failsafe: Failsafe | None = None, not_before_ns: int = 0) -> None:
+                 failsafe: Failsafe | None = None, not_before_ns: int = 0, memory: MemoryThread | None = None) -> None:
         self.job, self.node, self.key = job, node, key
         self.sample_s, self.report_s = sample_s, report_s
         self.supervisor_timeout_s, self.refused_grace_s = supervisor_timeout_s, refused_grace_s
@@ -78,6 +80,7 @@ class Agent:
         self._refused_since = 0.0
         self.clock_offset_s: float | None = None  # our wall clock minus the batch host's (from its frames)
         self.health = HealthThread(health, lambda: self.clock_offset_s) if health is not None else None
+        self.memory = memory  # the node's memory store (the memory tier), reported as it changes
 
     def _header(self) -> dict[str, object]:
         self.seq += 1
@@ -137,6 +140,9 @@ class Agent:
                                              started_by=self.slots.slotless_since.get(r))  # fmt: skip
                     if ev is not None:
                         events.append(ev)
+            elif cmd.command == wire.CMD_REPORT_MEMORY:
+                if self.memory is not None:
+                    self.memory.request()
             elif cmd.command == wire.CMD_EXIT:
                 self.stop_reason = "the supervisor asked the agent to exit"
         if events:
@@ -194,6 +200,8 @@ class Agent:
         first = True
         if self.health is not None:
             self.health.start()  # checks at start, then every interval, off the sampling loop
+        if self.memory is not None:
+            self.memory.start()
         while True:
             now = time.monotonic()
             if now >= next_sample:
@@ -214,6 +222,8 @@ class Agent:
             done = self.stacks.poll()
             if self.health is not None:
                 done += self.health.events()
+            if self.memory is not None:
+                done += self.memory.events()
             if done:
                 self.send_events(done)
             why = self._should_exit(now)
@@ -229,6 +239,8 @@ class Agent:
     def close(self) -> None:
         if self.health is not None:
             self.health.close()
+        if self.memory is not None:
+            self.memory.close()
         self.slots.close()
         self.sock.close()
         if not self.keep_slot_dir:
@@ -329,7 +341,24 @@ def agent_from_args(args: argparse.Namespace) -> Agent:
                  campaign=campaign, sample_s=args.sample_interval, report_s=args.report_interval,
                  supervisor_timeout_s=args.supervisor_timeout, parent_pid=args.parent_pid,
                  keep_slot_dir=args.keep_slot_dir, health=health_from_args(args),
-                 failsafe=failsafe_from_args(args, campaign), not_before_ns=args.not_before_ns)
+                 failsafe=failsafe_from_args(args, campaign), not_before_ns=args.not_before_ns,
+                 memory=memory_from_env(args))
+
+
+def memory_from_env(args: argparse.Namespace) -> MemoryThread | None:
+    """The memory tier's store on this node when the supervisor asked for one (``SUPERVISOR_MEMORY_DIR``); one
+    that cannot be made leaves the tier off on this node (its ranks' writes fail: they turn it off and say so)."""
+    template = os.environ.get(MEMORY_DIR_ENV, "")
+    if not template:
+        return None
+    root = expand_slot_dir(template, job=args.job_id, node=args.node)
+    try:
+        make_store(root)
+    except OSError as err:
+        print(f"supervisor agent: memory store {root} unusable ({err}); memory snapshots off on this node",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return None
+    return MemoryThread(root)
 
 
 def failsafe_from_args(args: argparse.Namespace, campaign: Path) -> Failsafe | None:

@@ -81,4 +81,8 @@ def verify(record: Path, shard: Path, step: int) -> Held | None:
     recorded = doc.get("sha256")
     if not isinstance(recorded, str):
         return None
-    return Held(step, header.rank, header.world, recorded, digest.hexdigest() == recorded and doc.get("size") == size)
+    launch = doc.get("launch", "")
+    if not isinstance(launch, str):
+        return None
+    return Held(step, header.rank, header.world, recorded, digest.hexdigest() == recorded and doc.get("size") == size,
+                launch[:64])

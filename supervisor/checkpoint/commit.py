@@ -22,6 +22,7 @@ import shutil
 import signal
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,10 @@ class CheckpointSaver:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-save")
         self._pending: Future[Path] | None = None
         self._staging: dict[tuple[Any, ...], Any] = {}  # reused CPU buffers for async saves
+        from supervisor.checkpoint.memory import MemorySnapshots
+
+        # The memory tier (on when supervised and not ``[run] memory_snapshots = "off"``): see ``snapshot``.
+        self.memory = MemorySnapshots()
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
             from supervisor.client.declare import saves_to
@@ -94,6 +99,19 @@ class CheckpointSaver:
             self.wait()
         return job
 
+    def snapshot(self, state: dict[str, Any] | Callable[[], dict[str, Any]], step: int) -> bool:
+        """The memory tier: every rank calls this at the end of every step; at the cadence chosen (measured, or
+        ``[run] memory_snapshots``) this rank's state (or what the callable returns, built only then) is copied
+        into node memory, from which a relaunch resumes losing a step or two instead of a checkpoint interval.
+        A no-op (False) when unsupervised or off."""
+        return self.memory.snapshot(state, step)
+
+    def restore_snapshot(self, state: dict[str, Any]) -> int | None:
+        """Every rank calls this at start, before looking for a filesystem checkpoint: ``state`` filled from the
+        memory snapshot the supervisor picked for this launch, and its step; None (``state`` untouched) when there
+        is none or any rank's copy is refused: resume from the filesystem tier then."""
+        return self.memory.restore(state)
+
     def wait(self) -> Path | None:
         """Block until the pending save (if any) is committed; re-raise its failure as CheckpointError."""
         job, self._pending = self._pending, None
@@ -113,6 +131,7 @@ class CheckpointSaver:
             self.wait()
         finally:
             self._pool.shutdown(wait=True)
+            self.memory.close()
 
     # -- protocol --------------------------------------------------------------------------------------
     def _save_and_commit(self, state: dict[str, Any], step: int, extra: dict[str, Any]) -> Path:

@@ -13,6 +13,15 @@ Restore reads the rank's own file, checks its size and digest against the sideca
 refused: :class:`MemorySnapshotError`), and copies every tensor into the state dict it is given (a DTensor's local
 shard into the target DTensor's), so ``get_state_dict``/``set_state_dict`` work as with DCP. The world size and
 each tensor's shape must match: a snapshot is per rank; on another world size the filesystem tier reshards.
+
+At a relaunch the supervisor names the step to resume from (``SUPERVISOR_RESUME_MEMORY_STEP``, picked from what
+the node agents verified); :meth:`MemorySnapshots.restore` reads and checks every rank's shard first, the ranks
+agree, and only then is anything copied into the program's state: one rank's refused shard sends every rank to
+the filesystem tier with its state untouched. Each record names the launch that wrote it (``SUPERVISOR_LAUNCH``),
+so a step written again by a relaunch is never mixed with the dead launch's shards.
+
+A write that fails (``/dev/shm`` full) turns the snapshots off for this process with one line on stderr; the
+training and the filesystem checkpoints go on.
 """
 
 from __future__ import annotations
@@ -22,7 +31,11 @@ import json
 import os
 import re
 import shutil
+import sys
+import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +51,14 @@ from supervisor.checkpoint.snapshot_format import (
     parse_header,
     path_text,
 )
+from supervisor.decisions.snapshot_cadence import every_k_steps, parse_every
 from supervisor.errors import CheckpointError
+from supervisor.paths import expand_slot_dir
 
-MEMORY_DIR_ENV = "SUPERVISOR_MEMORY_DIR"
+MEMORY_DIR_ENV = "SUPERVISOR_MEMORY_DIR"  # the node's store; ``{node}`` is filled in as for the slot directory
+RESUME_STEP_ENV = "SUPERVISOR_RESUME_MEMORY_STEP"  # the step the supervisor picked for this launch (unset: none)
+EVERY_ENV = "SUPERVISOR_MEMORY_EVERY"  # "auto" (measured) or every N steps
+LAUNCH_ENV = "SUPERVISOR_LAUNCH"  # which launch wrote a shard
 _STEP_DIR = re.compile(r"step_(\d+)")
 
 
@@ -79,38 +97,79 @@ def _local(tensor: Any) -> tuple[Any, bool]:
 class MemorySnapshots:
     """Create it on every rank; ``enabled`` is False (and every call a no-op) when no memory directory is set."""
 
-    def __init__(self, root: str | os.PathLike[str] | None = None, *, keep: int = 2) -> None:
-        given = root if root is not None else os.environ.get(MEMORY_DIR_ENV)
-        self.root = Path(given) if given else None
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, keep: int = 2, every: int | None = None,
+                 group: Any = None) -> None:  # fmt: skip
+        """``every``: snapshot every N steps (None: ``SUPERVISOR_MEMORY_EVERY``, "auto" by default: measured);
+        ``group``: the process group the ranks agree on (None: the default one)."""
+        self.root = Path(root) if root is not None else _root_from_env()
         self.keep = max(1, keep)
         self.rank, self.world = _rank_world()
+        self.launch = os.environ.get(LAUNCH_ENV, "")
+        self.group = group
+        try:
+            self.every = every if every is not None else parse_every(os.environ.get(EVERY_ENV, "auto"))
+        except ValueError as err:
+            self.every = None
+            _say(f"{err}; measuring it instead")
+        self.off_reason = ""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mem-snapshot")
         self._pending: Future[Path] | None = None
         self._buffers: dict[tuple[PathPart, ...], Any] = {}
+        self._first: tuple[int, float, float] | None = None  # (step, end time, blocking cost) of the first snapshot
+        self.blocking_s = 0.0  # the last snapshot's blocking copy
 
     @property
     def enabled(self) -> bool:
-        return self.root is not None
+        return self.root is not None and not self.off_reason
+
+    # -- cadence ----------------------------------------------------------------------------------------
+    def snapshot(self, state: dict[str, Any] | Callable[[], dict[str, Any]], step: int) -> bool:
+        """Snapshot ``state`` (or what the callable returns, built only when one is due) as step ``step`` if
+        the cadence says so; every rank calls it at every step. Returns whether one was taken."""
+        if not self.enabled:
+            return False
+        if self.every is None:
+            if self._first is None or step <= self._first[0]:
+                self._take(state, step)
+                self._first = (step, time.monotonic(), self.blocking_s)
+                return True
+            first_step, first_end, cost = self._first
+            step_s = (time.monotonic() - first_end) / (step - first_step)
+            self.every = _agree_max(every_k_steps(cost, step_s), self.group)
+        if step % self.every:
+            return False
+        self._take(state, step)
+        return True
+
+    def _take(self, state: dict[str, Any] | Callable[[], dict[str, Any]], step: int) -> None:
+        self.save(state() if callable(state) else state, step)
 
     # -- saving ---------------------------------------------------------------------------------------------
     def save(self, state: dict[str, Any], step: int) -> Future[Path] | None:
         """Copy ``state`` (this rank's) into CPU buffers and write it in the background as step ``step``."""
-        if self.root is None:
+        if not self.enabled:
             return None
         self.wait()
+        if not self.enabled:  # the previous write failed
+            return None
+        started = time.perf_counter()
         staged = self._stage(state)
+        self.blocking_s = time.perf_counter() - started
         self._pending = self._pool.submit(self._write, staged, step)
         return self._pending
 
     def wait(self) -> Path | None:
+        """The pending write's shard; a failed write (the store full) turns snapshots off, with one line."""
         job, self._pending = self._pending, None
         if job is None:
             return None
         try:
             return job.result()
         except OSError as err:
-            raise MemorySnapshotError(f"memory snapshot failed: {err}",
-                                      "free /dev/shm; the filesystem checkpoints are not affected") from err
+            self.off_reason = f"memory snapshots off for this run: writing to {self.root} failed ({err})"
+            _say(f"{self.off_reason}; the filesystem checkpoints go on (free /dev/shm, or set "
+                 "[run] memory_snapshots = \"off\")")  # fmt: skip
+            return None
 
     def close(self) -> None:
         try:
@@ -156,6 +215,26 @@ class MemorySnapshots:
         final = folder / f"rank_{self.rank}.snap"
         tmp = folder / f".rank_{self.rank}.snap.tmp"
         digest = hashlib.sha256()
+        try:
+            self._write_file(tmp, head, leaves, staged, offset, digest)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full store keeps no half shard
+            raise
+        size = tmp.stat().st_size
+        os.replace(tmp, final)
+        sidecar = {"step": step, "rank": self.rank, "world": self.world, "size": size, "sha256": digest.hexdigest(),
+                   "launch": self.launch}  # fmt: skip
+        side_tmp = folder / f".rank_{self.rank}.json.tmp"
+        side_tmp.write_text(json.dumps(sidecar))
+        os.replace(side_tmp, folder / f"rank_{self.rank}.json")
+        self._retain(step)
+        return final
+
+    @staticmethod
+    def _write_file(tmp: Path, head: bytes, leaves: list[TensorLeaf | ValueLeaf],
+                    staged: list[tuple[tuple[PathPart, ...], Any, bool]], offset: int, digest: Any) -> None:  # fmt: skip
+        import torch
+
         with open(tmp, "wb") as f:
             f.write(head)
             digest.update(head)
@@ -174,14 +253,6 @@ class MemorySnapshots:
             if tail:
                 f.write(b"\0" * tail)
                 digest.update(b"\0" * tail)
-        size = tmp.stat().st_size
-        os.replace(tmp, final)
-        sidecar = {"step": step, "rank": self.rank, "world": self.world, "size": size, "sha256": digest.hexdigest()}
-        side_tmp = folder / f".rank_{self.rank}.json.tmp"
-        side_tmp.write_text(json.dumps(sidecar))
-        os.replace(side_tmp, folder / f"rank_{self.rank}.json")
-        self._retain(step)
-        return final
 
     def _retain(self, newest: int) -> None:
         assert self.root is not None
@@ -197,8 +268,33 @@ class MemorySnapshots:
                 pass
 
     # -- reading --------------------------------------------------------------------------------------------
+    def restore(self, state: dict[str, Any]) -> int | None:
+        """Every rank calls it at start: fill ``state`` from the snapshot the supervisor picked for this launch and
+        return its step; None when there is none, or when any rank's shard is refused (then no rank's ``state``
+        was touched: resume from the filesystem tier)."""
+        step = resume_step()
+        if step is None or self.root is None:
+            return None
+        try:
+            plan: list[Callable[[], None]] | None = self._prepare(step, state)
+        except MemorySnapshotError as err:
+            _say(f"memory snapshot not used: {err}; resuming from the filesystem checkpoint")
+            plan = None
+        if _agree_max(0 if plan is not None else 1, self.group):
+            return None  # some rank cannot: all resume from the filesystem tier
+        assert plan is not None
+        for apply in plan:
+            apply()
+        return step
+
     def load(self, step: int, state: dict[str, Any]) -> None:
-        """Fill ``state`` (this rank's, as ``get_state_dict`` builds it) from the snapshot of ``step``."""
+        """Fill ``state`` (this rank's, as ``get_state_dict`` builds it) from the snapshot of ``step``; refused
+        (``MemorySnapshotError``) before anything is copied when the shard is missing, damaged or not this state's."""
+        for apply in self._prepare(step, state):
+            apply()
+
+    def _prepare(self, step: int, state: dict[str, Any]) -> list[Callable[[], None]]:
+        """Read and check this rank's shard of ``step`` against ``state``; the copies to make, not yet made."""
         if self.root is None:
             raise MemorySnapshotError("no memory directory", f"set {MEMORY_DIR_ENV} (the supervisor does)")
         folder = self.root / f"step_{step}"
@@ -225,12 +321,14 @@ class MemorySnapshots:
             raise MemorySnapshotError(f"the snapshot is of step {header.step}, rank {header.rank} of {header.world}; "
                                       f"wanted step {step}, rank {self.rank} of {self.world}",
                                       "resume from the filesystem checkpoint (it reshards)")  # fmt: skip
-        _fill(state, header, memoryview(data)[start:])
+        return _plan(state, header, memoryview(data)[start:])
 
 
-def _fill(state: dict[str, Any], header: Header, payload: memoryview) -> None:
+def _plan(state: dict[str, Any], header: Header, payload: memoryview) -> list[Callable[[], None]]:
+    """Check every leaf of the snapshot against ``state``; return the copies into it (made by the caller)."""
     import torch
 
+    plan: list[Callable[[], None]] = []
     for leaf in header.leaves:
         parent: Any = state
         for _kind, key in leaf.path[:-1]:
@@ -242,7 +340,7 @@ def _fill(state: dict[str, Any], header: Header, payload: memoryview) -> None:
         last = leaf.path[-1][1]
         if isinstance(leaf, ValueLeaf):
             if _get(parent, last) != leaf.value:
-                _set_path(state, leaf.path, leaf.value)
+                plan.append(partial(_set_path, state, leaf.path, leaf.value))
             continue
         dtype = getattr(torch, leaf.dtype)
         raw = torch.frombuffer(payload, dtype=torch.uint8, count=leaf.nbytes, offset=leaf.offset) if leaf.nbytes \
@@ -253,15 +351,22 @@ def _fill(state: dict[str, Any], header: Header, payload: memoryview) -> None:
             if leaf.dtensor:
                 raise MemorySnapshotError(f"the program's state has no DTensor at {path_text(leaf.path)}",
                                           "build the model and optimizer as when the snapshot was taken")
-            _set_path(state, leaf.path, src.clone())
+            plan.append(partial(_set_path, state, leaf.path, src.clone()))
             continue
         local, _ = _local(target)
         if tuple(local.shape) != leaf.shape or local.dtype != dtype:
             raise MemorySnapshotError(f"{path_text(leaf.path)} is {tuple(local.shape)} {local.dtype} here, "
                                       f"{leaf.shape} {leaf.dtype} in the snapshot",
                                       "resume from the filesystem checkpoint (it reshards)")  # fmt: skip
-        with torch.no_grad():
-            local.copy_(src)
+        plan.append(partial(_copy, local, src))
+    return plan
+
+
+def _copy(target: Any, src: Any) -> None:
+    import torch
+
+    with torch.no_grad():
+        target.copy_(src)
 
 
 def _get(parent: Any, key: Any) -> Any:
@@ -301,6 +406,40 @@ def _rank_world() -> tuple[int, int]:
     except ImportError:
         pass
     return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def resume_step() -> int | None:
+    """The memory snapshot step the supervisor picked for this launch, or None."""
+    value = os.environ.get(RESUME_STEP_ENV, "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def _root_from_env() -> Path | None:
+    template = os.environ.get(MEMORY_DIR_ENV, "")
+    if not template:
+        return None
+    node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+    return expand_slot_dir(template, job=os.environ.get("SLURM_JOB_ID", ""), node=node)
+
+
+def _agree_max(value: int, group: Any = None) -> int:
+    """The largest ``value`` over the ranks (the value itself without torch.distributed). On an NCCL group the
+    number travels on the current GPU."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return value
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return int(t.item())
+
+
+def _say(text: str) -> None:
+    print(f"supervisor: {text}", file=sys.stderr, flush=True)
 
 
 def clear(root: str | os.PathLike[str]) -> None:

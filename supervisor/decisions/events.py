@@ -60,6 +60,7 @@ NODE_FORGIVEN = "node_forgiven"
 CHECKPOINT_QUARANTINED = "checkpoint_quarantined"
 CHECKPOINT_REFUSED = "checkpoint_refused"
 CHECKPOINT_DIR_DECLARED = "checkpoint_dir_declared"
+MEMORY_PICK = "memory_pick"
 STACKS = "stacks"
 ENV_CHANGED = "env_changed"
 NODES_EXCLUDED = "nodes_excluded"
@@ -95,6 +96,7 @@ EVENT_TYPES: tuple[str, ...] = (
     CHECKPOINT_QUARANTINED,
     CHECKPOINT_REFUSED,
     CHECKPOINT_DIR_DECLARED,
+    MEMORY_PICK,
     STACKS,
     NODES_EXCLUDED,
     AGENTS_MISSING,
@@ -253,6 +255,14 @@ def checkpoint_dir_declared(t: float, path: str) -> Event:
     """The program said where it saves (``client.saves_to``; no command flag or config named it): the supervisor
     scans it from now on and relaunches resume from it."""
     return {"type": CHECKPOINT_DIR_DECLARED, "t": t, "path": path[:4096]}
+
+
+def memory_pick(t: float, launch: int, step: int | None, why: str, fetches: int = 0,
+                snapshot_launch: str = "") -> Event:  # fmt: skip
+    """Before a relaunch: the memory snapshot it resumes from (``step``, written by launch ``snapshot_launch``), or
+    None and why the filesystem tier is used (docs/checkpoints.md, memory tier)."""
+    return {"type": MEMORY_PICK, "t": t, "launch": launch, "step": step, "why": why[:500], "fetches": fetches,
+            "snapshot_launch": snapshot_launch[:64]}
 
 
 def stacks(t: float, node: str | None, rank: int | None, result: str, detail: str | None = None) -> Event:

@@ -42,6 +42,7 @@ from supervisor.driver.interrupts import Interrupts
 from supervisor.driver.interval import IntervalAsker
 from supervisor.driver.launcher import TrainingLauncher
 from supervisor.driver.loop import Parts, Supervisor
+from supervisor.driver.memory_resume import MemoryResume
 from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.notify import Notifier
 from supervisor.driver.opening import open_attempt
@@ -145,6 +146,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
         ctx, start=a.start_step, layout=layout, command=spec.command, cwd=spec.cwd, srun_args=run.srun_args,
         job_id=job_id, restart_count=env.restart_count, campaign=paths.root, log_dir=log_dir,
         node_addresses=addresses, checkpoint_dir_known=checkpoints.known, signatures=config.log_signatures,
+        memory_snapshots=run.memory_snapshots,
     )  # fmt: skip
     step_env = trainer.step_env()
     notifier = Notifier(ctx, alerts_config=config.alerts, metrics_config=config.metrics, policy_config=config.policy,
@@ -183,7 +185,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
         ctx=ctx, state=state, config=config, layout=layout, paths=paths, job_id=job_id, channel=channel,
         detector=a.detector, checkpoints=checkpoints, trainer=trainer, agents=agents, health=health,
         nodeloss=watch_nodes, notifier=notifier, progress=progress, interval=interval, preemption=preemption,
-        watcher=watcher, jobs=jobs,
+        watcher=watcher, jobs=jobs, memory=MemoryResume(ctx, channel, enabled=run.memory_snapshots != "off"),
         env_check=EnvCheck(ctx, python=ranks_python(spec.command, python), cwd=spec.cwd, alert=notifier.env_changed),
         prelaunch=Prelaunch(ctx, config=config.preflight, health=health, channel=channel,
                             work_dir=paths.root / "preflight", python=python, env=step_env, start=a.start_step,

@@ -23,6 +23,7 @@ from pathlib import Path
 from slurm import srun
 from slurm.client import SlurmClient
 from slurm.errors import SlurmError
+from supervisor.checkpoint import memory
 from supervisor.decisions import events as ev
 from supervisor.decisions import placement
 from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, LogSignature
@@ -75,8 +76,10 @@ class TrainingLauncher:
         srun_args: Sequence[str], job_id: str, restart_count: int, campaign: Path, log_dir: Path,
         node_addresses: Mapping[str, str], checkpoint_dir_known: bool | Callable[[], bool],
         environ: Mapping[str, str] = os.environ,
-        signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES,
+        signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES, memory_snapshots: str | int = "off",
     ) -> None:  # fmt: skip
+        """``memory_snapshots``: ``[run] memory_snapshots`` ("auto", "off" or every N steps): where the ranks'
+        memory store is, and how often they snapshot, go into every step's environment unless it is "off"."""
         self.ctx, self.start, self.layout, self.command, self.cwd = ctx, start, layout, tuple(command), cwd
         self.srun_args, self.job_id, self.restart_count = tuple(srun_args), job_id, restart_count
         self.campaign, self.log_dir, self.node_addresses = campaign, log_dir, node_addresses
@@ -85,6 +88,7 @@ class TrainingLauncher:
         self.launches = 0
         self.master_ports: list[int] = []  # each launch's MASTER_PORT: a relaunch never reuses one
         self.slot_token = secrets.token_hex(8)  # this Slurm run's slot directories get unguessable names
+        self.memory_snapshots = memory_snapshots
 
     def step_env(self, resume: str | None = "") -> dict[str, str]:
         """The environment of a job step of this attempt (agents, preflight, training): the user's, the campaign,
@@ -92,19 +96,33 @@ class TrainingLauncher:
         env = dict(self.environ)
         env["SUPERVISOR_CAMPAIGN"] = str(self.campaign)
         env[SLOT_DIR_ENV] = slot_dir_template(self.job_id, self.slot_token)
+        for name in (memory.MEMORY_DIR_ENV, memory.EVERY_ENV, memory.RESUME_STEP_ENV, memory.LAUNCH_ENV):
+            env.pop(name, None)  # ours to set, never inherited from the batch script's environment
+        if self.memory_snapshots != "off":  # the store lives in the agent's slot directory: it outlives the ranks
+            env[memory.MEMORY_DIR_ENV] = f"{env[SLOT_DIR_ENV]}/memory"
+            env[memory.EVERY_ENV] = str(self.memory_snapshots)
         if resume is None:
             env.pop(RESUME_ENV, None)
         else:
             env[RESUME_ENV] = resume
         return env
 
+    def next_nodes(self, excluded: Sequence[str], rank_shift: int) -> tuple[str, ...]:
+        """The nodes of the next launch in rank order (what :meth:`launch` will use)."""
+        return placement.step_nodes(self.layout, excluded, rank_shift)
+
+    def launch_tag(self, number: int) -> str:
+        """Launch ``number``'s name for its ranks (``SUPERVISOR_LAUNCH``): unique in the campaign."""
+        return f"{self.job_id or 'job'}-{self.restart_count}-{number}"
+
     def launch(self, resume: str | None, resume_step: int | None, excluded: Sequence[str], rank_shift: int,
-               scan_ok: bool = True) -> Launch:  # fmt: skip
+               scan_ok: bool = True, memory_step: int | None = None) -> Launch:  # fmt: skip
         """The next launch (journaled as ``step_launched``, the contract's name), on the usable nodes without
-        ``excluded``, its ranks moved by ``rank_shift`` nodes."""
+        ``excluded``, its ranks moved by ``rank_shift`` nodes; ``memory_step``: the memory snapshot it resumes
+        from (``resume`` stays the filesystem tier's checkpoint, which the ranks fall back on)."""
         self.launches += 1
         number, name = self.launches, srun.training_job_name(self.launches)
-        nodes = placement.step_nodes(self.layout, excluded, rank_shift)  # in rank order
+        nodes = self.next_nodes(excluded, rank_shift)
         moved = placement.moved(self.layout, nodes)
         dist = self._dist_env(nodes, moved)  # MASTER_ADDR: rank 0's node, moved or not
         argv = srun.training(dist.wrap(self.command), launch=number, nodes=len(nodes),
@@ -114,13 +132,20 @@ class TrainingLauncher:
         dumps = flight_dumps.dump_dir(log_path)  # the ranks' flight recorders dump here on a collective timeout
         dumps.mkdir(mode=0o700, parents=True, exist_ok=True)
         known = self.checkpoint_dir_known() if callable(self.checkpoint_dir_known) else self.checkpoint_dir_known
-        env = {**self.step_env(resume_value(resume, known, scan_ok)), **dist.env,
+        told = resume_value(resume, known, scan_ok)
+        env = {**self.step_env(told), **dist.env,
                **distenv.flight_recorder_env(str(dumps / flight_dumps.PREFIX), self.environ)}  # fmt: skip
+        env[memory.LAUNCH_ENV] = self.launch_tag(number)
+        if memory_step is not None:
+            env[memory.RESUME_STEP_ENV] = str(memory_step)
         if moved:  # rank 0 is no longer on the first node of the step's node list: say where it is
             hosts = self.log_dir / f"{name}.hosts"
             hosts.write_text(srun.hostfile_text(nodes, self.layout.tasks_per_node))
             env["SLURM_HOSTFILE"] = str(hosts)
-        launched = {**ev.step_launched(self.ctx.clock(), number, nodes, excluded, resume), "resume_step": resume_step,
+        # where the ranks resume: memory, the filesystem checkpoint, a fresh start, or unknown (they look themselves)
+        tier = "memory" if memory_step is not None else "filesystem" if told else "fresh" if told == "" else "unknown"
+        launched = {**ev.step_launched(self.ctx.clock(), number, nodes, excluded, resume),
+                    "resume_step": memory_step if memory_step is not None else resume_step, "resume_tier": tier,
                     "master": f"{dist.env.get('MASTER_ADDR', '')}:{dist.env.get('MASTER_PORT', '')}"}
         if moved:
             launched["rank_nodes"] = list(nodes)
@@ -140,7 +165,7 @@ class TrainingLauncher:
         port = int(user["MASTER_PORT"]) if user.get("MASTER_PORT", "").isdigit() else distenv.pick_port(
             master, self.master_ports)
         self.master_ports.append(port)
-        run_id = f"{self.job_id or 'job'}-{self.restart_count}-{self.launches}"
+        run_id = self.launch_tag(self.launches)
         return distenv.plan(nodes, self.layout.tasks_per_node, self.node_addresses, port, user, run_id, placed=moved,
                             node_rank_flag=distenv.static_rendezvous(self.command, user))
 

@@ -43,6 +43,7 @@ from supervisor.driver.guard import (
 from supervisor.driver.health_watch import HealthWatch
 from supervisor.driver.interval import IntervalAsker
 from supervisor.driver.launcher import Launch, TrainingLauncher
+from supervisor.driver.memory_resume import MemoryResume
 from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.notify import Notifier
 from supervisor.driver.preempt_watch import PreemptionPoller
@@ -81,6 +82,7 @@ class Parts:
     actuators: Actuators
     jobs: JobActions  # the Slurm job itself (requeue, exclusions, its room in its partitions)
     env_check: EnvCheck  # the relaunch's environment against its checkpoint's
+    memory: MemoryResume  # the memory tier's restore pick before a relaunch
     no_kill: bool  # the job keeps running when one of its nodes fails (``--no-kill``, set for spare nodes)
 
     def close(self) -> None:
@@ -143,6 +145,7 @@ class Supervisor:
             self.final_progress(launch)  # a checkpoint saved on the way out (preemption, time limit, cancel)
             if interruption.cls == ev.NUMERICAL:  # the launch is gone now: no checkpoint can appear after this
                 p.ctx.guard.call(CHECKPOINT_SCAN, p.checkpoints.quarantine_after_divergence, default=None)
+                p.memory.diverged_after(p.trainer.launch_tag(launch.number), p.checkpoints.last_finite_loss_step)
             if outcome is not None:
                 if request is not None:
                     stop_request.clear(p.paths.root)
@@ -161,10 +164,16 @@ class Supervisor:
         p.detector.new_launch()  # the parts start the new launch afresh before its ranks can show up
         p.progress.launched(p.trainer.launches + 1)
         p.interval.launched()
-        p.checkpoints.launched(resume_step)
+        out = tuple(sorted(set(excluded) | p.nodeloss.lost))
+        nodes = p.trainer.next_nodes(out, self.rank_shift)
+        usable = [n for n in placement.usable_nodes(p.layout, p.nodeloss.lost) if n not in excluded]
+        snapshot = p.ctx.guard.call(CHECKPOINT_SCAN, p.memory.pick, p.trainer.launches + 1, nodes,
+                                    p.layout.tasks_per_node, usable, resume_step, default=None)  # fmt: skip
+        memory_step = snapshot.step if snapshot is not None else None
+        p.checkpoints.launched(memory_step if memory_step is not None else resume_step)
         p.watcher.forget_ranks()  # the ranks in the table now are earlier launches'
-        launch = p.trainer.launch(resume, resume_step, tuple(sorted(set(excluded) | p.nodeloss.lost)), self.rank_shift,
-                                  scan_ok=picked is not None)  # fmt: skip
+        launch = p.trainer.launch(resume, resume_step, out, self.rank_shift, scan_ok=picked is not None,
+                                  memory_step=memory_step)  # fmt: skip
         # (its ranks start meanwhile: the check delays nothing)
         p.ctx.guard.call(CHECKPOINT_SCAN, p.env_check.resumed, resume, launch.nodes, p.layout.tasks_per_node,
                          default=None)  # fmt: skip

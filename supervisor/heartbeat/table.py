@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from supervisor import procstate
+from supervisor.decisions.memory_pick import Held
 from supervisor.heartbeat import wire
+from supervisor.heartbeat.memory_report import parse_memory
 
 ABNORMAL_NAMES = procstate.ABNORMAL
 
@@ -129,6 +131,9 @@ class LiveTable:
         # ``events`` so a report per node every 30 s never pushes stack results out of that bounded queue.
         self.health: dict[str, tuple[float, wire.HealthReport]] = {}
         self.health_refused = 0  # authenticated health events whose text is not a report
+        # Each node's newest memory-store inventory (EVENT_MEMORY) with our wall time of receipt (the memory tier).
+        self.memory: dict[str, tuple[float, tuple[Held, ...]]] = {}
+        self.memory_refused = 0
         self._mono, self._wall_ns = mono, wall_ns
 
     def feed(self, data: bytes, addr: Any = None) -> bool:
@@ -154,6 +159,12 @@ class LiveTable:
                         self.health[frame.node] = (now_wall / 1e9, wire.parse_health(ev.text))
                     except wire.FrameError:  # the frame itself was fine (counted ok): only this report is dropped
                         self.health_refused += 1
+                    continue
+                if ev.kind == wire.EVENT_MEMORY:
+                    try:
+                        self.memory[frame.node] = (now_wall / 1e9, parse_memory(ev.text))
+                    except wire.FrameError:
+                        self.memory_refused += 1
                     continue
                 name = wire.EVENT_NAMES[ev.kind] if ev.kind < len(wire.EVENT_NAMES) else f"event{ev.kind}"
                 self.events.append({"node": frame.node, "rank": ev.rank, "event": name, "text": ev.text,

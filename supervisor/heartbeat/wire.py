@@ -62,14 +62,16 @@ CMD_KEEPALIVE = 0
 CMD_SET_FLAGS = 1  # arg = flags_arg(control flags for the rank's slot, at_step)
 CMD_DUMP_STACKS = 2
 CMD_EXIT = 3
-COMMAND_NAMES = ("keepalive", "set_flags", "dump_stacks", "exit")
+CMD_REPORT_MEMORY = 4  # send the memory store's inventory now (before a relaunch picks a snapshot)
+COMMAND_NAMES = ("keepalive", "set_flags", "dump_stacks", "exit", "report_memory")
 
 # One event: kind, rank, text length, then UTF-8 text.
 EVENT = struct.Struct("<BIH")
 EVENT_STACKS_SAVED = 1  # text = path of the saved dump
 EVENT_STACKS_FAILED = 2  # text = why
 EVENT_HEALTH = 3  # text = a node health report (JSON, ``encode_health``); rank = the agent's check number
-EVENT_NAMES = ("", "stacks_saved", "stacks_failed", "health")
+EVENT_MEMORY = 4  # text = what the node's memory store holds (JSON, ``memory_report.encode_memory``)
+EVENT_NAMES = ("", "stacks_saved", "stacks_failed", "health", "memory")
 
 # Process states travel as one byte: the code of a name in ``supervisor.procstate`` (the one vocabulary).
 STATES = procstate.NAMES

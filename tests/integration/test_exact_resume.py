@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -149,3 +150,34 @@ def test_fsdp2_resume_on_fewer_ranks_reshards_the_saved_weights(tmp_path: Path) 
     assert f"restored checksum={saved.group(1)}" in err2
     assert "checkpoint world size 3 != 2" in err2
     assert [int(STEP_LINE.match(x).group(1)) for x in second] == list(range(5, 13))  # type: ignore[union-attr]
+
+
+def test_a_relaunch_resumes_from_the_memory_snapshot_bitwise_and_refuses_a_flipped_one(tmp_path: Path) -> None:
+    """Issue 27, memory tier, without Slurm: two gloo ranks snapshot every step into a memory store (as the
+    supervisor's env sets it up) and checkpoint every 5 steps; killed at step 8, a relaunch told to resume from
+    step 7 in memory prints bitwise the uninterrupted losses from step 8 on (one step lost, not three). With a bit
+    flipped in rank 1's shard, no rank uses memory: both resume from the filesystem checkpoint of step 5, bitwise."""
+    reference, _, rc = train(tmp_path / "ref", world=2)
+    assert rc == 0 and len(reference) == 12
+    memory = tmp_path / "mem"
+    env = {"SUPERVISOR_MEMORY_DIR": str(memory), "SUPERVISOR_MEMORY_EVERY": "1", "SUPERVISOR_LAUNCH": "j-0-1"}
+    first, _, rc = train(tmp_path / "ck", "--ckpt-every", "5", "--die-at-step", "8", "--step-time", "0.2", world=2,
+                         env=env)  # fmt: skip
+    assert rc == -9 and first == reference[:8]
+    assert sorted(p.name for p in (memory / "step_7").iterdir()) == ["rank_0.json", "rank_0.snap", "rank_1.json",
+                                                                     "rank_1.snap"]  # fmt: skip
+    shutil.copytree(memory, tmp_path / "mem-flipped")
+    shutil.copytree(tmp_path / "ck", tmp_path / "ck-again")
+    again = {**env, "SUPERVISOR_LAUNCH": "j-0-2", "SUPERVISOR_RESUME_MEMORY_STEP": "7"}
+    second, err, rc = train(tmp_path / "ck", "--ckpt-every", "5", world=2, env=again)
+    assert rc == 0 and "resumed from memory at step 7" in err, err
+    assert second == reference[7:]
+
+    shard = tmp_path / "mem-flipped" / "step_7" / "rank_1.snap"
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0x01
+    shard.write_bytes(bytes(data))
+    third, err, rc = train(tmp_path / "ck-again", "--ckpt-every", "5", world=2,
+                           env={**again, "SUPERVISOR_MEMORY_DIR": str(tmp_path / "mem-flipped")})  # fmt: skip
+    assert rc == 0 and _resumed_at(err) == 5 and "resumed from memory" not in err, err
+    assert third == reference[5:]

@@ -81,6 +81,7 @@ class FakeTable:
         self.nodes: list[str] = []
         self.events: deque[dict[str, Any]] = deque()
         self.health: dict[str, Any] = {}  # node -> (wall time, wire.HealthReport), as LiveTable.health
+        self.memory: dict[str, Any] = {}  # node -> (wall time, (Held, ...)), as LiveTable.memory
         self.staleness: dict[str, float] = {}
 
     def node_views(self, nodes: Any = None) -> dict[str, NodeView]:
@@ -118,6 +119,8 @@ class FakeChannel:
         for cmd in cmds:
             if cmd.command == wire.CMD_SET_FLAGS and self.current is not None:
                 self.current.stop_requested = True
+            if cmd.command == wire.CMD_REPORT_MEMORY:  # the agents answer with what their stores hold (kept)
+                self.table.memory[node] = (time.time(), self.table.memory.get(node, (0.0, ()))[1])
             if cmd.command == wire.CMD_DUMP_STACKS:
                 self.table.events.append({"event": "stacks_saved", "node": node, "rank": cmd.rank, "text": "f.py:1"})
         return True

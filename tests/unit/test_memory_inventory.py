@@ -65,3 +65,43 @@ def test_two_nodes_inventories_pick_the_newest_step_complete_across_them(tmp_pat
     assert both is not None and both.step == 20 and both.fetches == 0
     lost, why = pick(held, world=2, usable=["n1"], placement={0: "n1", 1: "n1"}, newest_filesystem_step=0)
     assert lost is not None and lost.step == 10 and lost.sources == {0: "n1", 1: "n1"}, why  # n2 gone: its buddy copy
+
+
+def test_the_agents_thread_reports_changes_and_answers_a_request_at_once(tmp_path: Path) -> None:
+    """The store is made 0700; a new shard is reported within a scan; an unchanged store is reported again when
+    the supervisor asks (before a relaunch), long before the periodic resend."""
+    import time
+
+    from supervisor.agent.memory_thread import MemoryThread, make_store
+    from supervisor.heartbeat import wire
+    from supervisor.heartbeat.memory_report import parse_memory
+
+    store = make_store(tmp_path / "slot" / "memory")
+    assert store.stat().st_mode & 0o777 == 0o700
+    thread = MemoryThread(store, scan_s=0.05, resend_s=3600)
+    thread.start()
+    try:
+        def next_event(timeout: float = 5.0) -> wire.Event | None:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                got = thread.events()
+                if got:
+                    return got[-1]
+                time.sleep(0.01)
+            return None
+
+        first = next_event()
+        assert first is not None and first.kind == wire.EVENT_MEMORY and parse_memory(first.text) == ()
+        write(store, 0, 1, 7)
+        got = next_event()
+        assert got is not None and [(h.step, h.verified) for h in parse_memory(got.text)] == [(7, True)]
+        assert next_event(0.3) is None  # unchanged: nothing until asked
+        thread.request()
+        asked = next_event(1.0)
+        assert asked is not None and [h.step for h in parse_memory(asked.text)] == [7]
+    finally:
+        thread.close()
+    link = tmp_path / "planted"
+    link.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):
+        make_store(link)

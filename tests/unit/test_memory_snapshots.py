@@ -108,6 +108,54 @@ def test_without_a_memory_directory_nothing_is_written(tmp_path: Path, monkeypat
     assert MemorySnapshots().enabled
 
 
+def test_a_relaunch_restores_the_picked_step_and_a_refused_shard_touches_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The supervisor names the step (SUPERVISOR_RESUME_MEMORY_STEP); a shard that is not this state's (here a
+    shape differs at the last leaf) is refused before any tensor of the program's state is written, so the
+    filesystem tier starts from the untouched state."""
+    monkeypatch.setenv("SUPERVISOR_LAUNCH", "7-0-1")
+    mem = MemorySnapshots(tmp_path)
+    mem.save(state(1), 5)
+    mem.close()
+    assert json.loads((tmp_path / "step_5" / "rank_0.json").read_text())["launch"] == "7-0-1"
+    monkeypatch.delenv("SUPERVISOR_RESUME_MEMORY_STEP", raising=False)
+    target = state(2)
+    assert MemorySnapshots(tmp_path).restore(target) is None and same(target, state(2))  # nothing picked
+    monkeypatch.setenv("SUPERVISOR_RESUME_MEMORY_STEP", "5")
+    assert MemorySnapshots(tmp_path).restore(target) == 5 and same(target, state(1))
+    wrong = state(2)
+    wrong["train"]["empty"] = torch.zeros(2)
+    assert MemorySnapshots(tmp_path).restore(wrong) is None
+    untouched = state(2)
+    untouched["train"]["empty"] = torch.zeros(2)
+    assert same(wrong, untouched)
+
+
+def test_snapshots_follow_the_cadence_and_auto_measures_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    every3 = MemorySnapshots(tmp_path / "a", every=3, keep=10)
+    taken = [step for step in range(1, 10) if every3.snapshot(lambda: state(1), step)]
+    every3.close()
+    assert taken == [3, 6, 9]
+    monkeypatch.setenv("SUPERVISOR_MEMORY_EVERY", "auto")
+    auto = MemorySnapshots(tmp_path / "b", keep=10)
+    assert auto.snapshot(state(1), 1) and auto.every is None  # the first one measures the copy
+    auto.snapshot(state(1), 2)
+    assert auto.every is not None and auto.every >= 1  # then the cadence is fixed (agreed by the ranks)
+    auto.close()
+
+
+def test_a_full_store_turns_snapshots_off_and_the_training_goes_on(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    mem = MemorySnapshots(blocked / "memory")
+    mem.save(state(1), 1)
+    assert mem.wait() is None and not mem.enabled and mem.save(state(1), 2) is None
+    assert not mem.snapshot(state(1), 3)
+    assert capsys.readouterr().err.count("memory snapshots off for this run") == 1
+    mem.close()
+
+
 def test_a_dtensor_local_shard_round_trips_into_the_fsdp2_model(tmp_path: Path) -> None:
     dist = torch.distributed
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict

@@ -1,0 +1,61 @@
+"""The memory tier on the real local Slurm (issue 27): README's usage, no memory settings, the example program;
+a rank killed from outside (the OOM killer's SIGKILL) is relaunched in the allocation from the snapshot in node
+memory (journaled ``memory_pick``, ``resume_tier`` "memory"), losing at most two steps instead of the checkpoint
+interval, and the campaign's losses are bitwise those of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+from campaign_tools import EXAMPLE, cancel, launches, step_lines, submit, wait_for
+from matrix_tools import printed_step, rank_pid_on, wait_printed
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+STEPS = 40
+
+
+def reference(tmp_path, world: int = 2) -> list[str]:  # type: ignore[no-untyped-def]
+    """Rank 0's lines of the same training, uninterrupted, on local processes (gloo)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUPERVISOR_", "RANK", "WORLD_SIZE"))}
+    procs = [subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--ckpt-dir", str(tmp_path / "ref"),
+                               "--ckpt-every", "20", "--seed", "3"],
+                              env={**env, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": port, "PYTHONWARNINGS": "ignore"},
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for r in range(world)]  # fmt: skip
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    return [line for line in outs[0].splitlines() if line.startswith("step=")]
+
+
+def test_a_killed_rank_resumes_from_node_memory_losing_at_most_two_steps_bitwise(tmp_path):
+    camp = submit(tmp_path, steps=STEPS, ckpt_every=20, step_time=0.3)
+    try:
+        want = reference(tmp_path)
+        wait_printed(camp, 1, 27)
+        os.kill(rank_pid_on(camp, 1), signal.SIGKILL)
+        killed_at = printed_step(camp, 1)
+        picked = wait_for("the memory pick", lambda: camp.of_type("memory_pick"), 90)[0]
+        assert picked["launch"] == 2 and picked["fetches"] == 0, picked
+        assert picked["step"] is not None and killed_at - 2 <= picked["step"] <= killed_at, (picked, killed_at)
+        relaunch = wait_for("the relaunch", lambda: launches(camp)[1:], 30)[0]
+        assert relaunch["resume_tier"] == "memory" and relaunch["resume_step"] == picked["step"], relaunch
+        assert relaunch["resume_from"].endswith("step_000000020")  # the filesystem tier, were memory refused
+        ended = wait_for("the campaign to complete", camp.ended, 180)
+        assert ended["state"] == "completed", ended
+        report = camp.report()
+        assert [a["resume_step"] for a in report["attempts"]] == [None, picked["step"]]
+        logs = sorted(camp.root.glob("logs/*/train-*.log"))
+        first, second = (step_lines(p.read_text(errors="replace")) for p in logs)
+        assert first == want[: len(first)], "launch 1 diverged from the uninterrupted run"
+        assert second == want[picked["step"]:], "the resumed steps must print exactly the uninterrupted losses"
+    finally:
+        cancel(camp.job_id)

@@ -1,0 +1,85 @@
+"""The driver's memory-tier restore (driver/memory_resume.py) with a fake channel: it asks every usable node's
+agent for its inventory, waits for the answers, journals the pure pick's choice (or why not), never resumes a
+diverged launch's later snapshot, and leaves a pick that needs a copy between nodes to the filesystem tier."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from supervisor.decisions.memory_pick import Held
+from supervisor.driver.context import Context
+from supervisor.driver.memory_resume import MemoryResume
+from supervisor.heartbeat import wire
+
+
+class FakeChannel:
+    """Agents that answer a report request at the next poll with what their node holds."""
+
+    def __init__(self, holdings: dict[str, list[Held]], now: list[float]) -> None:
+        self.holdings, self.now = holdings, now
+        self.sent: list[tuple[str, int]] = []
+        self.asked: set[str] = set()
+        self.table = type("T", (), {"memory": {}})()
+
+    def send(self, node: str, cmds: list[wire.Command]) -> bool:
+        self.sent += [(node, c.command) for c in cmds]
+        self.asked.add(node)
+        return True
+
+    def poll(self, timeout: float) -> int:
+        self.now[0] += timeout
+        for node in self.asked:
+            if node in self.holdings:
+                self.table.memory[node] = (self.now[0], tuple(self.holdings[node]))
+        self.asked = set()
+        return 0
+
+
+def both(step: int, launch: str = "7-0-1") -> dict[str, list[Held]]:
+    return {"n1": [Held(step, 0, 2, "a", True, launch)], "n2": [Held(step, 1, 2, "b", True, launch)]}
+
+
+def make(holdings: dict[str, list[Held]], enabled: bool = True) -> tuple[MemoryResume, FakeChannel, list[dict[str, Any]]]:
+    now = [1000.0]
+    events: list[dict[str, Any]] = []
+    channel = FakeChannel(holdings, now)
+    ctx = Context.of(events.append, clock=lambda: now[0])
+    return MemoryResume(ctx, channel, enabled=enabled, wait_s=1.0, wall=lambda: now[0]), channel, events
+
+
+def test_a_relaunch_asks_every_node_and_resumes_from_the_newest_complete_snapshot() -> None:
+    memory, channel, events = make(both(12))
+    assert memory.pick(2, ("n1", "n2"), 1, ["n1", "n2"], 10) is None and channel.sent == []  # nobody reported any
+    assert "no node reported a memory snapshot" in events.pop()["why"]
+    channel.table.memory["n1"] = (0.0, tuple(both(3)["n1"]))  # an old report: the program takes snapshots
+    assert memory.pick(1, ("n1", "n2"), 1, ["n1", "n2"], 10) is None and channel.sent == []  # nothing in memory yet
+    chosen = memory.pick(2, ("n1", "n2"), 1, ["n1", "n2"], 10)
+    assert chosen is not None and chosen.step == 12 and chosen.launch == "7-0-1"
+    assert sorted(channel.sent) == [("n1", wire.CMD_REPORT_MEMORY), ("n2", wire.CMD_REPORT_MEMORY)]
+    assert [(e["type"], e["launch"], e["step"], e["snapshot_launch"]) for e in events] == [
+        ("memory_pick", 2, 12, "7-0-1")]
+
+
+def test_no_pick_when_a_shard_would_have_to_move_or_memory_is_off() -> None:
+    memory, channel, events = make(both(12))
+    channel.table.memory["n1"] = (0.0, tuple(both(3)["n1"]))
+    assert memory.pick(2, ("n1", "n3"), 1, ["n1", "n2", "n3"], 10) is None  # rank 1 now runs on n3 (a spare)
+    assert events[-1]["step"] is None and "filesystem tier" in events[-1]["why"] and events[-1]["fetches"] == 0
+    off, channel, events = make(both(12), enabled=False)
+    assert off.pick(2, ("n1", "n2"), 1, ["n1", "n2"], 10) is None and channel.sent == [] and events == []
+
+
+def test_a_diverged_launchs_later_snapshots_are_never_picked() -> None:
+    holdings = {n: both(9)[n] + both(12)[n] for n in ("n1", "n2")}
+    memory, channel, events = make(holdings)
+    channel.table.memory["n1"] = (0.0, tuple(both(3)["n1"]))
+    memory.diverged_after("7-0-1", 10)  # a NaN/Inf loss after step 10 in that launch
+    chosen = memory.pick(2, ("n1", "n2"), 1, ["n1", "n2"], None)
+    assert chosen is not None and chosen.step == 9
+
+
+def test_a_silent_agent_counts_with_what_it_said_last_or_nothing() -> None:
+    memory, channel, events = make({"n1": both(12)["n1"]})  # n2's agent never answers
+    channel.table.memory["n1"] = (0.0, tuple(both(3)["n1"]))
+    assert memory.pick(2, ("n1", "n2"), 1, ["n1", "n2"], None) is None
+    assert "1 of 2 ranks" in events[-1]["why"]
