@@ -13,8 +13,10 @@ Figures (the example training, 2 nodes x 1 rank, gloo on CPU):
      checkpoints), the supervisor without a spare (our verdict, requeue at once without the node), with one spare
      (`[run] spare_nodes = 1`: replaced inside the allocation, no requeue), and the batch host crashed (with one
      spare: the agents' failsafe requeues; also the time nothing supervised the job).
+  M. the memory tier (issue 27): rank SIGKILL and node crash with a spare, memory tier on vs off, DCP every 50
+     steps: steps lost and seconds until training is past the pre-fault step again (`--only memory`).
 Each prints seconds and the ratio baseline / supervised. Goals: A <= 10 s, B <= 20 s; C with a spare <= 10 s,
-without <= 20 s, batch host: failsafe within 30 s.
+without <= 20 s, batch host: failsafe within 30 s; M: <= 2 steps lost with the tier on.
 """
 
 from __future__ import annotations
@@ -41,14 +43,15 @@ EXAMPLE = REPO / "examples" / "train_ddp.py"
 STEP = re.compile(r"^(?:\s*\d+: )?step=(\d+) ", re.M)  # the supervisor's launch logs carry srun --label's "N: "
 
 
-def supervise_submit(work: Path, steps: int, step_time: float, run_config: str = "") -> tuple[str, Path]:
+def supervise_submit(work: Path, steps: int, step_time: float, run_config: str = "", ckpt_every: int = 5,
+                     nodes: int = 2) -> tuple[str, Path]:  # fmt: skip
     root, ckpt = work / "campaign", work / "ckpt"
     work.mkdir(parents=True, exist_ok=True)
     (work / "c.toml").write_text(f'[run]\ncheckpoint_dir = "{ckpt}"\n{run_config}')
     out = subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", "submit", "-N", "2", "--ntasks-per-node=1", "--time=15",
+        [sys.executable, "-m", "supervisor.cli", "submit", "-N", str(nodes), "--ntasks-per-node=1", "--time=15",
          "--campaign", str(root), "--config", str(work / "c.toml"), "--", sys.executable, str(EXAMPLE),
-         "--steps", str(steps), "--ckpt-dir", str(ckpt), "--ckpt-every", "5", "--step-time", str(step_time),
+         "--steps", str(steps), "--ckpt-dir", str(ckpt), "--ckpt-every", str(ckpt_every), "--step-time", str(step_time),
          "--timings"],
         capture_output=True, text=True, check=True, cwd=REPO,
     ).stdout  # fmt: skip
@@ -247,10 +250,57 @@ def bench_node_crash(cluster: LocalCluster, work: Path) -> dict[str, float]:
     return {"plain": base, "no_spare": nospare, "spare": spare, "batch_host": host, "failsafe": failsafe or -1.0}
 
 
+def last_printed(root: Path) -> int:
+    steps = [int(m) for p in root.glob("logs/*/train-*.log") for m in STEP.findall(p.read_text(errors="replace"))]
+    return max(steps, default=0)
+
+
+def memory_row(cluster: LocalCluster, work: Path, fault: str, memory: str) -> tuple[int, float]:
+    """(steps lost, seconds until training is past the pre-fault step again) for one fault with the memory tier
+    ``memory`` ("auto" or "off"); DCP checkpoints every 50 steps, 0.1 s steps."""
+    spare = "spare_nodes = 1\n" if fault == "crash" else ""
+    job, root = supervise_submit(work, steps=600, step_time=0.1, ckpt_every=50,
+                                 run_config=f'memory_snapshots = "{memory}"\n{spare}')  # fmt: skip
+    victim = ""
+    try:
+        wait_for("training past step 70", lambda: last_printed(root) >= 70 or None, 300)
+        sizes = {p: p.stat().st_size for p in root.glob("logs/*/train-*.log")}
+        if fault == "kill":
+            pid = int(wait_for("rank 1", lambda: live_rank(root, 1), 30)["pid"])
+            t0, before = time.time(), last_printed(root)
+            os.kill(pid, signal.SIGKILL)
+        else:
+            victim = training_victim(root, job)
+            t0, before = time.time(), last_printed(root)
+            cluster.crash_node(victim)
+        relaunch = wait_for("the relaunch", lambda: events(root, "step_launched")[1:] or None, 120)[0]
+        lost = before - int(relaunch.get("resume_step") or 0)
+        past = first_step_after(root / "logs", "*/train-2.log", sizes, before + 1, 240) - t0
+        print(f"M  {fault}, memory tier {memory}: resumed from {relaunch.get('resume_tier')} at step "
+              f"{relaunch.get('resume_step')} ({lost} steps lost), past the pre-fault step {before} after {past:.1f} s",
+              flush=True)  # fmt: skip
+        return lost, past
+    finally:
+        cluster.slurm("scancel", job, check=False)
+        if victim:
+            cluster.revive_node(victim)
+
+
+def bench_memory(cluster: LocalCluster, work: Path) -> None:
+    """Issue 27: rank SIGKILL and node crash with a spare, memory tier on vs off, side by side."""
+    rows = {(fault, memory): memory_row(cluster, work / f"mem-{fault}-{memory}", fault, memory)
+            for fault in ("kill", "crash") for memory in ("auto", "off")}  # fmt: skip
+    print("\n| fault (DCP every 50 steps of 0.1 s) | memory tier | steps lost | s until past the pre-fault step |")
+    print("|---|---|---|---|")
+    for (fault, memory), (lost, past) in rows.items():
+        label = "rank SIGKILL" if fault == "kill" else "node crash, 1 spare"
+        print(f"| {label} | {'on' if memory == 'auto' else 'off'} | {lost} | {past:.1f} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-window", type=float, default=120.0)
-    parser.add_argument("--only", choices=("hang", "kill", "crash"))
+    parser.add_argument("--only", choices=("hang", "kill", "crash", "memory"))
     parser.add_argument("--accounting", action="store_true",
                         help="the cluster with slurmdbd, as sites run it (the no-spare requeue then drops the lost "
                              "node from the allocation first; docs/node-loss.md)")  # fmt: skip
@@ -268,6 +318,8 @@ def main() -> int:
             bench_kill(cluster, work)
         if args.only in (None, "crash"):
             bench_node_crash(cluster, work)
+        if args.only in (None, "memory"):
+            bench_memory(cluster, work)
     return 0
 
 

@@ -29,7 +29,9 @@ import psutil
 from supervisor.agent.discover import find_ranks
 from supervisor.agent.failsafe import Failsafe
 from supervisor.agent.health_thread import HealthThread, health_from_args
-from supervisor.agent.memory_thread import MemoryThread, make_store
+from supervisor.agent.memory_thread import make_store
+from supervisor.agent.memory_tier import MemoryTier
+from supervisor.agent.replication_wire import replication_key
 from supervisor.agent.sampler import RankSlots
 from supervisor.agent.slotdir import make_slot_dir
 from supervisor.agent.stacks import StackDumps
@@ -37,6 +39,7 @@ from supervisor.checkpoint.memory import MEMORY_DIR_ENV
 from supervisor.client.slot import check_slot_dir
 from supervisor.errors import ConfigError, SupervisorError, UsageError
 from supervisor.heartbeat import wire
+from supervisor.heartbeat.orders import OrderError, parse_orders
 from supervisor.heartbeat.secret import load_secret
 from supervisor.paths import SLOT_DIR_ENV, CampaignPaths, default_slot_dir, expand_slot_dir
 
@@ -56,7 +59,7 @@ class Agent:
                  campaign: Path, sample_s: float = 0.25, report_s: float = 1.0, supervisor_timeout_s: float = 30.0,
                  refused_grace_s: float = 5.0, parent_pid: int = 0, keep_slot_dir: bool = False,
                  health: AgentHealth | None = None,
-                 failsafe: Failsafe | None = None, not_before_ns: int = 0, memory: MemoryThread | None = None) -> None:
+                 failsafe: Failsafe | None = None, not_before_ns: int = 0, memory: MemoryTier | None = None) -> None:
         self.job, self.node, self.key = job, node, key
         self.sample_s, self.report_s = sample_s, report_s
         self.supervisor_timeout_s, self.refused_grace_s = supervisor_timeout_s, refused_grace_s
@@ -114,8 +117,8 @@ class Agent:
         except wire.FrameError as err:
             self.counters["rejected_" + err.reason] += 1
             return
-        if frame.kind != wire.KIND_CONTROL or frame.node != self.node:
-            self.counters["rejected_" + ("kind" if frame.kind != wire.KIND_CONTROL else "node")] += 1
+        if frame.kind not in (wire.KIND_CONTROL, wire.KIND_ORDER) or frame.node != self.node:
+            self.counters["rejected_" + ("node" if frame.node != self.node else "kind")] += 1
             return
         why = self.guard.check("supervisor", frame.instance, frame.seq, frame.sent_wall_ns, time.time_ns())
         if why is not None:
@@ -125,6 +128,9 @@ class Agent:
         self.clock_offset_s = (time.time_ns() - frame.sent_wall_ns) / 1e9  # + transit, well under a second
         self.last_contact = time.monotonic()
         self._refused_since = 0.0
+        if frame.kind == wire.KIND_ORDER:
+            self._obey(wire.order_text(frame))
+            return
         events: list[wire.Event] = []
         for cmd in wire.commands(frame):
             ranks = sorted(set(self.slots.readers) | set(self.slots.slotless)) if cmd.rank == wire.ALL_RANKS \
@@ -147,6 +153,18 @@ class Agent:
                 self.stop_reason = "the supervisor asked the agent to exit"
         if events:
             self.send_events(events)
+
+    def _obey(self, text: str) -> None:
+        """An order of the memory tier (its buddy, shard copies); one that does not parse is counted, not obeyed."""
+        try:
+            orders = parse_orders(text)
+        except OrderError as err:
+            self.counters[f"rejected_order_{err}"] += 1
+            return
+        if self.memory is None:
+            self.counters["orders_without_memory"] += 1
+            return
+        self.memory.obey(orders)
 
     def _receive(self) -> None:
         while True:
@@ -270,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit after this many seconds without a keepalive from the supervisor")
     p.add_argument("--parent-pid", type=int, default=0, help="also exit when this pid is gone (same host only)")
     p.add_argument("--keep-slot-dir", action="store_true", help="do not remove the slot directory on exit")
+    p.add_argument("--replication-cap-mbs", type=float, default=2000.0,
+                   help="MB/s at most for copying memory snapshots to other nodes (default 2000)")
     p.add_argument("--not-before-ns", type=int, default=0,
                    help="refuse the supervisor's frames sent before this time (its wall clock, ns) as replays")
     p.add_argument("--health-interval", type=float, default=30.0,
@@ -342,12 +362,13 @@ def agent_from_args(args: argparse.Namespace) -> Agent:
                  supervisor_timeout_s=args.supervisor_timeout, parent_pid=args.parent_pid,
                  keep_slot_dir=args.keep_slot_dir, health=health_from_args(args),
                  failsafe=failsafe_from_args(args, campaign), not_before_ns=args.not_before_ns,
-                 memory=memory_from_env(args))
+                 memory=memory_from_env(args, key, supervisor))
 
 
-def memory_from_env(args: argparse.Namespace) -> MemoryThread | None:
-    """The memory tier's store on this node when the supervisor asked for one (``SUPERVISOR_MEMORY_DIR``); one
-    that cannot be made leaves the tier off on this node (its ranks' writes fail: they turn it off and say so)."""
+def memory_from_env(args: argparse.Namespace, key: bytes, supervisor: tuple[str, int]) -> MemoryTier | None:
+    """The memory tier's store on this node when the supervisor asked for one (``SUPERVISOR_MEMORY_DIR``), with
+    its copies to and from other nodes; a store that cannot be made leaves the tier off on this node (its ranks'
+    writes fail: they turn it off and say so)."""
     template = os.environ.get(MEMORY_DIR_ENV, "")
     if not template:
         return None
@@ -358,7 +379,8 @@ def memory_from_env(args: argparse.Namespace) -> MemoryThread | None:
         print(f"supervisor agent: memory store {root} unusable ({err}); memory snapshots off on this node",
               file=sys.stderr, flush=True)  # fmt: skip
         return None
-    return MemoryThread(root)
+    return MemoryTier.build(root, replication_key(key), job=args.job_id, node=args.node, supervisor=supervisor,
+                               cap_bytes_s=args.replication_cap_mbs * 1e6)  # fmt: skip
 
 
 def failsafe_from_args(args: argparse.Namespace, campaign: Path) -> Failsafe | None:

@@ -1,5 +1,6 @@
 """What a node's memory store holds, verified: the node agent's side of the memory tier's restore pick
-(``decisions.memory_pick``). No torch, nothing unpickled: a shard counts only when its record
+(``decisions.memory_pick``): its own ranks' shards and the copies it keeps for its buddy (``replica/<node>/``).
+No torch, nothing unpickled: a shard counts only when its record
 (``rank_R.json``) parses, its header parses (``checkpoint.snapshot_format``), and its bytes hash to the recorded
 SHA-256. Each file is hashed once (its size and mtime remembered), so a scan every few seconds costs a directory
 listing once the store is verified.
@@ -32,10 +33,13 @@ class Inventory:
     def scan(self) -> list[Held]:
         """Every shard of the store, verified or not (``Held.verified``), newest steps first."""
         held: list[Held] = []
-        try:
-            steps = [(int(m.group(1)), p) for p in self.root.iterdir() if (m := _STEP.fullmatch(p.name))]
-        except OSError:
-            return []
+        steps: list[tuple[int, Path]] = []
+        for base in [self.root, *_replica_dirs(self.root)]:  # the node's own ranks', then its buddies' copies
+            try:
+                steps += [(int(m.group(1)), p) for p in base.iterdir() if (m := _STEP.fullmatch(p.name))]
+            except OSError:
+                if base == self.root:
+                    return []
         live: set[tuple[str, int, int]] = set()
         for step, folder in sorted(steps, reverse=True):
             try:
@@ -56,6 +60,13 @@ class Inventory:
                     held.append(self.seen[key])  # type: ignore[arg-type]
         self.seen = {k: v for k, v in self.seen.items() if k in live}
         return held
+
+
+def _replica_dirs(root: Path) -> list[Path]:
+    try:
+        return sorted(p for p in (root / "replica").iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
 
 
 def verify(record: Path, shard: Path, step: int) -> Held | None:

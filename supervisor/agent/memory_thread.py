@@ -37,8 +37,10 @@ def make_store(root: Path) -> Path:
 class MemoryThread:
     """Scans the store off the agent's loop; ``events()`` hands over the inventories to send."""
 
-    def __init__(self, root: Path, scan_s: float = SCAN_S, resend_s: float = RESEND_S) -> None:
+    def __init__(self, root: Path, scan_s: float = SCAN_S, resend_s: float = RESEND_S, listen: str = "") -> None:
+        """``listen``: where this agent receives shards from other agents (sent with every inventory)."""
         self.inventory = Inventory(root)
+        self.listen = listen
         self.scan_s, self.resend_s = scan_s, resend_s
         self.done: queue.Queue[wire.Event] = queue.Queue(maxsize=4)
         self.stop = threading.Event()
@@ -66,7 +68,7 @@ class MemoryThread:
                 continue
             self.asked.clear()
             try:
-                self.done.put_nowait(wire.Event(wire.EVENT_MEMORY, 0, encode_memory(held)))
+                self.done.put_nowait(wire.Event(wire.EVENT_MEMORY, 0, encode_memory(held, self.listen)))
                 self.last, sent_at = held, now
             except queue.Full:  # the loop stopped taking them: the next scan supersedes
                 pass

@@ -57,6 +57,7 @@ from supervisor.paths import expand_slot_dir
 
 MEMORY_DIR_ENV = "SUPERVISOR_MEMORY_DIR"  # the node's store; ``{node}`` is filled in as for the slot directory
 RESUME_STEP_ENV = "SUPERVISOR_RESUME_MEMORY_STEP"  # the step the supervisor picked for this launch (unset: none)
+RESUME_LAUNCH_ENV = "SUPERVISOR_RESUME_MEMORY_LAUNCH"  # and the launch that wrote that snapshot
 EVERY_ENV = "SUPERVISOR_MEMORY_EVERY"  # "auto" (measured) or every N steps
 LAUNCH_ENV = "SUPERVISOR_LAUNCH"  # which launch wrote a shard
 _STEP_DIR = re.compile(r"step_(\d+)")
@@ -293,11 +294,31 @@ class MemorySnapshots:
         for apply in self._prepare(step, state):
             apply()
 
+    def _folder_of(self, step: int) -> Path:
+        """Where this rank's shard of ``step`` is on this node: its own store, else the copy the node keeps as
+        another node's buddy (``replica/<node>/``: the rank moved here from that node), the one written by the
+        launch the supervisor picked (``SUPERVISOR_RESUME_MEMORY_LAUNCH``) when it says."""
+        assert self.root is not None
+        wanted = os.environ.get(RESUME_LAUNCH_ENV, "")
+        own = self.root / f"step_{step}"
+        try:
+            copies = sorted(p / f"step_{step}" for p in (self.root / "replica").iterdir())
+        except OSError:
+            copies = []
+        for folder in [own, *copies]:
+            try:
+                record = json.loads((folder / f"rank_{self.rank}.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if not wanted or isinstance(record, dict) and record.get("launch") == wanted:
+                return folder
+        return own
+
     def _prepare(self, step: int, state: dict[str, Any]) -> list[Callable[[], None]]:
         """Read and check this rank's shard of ``step`` against ``state``; the copies to make, not yet made."""
         if self.root is None:
             raise MemorySnapshotError("no memory directory", f"set {MEMORY_DIR_ENV} (the supervisor does)")
-        folder = self.root / f"step_{step}"
+        folder = self._folder_of(step)
         try:
             sidecar = json.loads((folder / f"rank_{self.rank}.json").read_text())
             with open(folder / f"rank_{self.rank}.snap", "rb") as f:  # into a writable buffer: tensors view it

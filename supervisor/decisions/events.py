@@ -61,6 +61,7 @@ CHECKPOINT_QUARANTINED = "checkpoint_quarantined"
 CHECKPOINT_REFUSED = "checkpoint_refused"
 CHECKPOINT_DIR_DECLARED = "checkpoint_dir_declared"
 MEMORY_PICK = "memory_pick"
+MEMORY_BUDDIES = "memory_buddies"
 STACKS = "stacks"
 ENV_CHANGED = "env_changed"
 NODES_EXCLUDED = "nodes_excluded"
@@ -97,6 +98,7 @@ EVENT_TYPES: tuple[str, ...] = (
     CHECKPOINT_REFUSED,
     CHECKPOINT_DIR_DECLARED,
     MEMORY_PICK,
+    MEMORY_BUDDIES,
     STACKS,
     NODES_EXCLUDED,
     AGENTS_MISSING,
@@ -263,6 +265,11 @@ def memory_pick(t: float, launch: int, step: int | None, why: str, fetches: int 
     None and why the filesystem tier is used (docs/checkpoints.md, memory tier)."""
     return {"type": MEMORY_PICK, "t": t, "launch": launch, "step": step, "why": why[:500], "fetches": fetches,
             "snapshot_launch": snapshot_launch[:64]}
+
+
+def memory_buddies(t: float, ring: dict[str, str]) -> Event:
+    """The memory tier's copies between nodes: ``ring`` maps each node to the node its snapshots are copied to."""
+    return {"type": MEMORY_BUDDIES, "t": t, "ring": dict(sorted(ring.items()))}
 
 
 def stacks(t: float, node: str | None, rank: int | None, result: str, detail: str | None = None) -> Event:

@@ -32,6 +32,7 @@ from supervisor.decisions.detect import Detector
 from supervisor.driver import launcher
 from supervisor.driver.actuators import Actuators
 from supervisor.driver.agents import AgentStep
+from supervisor.driver.buddy_ring import BuddyRing
 from supervisor.driver.checkpoint_tracker import CheckpointTracker
 from supervisor.driver.context import Context
 from supervisor.driver.env_now import EnvCheck
@@ -177,7 +178,9 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
                                                       - set(launched) - state.ledger.excluded_nodes(now)))  # fmt: skip
     watcher = Watcher(ctx, channel=channel, detector=a.detector, checkpoints=checkpoints, agents=agents,
                       interrupts=interrupts, loop_interval_s=run.loop_interval_s, notifier=notifier,
-                      observers=(progress, interval), health=health, nodeloss=watch_nodes,
+                      observers=(progress, interval, BuddyRing(ctx, channel, lambda: watch_nodes.lost,
+                                                                 enabled=run.memory_snapshots != "off")),
+                      health=health, nodeloss=watch_nodes,
                       stall=StallProbe(ctx, channel, paths.root), swap=swap)  # fmt: skip
     jobs = JobActions(ctx, slurm=a.slurm, channel=channel, inbox=a.inbox, job_id=job_id,
                       restart_count=env.restart_count, scheduled_end=deadline.current)  # fmt: skip

@@ -90,6 +90,9 @@ class GuardedChannel:
     def send(self, node: str, cmds: Sequence[Any]) -> bool:
         return bool(self._guard.call(HEARTBEAT, self._channel.send, node, cmds, default=False))
 
+    def send_order(self, node: str, text: str) -> bool:
+        return bool(self._guard.call(HEARTBEAT, self._channel.send_order, node, text, default=False))
+
     def write_address_file(self) -> Path:
         return self._channel.write_address_file()  # type: ignore[no-any-return]
 

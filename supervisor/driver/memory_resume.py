@@ -6,8 +6,9 @@ The first launch of a Slurm run has nothing in memory (the store lives in this r
 asked about; nor is a relaunch when no agent has reported a single snapshot in this run (the program takes none:
 no wait). A launch that met a NaN/Inf loss is remembered with its last finite step: its later snapshots may
 hold the diverged weights and are never picked. A pick whose shards are not all on the nodes their ranks will run
-on needs a copy from a buddy node first; until that copy exists (issue 27) such a relaunch uses the filesystem
-tier and says so.
+on (a rank moved to a spare, its node lost) has them copied there first: the node holding each (the buddy) is
+ordered to send it (``heartbeat.orders.fetch_order``), the supervisor waits until the new nodes report them
+verified, and picks again; copies that do not arrive in time mean the filesystem tier, journaled.
 """
 
 from __future__ import annotations
@@ -20,15 +21,19 @@ from supervisor.decisions import events as ev
 from supervisor.decisions import memory_pick
 from supervisor.driver.context import Context
 from supervisor.heartbeat import wire
+from supervisor.heartbeat.orders import fetch_order
 
 REPORT_WAIT_S = 2.0  # the agents scan their stores every 0.5 s
+FETCH_WAIT_S = 15.0  # copies of the shards to the ranks' new nodes (a node's share of the state at >= 1 GB/s)
 
 
 class MemoryResume:
     def __init__(self, ctx: Context, channel: Any, *, enabled: bool, wait_s: float = REPORT_WAIT_S,
-                 wall: Callable[[], float] = time.time) -> None:  # fmt: skip
-        """``channel``: the supervisor's side of the agents' channel (``send``, ``poll``, ``table.memory``)."""
+                 fetch_wait_s: float = FETCH_WAIT_S, wall: Callable[[], float] = time.time) -> None:  # fmt: skip
+        """``channel``: the supervisor's side of the agents' channel (``send``, ``send_order``, ``poll``,
+        ``table.memory``, ``table.replication``)."""
         self.ctx, self.channel, self.enabled, self.wait_s, self.wall = ctx, channel, enabled, wait_s, wall
+        self.fetch_wait_s = fetch_wait_s
         self.diverged: dict[str, int] = {}  # launch tag -> its last step with a finite loss
 
     def diverged_after(self, launch_tag: str, last_finite_step: int | None) -> None:
@@ -44,18 +49,50 @@ class MemoryResume:
             self.ctx.record(ev.memory_pick(self.ctx.clock(), launch, None, "no node reported a memory snapshot in this "
                                            "Slurm run (the program takes none: CheckpointSaver.snapshot)"))  # fmt: skip
             return None
-        held = self._fresh_holdings(usable)
         placement = {r: nodes[r // tasks_per_node] for r in range(len(nodes) * tasks_per_node)}
-        chosen, why = memory_pick.pick({n: memory_pick.without_diverged(h, self.diverged) for n, h in held.items()},
-                                       world=len(placement), usable=usable, placement=placement,
-                                       newest_filesystem_step=newest_filesystem_step)  # fmt: skip
+        chosen, why = self._pick(self._fresh_holdings(usable), placement, usable, newest_filesystem_step)
         if chosen is not None and chosen.fetches:
-            why = (f"{why}; copying shards between nodes before a launch is not built yet: the filesystem tier "
-                   "is used")  # fmt: skip
-            chosen = None
+            chosen, why = self._fetch(chosen, placement, usable, newest_filesystem_step)
         self.ctx.record(ev.memory_pick(self.ctx.clock(), launch, chosen.step if chosen else None, why,
                                        chosen.fetches if chosen else 0, chosen.launch if chosen else ""))  # fmt: skip
         return chosen
+
+    def _pick(self, held: Mapping[str, tuple[memory_pick.Held, ...]], placement: Mapping[int, str],
+              usable: Sequence[str], newest_filesystem_step: int | None) -> tuple[memory_pick.Pick | None, str]:  # fmt: skip
+        return memory_pick.pick({n: memory_pick.without_diverged(h, self.diverged) for n, h in held.items()},
+                                world=len(placement), usable=usable, placement=placement,
+                                newest_filesystem_step=newest_filesystem_step)  # fmt: skip
+
+    def _fetch(self, chosen: memory_pick.Pick, placement: Mapping[int, str], usable: Sequence[str],
+               newest_filesystem_step: int | None) -> tuple[memory_pick.Pick | None, str]:  # fmt: skip
+        """Order each shard not on its rank's node copied there by the node that holds it, wait for the copies
+        to be reported, and pick again: the snapshot when every shard is home now, else the filesystem tier."""
+        addresses: dict[str, str] = dict(self.channel.table.replication)
+        orders: dict[str, list[tuple[str, str, int, int]]] = {}
+        for rank, source in sorted(chosen.sources.items()):
+            home = placement[rank]
+            if home == source:
+                continue
+            if home not in addresses:
+                return None, f"{chosen.why}; node {home} (rank {rank}'s) cannot receive shards: the filesystem tier"
+            orders.setdefault(source, []).append((home, addresses[home], chosen.step, rank))
+        for source, items in orders.items():
+            self.channel.send_order(source, fetch_order(items))
+        wanted = {(placement[r], r) for items in orders.values() for _, _, _, r in items}
+        deadline = time.monotonic() + self.fetch_wait_s
+        while True:
+            table: dict[str, tuple[float, tuple[memory_pick.Held, ...]]] = self.channel.table.memory
+            arrived = {(n, h.rank) for n, (_, items) in table.items() for h in items
+                       if h.step == chosen.step and h.launch == chosen.launch and h.verified}  # fmt: skip
+            if wanted <= arrived or time.monotonic() >= deadline:
+                break
+            self.channel.poll(0.05)
+        again, why = self._pick({n: items for n, (_, items) in table.items()}, placement, usable,
+                                newest_filesystem_step)  # fmt: skip
+        if again is not None and again.fetches == 0:
+            return again, f"{why}: {chosen.fetches} shard(s) copied from a buddy before the launch"
+        return None, (f"{chosen.why}; the copies to the ranks' nodes did not arrive within {self.fetch_wait_s:.0f} s: "
+                      "the filesystem tier")  # fmt: skip
 
     def _fresh_holdings(self, nodes: Sequence[str]) -> Mapping[str, tuple[memory_pick.Held, ...]]:
         """Every node's inventory, asked for now; a node that does not answer within ``wait_s`` counts with its

@@ -28,7 +28,7 @@ class Process(Protocol):
 class Channel(Protocol):
     """The supervisor's end of the heartbeat path: receives node summaries into ``table``, sends commands."""
 
-    table: Any  # heartbeat LiveTable: snapshot(), node_views(), nodes, events, health
+    table: Any  # heartbeat LiveTable: snapshot(), node_views(), nodes, events, health, memory, replication
 
     @property
     def address(self) -> tuple[str, int]: ...
@@ -38,6 +38,8 @@ class Channel(Protocol):
     def poll(self, timeout: float) -> int: ...
 
     def send(self, node: str, cmds: Sequence[Any]) -> bool: ...
+
+    def send_order(self, node: str, text: str) -> bool: ...
 
     def close(self) -> None: ...
 

@@ -1,6 +1,7 @@
 """What a node's memory store holds, as one authenticated agent event (``wire.EVENT_MEMORY``).
 
-The text is a small JSON document, ``{"held": [[step, rank, world, digest, verified, launch], ...], "more": n}``,
+The text is a small JSON document, ``{"held": [[step, rank, world, digest, verified, launch], ...], "more": n,
+"listen": "host:port"}`` (``listen``: where the agent receives shards from other agents, "" when it does not),
 newest steps first, cut to fit one event (``wire.MAX_TEXT``; ``more`` counts what was left out: the oldest, which
 a restore would pick last). Digests travel as their first 32 hex digits (128 bits: enough to tell two copies of
 a shard apart, and twice the shards per event). The whole inventory is sent each time, so a lost datagram is
@@ -18,16 +19,18 @@ from supervisor.heartbeat.wire import MAX_TEXT, FrameError
 DIGEST_CHARS = 32
 MAX_LAUNCH = 64
 MAX_HELD = 256
+MAX_LISTEN = 300
 _HEX = frozenset("0123456789abcdef")
 
 
-def encode_memory(held: Sequence[Held]) -> str:
+def encode_memory(held: Sequence[Held], listen: str = "") -> str:
     """The event text: the newest steps first, as many shards as fit."""
     rows = [[h.step, h.rank, h.world, h.digest[:DIGEST_CHARS], int(h.verified), h.launch[:MAX_LAUNCH]]
             for h in sorted(held, key=lambda h: (-h.step, h.rank))][:MAX_HELD]  # fmt: skip
     total = len(held)
     while True:
-        text = json.dumps({"held": rows, "more": total - len(rows)}, separators=(",", ":"))
+        text = json.dumps({"held": rows, "more": total - len(rows), "listen": listen[:MAX_LISTEN]},
+                          separators=(",", ":"))  # fmt: skip
         if len(text.encode()) <= MAX_TEXT or not rows:
             return text
         # cut a tenth at a time (at least one row): a full inventory fits in a few tries
@@ -36,13 +39,20 @@ def encode_memory(held: Sequence[Held]) -> str:
 
 def parse_memory(text: str) -> tuple[Held, ...]:
     """Parse an EVENT_MEMORY text into the shards it lists."""
+    return parse_memory_report(text)[0]
+
+
+def parse_memory_report(text: str) -> tuple[tuple[Held, ...], str]:
+    """Parse an EVENT_MEMORY text: (the shards it lists, the agent's shard-receiving address or "")."""
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError):
         raise FrameError("memory") from None
-    if not isinstance(doc, dict) or set(doc) != {"held", "more"}:
+    if not isinstance(doc, dict) or set(doc) - {"listen"} != {"held", "more"}:
         raise FrameError("memory")
-    rows, more = doc["held"], doc["more"]
+    rows, more, listen = doc["held"], doc["more"], doc.get("listen", "")
+    if not isinstance(listen, str) or len(listen) > MAX_LISTEN or listen and not _hostport(listen):
+        raise FrameError("memory")
     if not isinstance(rows, list) or len(rows) > MAX_HELD or type(more) is not int or not 0 <= more <= 1 << 30:
         raise FrameError("memory")
     out = []
@@ -59,4 +69,9 @@ def parse_memory(text: str) -> tuple[Held, ...]:
         if not isinstance(launch, str) or len(launch) > MAX_LAUNCH:
             raise FrameError("memory")
         out.append(Held(step, rank, world, digest, bool(verified), launch))
-    return tuple(out)
+    return tuple(out), listen
+
+
+def _hostport(text: str) -> bool:
+    host, sep, port = text.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)

@@ -240,6 +240,21 @@ class AggregatorServer:
             return False
         return True
 
+    def send_order(self, node: str, text: str) -> bool:
+        """Send one JSON order (``wire.KIND_ORDER``) to one node's agent; False if it never reported."""
+        st = self.table.nodes.get(node)
+        if st is None or not isinstance(st.addr, tuple):
+            return False
+        self.seq += 1
+        frame = wire.encode_order(self.key, instance=self.instance, seq=self.seq, wall_ns=time.time_ns(),
+                                  mono_ns=time.monotonic_ns(), job=self.job, node=node, text=text)  # fmt: skip
+        try:
+            self.sock.sendto(frame, st.addr)
+        except OSError:
+            self.table.counters["send_errors"] += 1
+            return False
+        return True
+
     def serve(self, stop: threading.Event, tick_s: float = 0.1) -> None:
         while not stop.is_set():
             self.poll(tick_s)

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 from supervisor import procstate
 from supervisor.decisions.memory_pick import Held
 from supervisor.heartbeat import wire
-from supervisor.heartbeat.memory_report import parse_memory
+from supervisor.heartbeat.memory_report import parse_memory_report
 
 ABNORMAL_NAMES = procstate.ABNORMAL
 
@@ -134,6 +134,7 @@ class LiveTable:
         # Each node's newest memory-store inventory (EVENT_MEMORY) with our wall time of receipt (the memory tier).
         self.memory: dict[str, tuple[float, tuple[Held, ...]]] = {}
         self.memory_refused = 0
+        self.replication: dict[str, str] = {}  # node -> where its agent receives other agents' shards ("host:port")
         self._mono, self._wall_ns = mono, wall_ns
 
     def feed(self, data: bytes, addr: Any = None) -> bool:
@@ -143,7 +144,7 @@ class LiveTable:
         except wire.FrameError as err:
             self.counters["rejected_" + err.reason] += 1
             return False
-        if frame.kind == wire.KIND_CONTROL:
+        if frame.kind in (wire.KIND_CONTROL, wire.KIND_ORDER):  # the supervisor's own kinds: never from an agent
             self.counters["rejected_kind"] += 1
             return False
         now_wall = self._wall_ns()
@@ -162,7 +163,10 @@ class LiveTable:
                     continue
                 if ev.kind == wire.EVENT_MEMORY:
                     try:
-                        self.memory[frame.node] = (now_wall / 1e9, parse_memory(ev.text))
+                        held, listen = parse_memory_report(ev.text)
+                        self.memory[frame.node] = (now_wall / 1e9, held)
+                        if listen:
+                            self.replication[frame.node] = listen
                     except wire.FrameError:
                         self.memory_refused += 1
                     continue

@@ -40,7 +40,9 @@ MAX_TEXT = 4096
 KIND_SUMMARY = 1  # agent -> supervisor: per-rank table of one node
 KIND_CONTROL = 2  # supervisor -> agent: keepalive, flags, stack dump requests, exit
 KIND_EVENT = 3  # agent -> supervisor: one-off events (stack dump saved, ...)
-KINDS = (KIND_SUMMARY, KIND_CONTROL, KIND_EVENT)
+KIND_ORDER = 4  # supervisor -> agent: one JSON order too rich for a command (the memory tier's buddy, a shard copy)
+KINDS = (KIND_SUMMARY, KIND_CONTROL, KIND_EVENT, KIND_ORDER)
+MAX_ORDER = 16384
 
 # magic, version, kind, item count, sender instance, seq, send wall ns, send monotonic ns, len(job), len(node)
 HEADER = struct.Struct("<4sBBHQQqQBB")
@@ -216,6 +218,18 @@ def encode_events(key: bytes, *, instance: int, seq: int, wall_ns: int, mono_ns:
     return _seal(key, KIND_EVENT, len(events), instance, seq, wall_ns, mono_ns, job, node, b"".join(parts))
 
 
+def encode_order(key: bytes, *, instance: int, seq: int, wall_ns: int, mono_ns: int, job: str, node: str,
+                 text: str) -> bytes:
+    body = text.encode("utf-8")
+    if len(body) > MAX_ORDER:
+        raise ValueError(f"order of {len(body)} bytes exceeds {MAX_ORDER}")
+    return _seal(key, KIND_ORDER, 1, instance, seq, wall_ns, mono_ns, job, node, body)
+
+
+def order_text(frame: Frame) -> str:
+    return frame.body.decode("utf-8")  # checked in decode
+
+
 def decode(key: bytes, data: bytes, job: str | None = None) -> Frame:
     """Authenticate and parse one datagram; raise ``FrameError(reason)`` for anything not exactly right."""
     n = len(data)
@@ -254,6 +268,13 @@ def decode(key: bytes, data: bytes, job: str | None = None) -> Frame:
             raise FrameError("length")
     elif kind == KIND_EVENT:
         _parse_events(body, count)  # validates
+    elif kind == KIND_ORDER:
+        if count != 1 or len(body) > MAX_ORDER:
+            raise FrameError("length")
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise FrameError("text") from None
     else:
         raise FrameError("kind")
     return Frame(kind, count, instance, seq, wall_ns, mono_ns, job_s, node_s, body)

@@ -59,3 +59,40 @@ def test_a_killed_rank_resumes_from_node_memory_losing_at_most_two_steps_bitwise
         assert second == want[picked["step"]:], "the resumed steps must print exactly the uninterrupted losses"
     finally:
         cancel(camp.job_id)
+
+
+def test_a_crashed_node_is_replaced_by_a_spare_that_resumes_from_the_buddys_copy_bitwise(tmp_path, crashable_cluster):
+    """Two training nodes and a spare: each node's snapshots are copied to its buddy (the ring over the three);
+    the crashed node's memory is wiped with it, so the rank that moves to the spare can only resume from the copy
+    its buddy holds: at most two steps lost (the filesystem checkpoint is up to 20 behind), losses bitwise."""
+    camp = submit(tmp_path, steps=STEPS, ckpt_every=20, step_time=0.3, config="spare_nodes = 1\n")
+    try:
+        want = reference(tmp_path)
+        wait_printed(camp, 1, 25)
+        ring = wait_for("the buddy ring", lambda: camp.of_type("memory_buddies"), 30)[-1]["ring"]
+        nodes = launches(camp)[0]["nodes"]
+        batch = wait_for("the batch host", lambda: job_batch_host(camp.job_id), 30)
+        victim = next(n for n in nodes if n != batch)
+        assert ring[victim] not in (victim, None), ring
+        crash = crashable_cluster.crash_node(victim)
+        killed_at = printed_step(camp, 1)
+        assert any(p.endswith(f"-{victim}") for p in crash["wiped"]), crash  # its own snapshots are gone
+        picked = wait_for("the memory pick", lambda: camp.of_type("memory_pick"), 90)[0]
+        relaunch = wait_for("the relaunch on the spare", lambda: launches(camp)[1:], 30)[0]
+        assert victim not in relaunch["nodes"], relaunch
+        assert picked["step"] is not None and killed_at - 2 <= picked["step"] <= killed_at, (picked, killed_at)
+        assert relaunch["resume_tier"] == "memory" and relaunch["resume_step"] == picked["step"], relaunch
+        ended = wait_for("the campaign to complete", camp.ended, 180)
+        assert ended["state"] == "completed", ended
+        first, second = (step_lines(p.read_text(errors="replace")) for p in sorted(camp.root.glob("logs/*/train-*.log")))
+        assert first == want[: len(first)]
+        assert second == want[picked["step"]:], "resumed from the buddy's copy: the uninterrupted losses, bitwise"
+    finally:
+        cancel(camp.job_id)
+
+
+def job_batch_host(job_id: str) -> str | None:
+    from slurm.cli_backend import CliSlurmClient
+
+    job = CliSlurmClient().job(job_id)
+    return job.batch_host if job is not None else None

@@ -23,6 +23,15 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 START_TIMEOUT = 150  # job scheduled, agents up, 2 ranks import torch and build the process group (2 shared cores)
 
 
+
+def resumed_line(relaunch: dict) -> str:
+    """What the program prints when it resumed as the launch says: from the memory tier (on by default, issue 27:
+    the newest snapshot, newer than the filesystem checkpoint that stays the fallback in ``resume_from``) or from
+    the checkpoint directory."""
+    if relaunch.get("resume_tier") == "memory":
+        return f"resumed from memory at step {relaunch['resume_step']}"
+    return f"resumed from {relaunch['resume_from']} at step {relaunch['resume_step']}"
+
 def test_readme_usage_without_config_resumes_from_the_newest_checkpoint(tmp_path):
     root, ckpt = tmp_path / "campaign", tmp_path / "ckpt"
     out = supervise("submit", "-N", "2", "--ntasks-per-node=1", "--time=10", "--campaign", str(root), "--",
@@ -47,7 +56,7 @@ def test_readme_usage_without_config_resumes_from_the_newest_checkpoint(tmp_path
         ended = wait_for("the campaign to complete", camp.ended, 240)
         assert ended["state"] == "completed"
         log2 = next(root.glob(f"logs/*/train-{relaunch['launch']}.log")).read_text(errors="replace")
-        assert f"resumed from {relaunch['resume_from']} at step {relaunch['resume_step']}" in log2
+        assert resumed_line(relaunch) in log2
         lines = [strip_label(line) for line in log2.splitlines()]  # srun --label: "0: step=..."
         first_step = next(int(line.split()[0][5:]) for line in lines if line.startswith("step="))
         assert first_step == relaunch["resume_step"] + 1  # not step 1
@@ -80,7 +89,7 @@ def test_a_wrapper_script_resumes_because_the_programs_saver_says_where_it_saves
         ended = wait_for("the campaign to complete", camp.ended, 240)
         assert ended["state"] == "completed"
         log2 = next(root.glob(f"logs/*/train-{relaunch['launch']}.log")).read_text(errors="replace")
-        assert f"resumed from {relaunch['resume_from']} at step {relaunch['resume_step']}" in log2
+        assert resumed_line(relaunch) in log2
         assert len(camp.of_type("checkpoint_dir_declared")) == 1
     finally:
         cancel(camp.job_id)

@@ -82,6 +82,7 @@ class FakeTable:
         self.events: deque[dict[str, Any]] = deque()
         self.health: dict[str, Any] = {}  # node -> (wall time, wire.HealthReport), as LiveTable.health
         self.memory: dict[str, Any] = {}  # node -> (wall time, (Held, ...)), as LiveTable.memory
+        self.replication: dict[str, str] = {}  # node -> its agent's shard-receiving address
         self.staleness: dict[str, float] = {}
 
     def node_views(self, nodes: Any = None) -> dict[str, NodeView]:
@@ -97,6 +98,7 @@ class FakeChannel:
     def __init__(self, job: str) -> None:
         self.table = FakeTable(job)
         self.sent: list[tuple[str, list[Any]]] = []
+        self.orders: list[tuple[str, str]] = []  # (node, JSON order) sent with send_order
         self.current: FakeProcess | None = None
         self.current_name = ""
         self.closed = False
@@ -123,6 +125,10 @@ class FakeChannel:
                 self.table.memory[node] = (time.time(), self.table.memory.get(node, (0.0, ()))[1])
             if cmd.command == wire.CMD_DUMP_STACKS:
                 self.table.events.append({"event": "stacks_saved", "node": node, "rank": cmd.rank, "text": "f.py:1"})
+        return True
+
+    def send_order(self, node: str, text: str) -> bool:
+        self.orders.append((node, text))
         return True
 
     def close(self) -> None:

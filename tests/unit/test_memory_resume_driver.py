@@ -4,6 +4,7 @@ diverged launch's later snapshot, and leaves a pick that needs a copy between no
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from supervisor.decisions.memory_pick import Held
@@ -19,7 +20,20 @@ class FakeChannel:
         self.holdings, self.now = holdings, now
         self.sent: list[tuple[str, int]] = []
         self.asked: set[str] = set()
-        self.table = type("T", (), {"memory": {}})()
+        self.table = type("T", (), {"memory": {}, "replication": {}})()
+        self.orders: list[tuple[str, dict[str, Any]]] = []
+        self.copies_arrive = True
+
+    def send_order(self, node: str, text: str) -> bool:
+        """The source agent sends each shard to its rank's new node, which then holds (and reports) it."""
+        doc = json.loads(text)
+        self.orders.append((node, doc))
+        if self.copies_arrive:
+            for item in doc["fetch"]:
+                copy = next(h for h in self.holdings[node] if (h.step, h.rank) == (item["step"], item["rank"]))
+                self.holdings.setdefault(item["to"]["node"], []).append(copy)
+                self.asked.add(item["to"]["node"])
+        return True
 
     def send(self, node: str, cmds: list[wire.Command]) -> bool:
         self.sent += [(node, c.command) for c in cmds]
@@ -44,7 +58,7 @@ def make(holdings: dict[str, list[Held]], enabled: bool = True) -> tuple[MemoryR
     events: list[dict[str, Any]] = []
     channel = FakeChannel(holdings, now)
     ctx = Context.of(events.append, clock=lambda: now[0])
-    return MemoryResume(ctx, channel, enabled=enabled, wait_s=1.0, wall=lambda: now[0]), channel, events
+    return MemoryResume(ctx, channel, enabled=enabled, wait_s=1.0, fetch_wait_s=1.0, wall=lambda: now[0]), channel, events
 
 
 def test_a_relaunch_asks_every_node_and_resumes_from_the_newest_complete_snapshot() -> None:
@@ -60,11 +74,28 @@ def test_a_relaunch_asks_every_node_and_resumes_from_the_newest_complete_snapsho
         ("memory_pick", 2, 12, "7-0-1")]
 
 
-def test_no_pick_when_a_shard_would_have_to_move_or_memory_is_off() -> None:
+def test_a_shard_whose_rank_moves_is_copied_to_its_new_node_before_the_launch() -> None:
+    """Rank 1 now runs on n3 (a spare): n2 (its old node, or the buddy holding its copy) is ordered to send it
+    there; once n3 reports it, the snapshot is picked with every shard at home."""
     memory, channel, events = make(both(12))
     channel.table.memory["n1"] = (0.0, tuple(both(3)["n1"]))
-    assert memory.pick(2, ("n1", "n3"), 1, ["n1", "n2", "n3"], 10) is None  # rank 1 now runs on n3 (a spare)
-    assert events[-1]["step"] is None and "filesystem tier" in events[-1]["why"] and events[-1]["fetches"] == 0
+    channel.table.replication.update({"n1": "127.0.0.1:1", "n2": "127.0.0.1:2", "n3": "127.0.0.1:3"})
+    chosen = memory.pick(2, ("n1", "n3"), 1, ["n1", "n2", "n3"], 10)
+    assert chosen is not None and chosen.step == 12 and chosen.sources == {0: "n1", 1: "n3"}
+    assert channel.orders == [("n2", {"fetch": [{"to": {"node": "n3", "address": "127.0.0.1:3"}, "step": 12,
+                                                 "rank": 1}]})]  # fmt: skip
+    assert events[-1]["step"] == 12 and "copied from a buddy before the launch" in events[-1]["why"]
+
+
+def test_no_pick_when_a_moved_shard_cannot_be_copied_or_memory_is_off() -> None:
+    memory, channel, events = make(both(12))
+    channel.table.memory["n1"] = (0.0, tuple(both(3)["n1"]))
+    assert memory.pick(2, ("n1", "n3"), 1, ["n1", "n2", "n3"], 10) is None  # n3's agent receives nothing
+    assert events[-1]["step"] is None and "cannot receive shards: the filesystem tier" in events[-1]["why"]
+    channel.table.replication.update({"n3": "127.0.0.1:3"})
+    channel.copies_arrive = False
+    assert memory.pick(2, ("n1", "n3"), 1, ["n1", "n2", "n3"], 10) is None
+    assert "did not arrive within 1 s: the filesystem tier" in events[-1]["why"]
     off, channel, events = make(both(12), enabled=False)
     assert off.pick(2, ("n1", "n2"), 1, ["n1", "n2"], 10) is None and channel.sent == [] and events == []
 

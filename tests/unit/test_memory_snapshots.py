@@ -202,3 +202,23 @@ def test_the_header_parser_raises_only_its_own_error(data: bytes) -> None:
         parse_header(data)
     except SnapshotFormatError:
         pass
+
+
+def test_a_rank_moved_to_its_buddys_node_restores_the_copy_of_the_picked_launch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """On a spare that was the lost node's buddy, the rank's shard is the node's copy (``replica/<node>/``); a
+    shard of the same step in the node's own store written by another launch is not the one picked."""
+    monkeypatch.setenv("SUPERVISOR_LAUNCH", "j-0-1")
+    writer = MemorySnapshots(tmp_path / "replica" / "lost")
+    writer.save(state(1), 5)
+    writer.close()
+    monkeypatch.setenv("SUPERVISOR_LAUNCH", "j-0-2")
+    other = MemorySnapshots(tmp_path)
+    other.save(state(9), 5)
+    other.close()
+    monkeypatch.setenv("SUPERVISOR_RESUME_MEMORY_STEP", "5")
+    monkeypatch.setenv("SUPERVISOR_RESUME_MEMORY_LAUNCH", "j-0-1")
+    target = state(2)
+    assert MemorySnapshots(tmp_path).restore(target) == 5 and same(target, state(1))
+    monkeypatch.setenv("SUPERVISOR_RESUME_MEMORY_LAUNCH", "j-0-2")
+    assert MemorySnapshots(tmp_path).restore(target) == 5 and same(target, state(9))
