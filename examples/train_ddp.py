@@ -111,6 +111,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--die-at-step", type=int, default=0, help="(tests) SIGKILL every rank right after step N")
     p.add_argument("--nan-at-step", type=int, default=0,
                    help="(tests) from step N on, the loss is NaN (a diverged run; the weights become NaN too)")
+    p.add_argument("--ignore-requests", action="store_true",
+                   help="(tests) never act on the supervisor's checkpoint/stop requests, as a script that does not "
+                        "ask for them (client.should_checkpoint) would")  # fmt: skip
     args = p.parse_args(argv)
     if args.steps < 0 or args.ckpt_every < 0 or args.batch_size < 1 or args.model_mb <= 0:
         p.error("--steps/--ckpt-every must be >= 0, --batch-size >= 1, --model-mb > 0")
@@ -360,8 +363,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"step={step} loss={value!r}", flush=True)
         if args.step_time:
             time.sleep(args.step_time)
-        want_ckpt, stop = agree([client.should_checkpoint(), client.should_stop() or _signalled["stop"]],  # type: ignore[attr-defined]
-                                world)
+        asked = [client.should_checkpoint(), client.should_stop()] if not args.ignore_requests else [False, False]  # type: ignore[attr-defined]
+        want_ckpt, stop = agree([asked[0], asked[1] or _signalled["stop"]], world)
         periodic = args.ckpt_every > 0 and step % args.ckpt_every == 0
         if periodic or want_ckpt or stop or step == args.steps:
             with client.phase("checkpoint"):  # type: ignore[attr-defined]

@@ -160,6 +160,8 @@ class Agent:
             orders = parse_orders(text)
         except OrderError as err:
             self.counters[f"rejected_order_{err}"] += 1
+            print(f"supervisor agent: an authenticated order that is not one of ours ({err}) was ignored",
+                  file=sys.stderr, flush=True)  # fmt: skip
             return
         if self.memory is None:
             self.counters["orders_without_memory"] += 1

@@ -1,6 +1,7 @@
 """The node agent's memory tier, whole: the store's verified inventory sent to the supervisor
 (``memory_thread``), the shards other agents send here (``replication.Receiver``), and this node's copies to its
-buddy and the supervisor's fetch orders (``replication.Sender``). The agent's loop only starts it, passes the
+buddy and the supervisor's fetch orders (``replication.Sender``), and the copies to the filesystem before the job
+stops (``flush_copy.Flusher``). The agent's loop only starts it, passes the
 supervisor's orders and requests on, and forwards its events."""
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.agent.flush_copy import Flusher
 from supervisor.agent.memory_thread import MemoryThread
 from supervisor.agent.replication import DEFAULT_CAP_BYTES_S, Receiver, Sender
 from supervisor.heartbeat import wire
 from supervisor.heartbeat.orders import Orders
+
+FLUSH_WAIT_S = 20.0
 
 
 def local_address(toward: tuple[str, int]) -> str:
@@ -29,6 +33,7 @@ class MemoryTier:
     inventory: MemoryThread
     receiver: Receiver
     sender: Sender
+    flusher: Flusher
 
     @classmethod
     def build(cls, root: Path, key: bytes, *, job: str, node: str, supervisor: tuple[str, int],
@@ -36,7 +41,7 @@ class MemoryTier:
         """``key``: the replication key of this Slurm run (``replication_wire.replication_key``)."""
         receiver = Receiver(root, key, job=job, node=node, host=local_address(supervisor))
         return cls(MemoryThread(root, listen=receiver.address), receiver,
-                   Sender(root, key, job=job, node=node, cap_bytes_s=cap_bytes_s))  # fmt: skip
+                   Sender(root, key, job=job, node=node, cap_bytes_s=cap_bytes_s), Flusher(root))  # fmt: skip
 
     def start(self) -> None:
         self.receiver.start()
@@ -54,8 +59,13 @@ class MemoryTier:
             self.sender.set_buddy(orders.buddy)
         if orders.fetches:
             self.sender.fetch(orders.fetches)
+        if orders.flush is not None:
+            self.flusher.order(orders.flush)
 
-    def close(self) -> None:
+    def close(self, flush_wait_s: float = FLUSH_WAIT_S) -> None:
+        """Stop; a flush under way is given ``flush_wait_s`` to finish (the job is stopping: it is the copy the
+        next run resumes from)."""
+        self.flusher.join(flush_wait_s)
         self.inventory.close()
         self.sender.close()
         self.receiver.close()

@@ -58,6 +58,7 @@ from supervisor.paths import expand_slot_dir
 MEMORY_DIR_ENV = "SUPERVISOR_MEMORY_DIR"  # the node's store; ``{node}`` is filled in as for the slot directory
 RESUME_STEP_ENV = "SUPERVISOR_RESUME_MEMORY_STEP"  # the step the supervisor picked for this launch (unset: none)
 RESUME_LAUNCH_ENV = "SUPERVISOR_RESUME_MEMORY_LAUNCH"  # and the launch that wrote that snapshot
+RESUME_FLUSHED_ENV = "SUPERVISOR_RESUME_MEMORY_FLUSHED"  # and its copy on the filesystem, when some rank reads it
 EVERY_ENV = "SUPERVISOR_MEMORY_EVERY"  # "auto" (measured) or every N steps
 LAUNCH_ENV = "SUPERVISOR_LAUNCH"  # which launch wrote a shard
 _STEP_DIR = re.compile(r"step_(\d+)")
@@ -134,9 +135,13 @@ class MemorySnapshots:
                 self._take(state, step)
                 self._first = (step, time.monotonic(), self.blocking_s)
                 return True
-            first_step, first_end, cost = self._first
+            first_step, first_end, first_cost = self._first
             step_s = (time.monotonic() - first_end) / (step - first_step)
-            self.every = _agree_max(every_k_steps(cost, step_s), self.group)
+            # A second snapshot now: its copy reuses the first one's buffers, as every later one will, and of two
+            # measurements the smaller is the cost (a busy machine only ever adds to one).
+            self._take(state, step)
+            self.every = _agree_max(every_k_steps(min(first_cost, self.blocking_s), step_s), self.group)
+            return True
         if step % self.every:
             return False
         self._take(state, step)
@@ -295,9 +300,10 @@ class MemorySnapshots:
             apply()
 
     def _folder_of(self, step: int) -> Path:
-        """Where this rank's shard of ``step`` is on this node: its own store, else the copy the node keeps as
-        another node's buddy (``replica/<node>/``: the rank moved here from that node), the one written by the
-        launch the supervisor picked (``SUPERVISOR_RESUME_MEMORY_LAUNCH``) when it says."""
+        """Where this rank's shard of ``step`` is: this node's own store, else the copy the node keeps as another
+        node's buddy (``replica/<node>/``: the rank moved here from that node), else the snapshot flushed to the
+        filesystem before the previous job stopped (``SUPERVISOR_RESUME_MEMORY_FLUSHED``); the one written by
+        the launch the supervisor picked (``SUPERVISOR_RESUME_MEMORY_LAUNCH``) when it says."""
         assert self.root is not None
         wanted = os.environ.get(RESUME_LAUNCH_ENV, "")
         own = self.root / f"step_{step}"
@@ -305,6 +311,9 @@ class MemorySnapshots:
             copies = sorted(p / f"step_{step}" for p in (self.root / "replica").iterdir())
         except OSError:
             copies = []
+        flushed = os.environ.get(RESUME_FLUSHED_ENV, "")
+        if flushed:
+            copies.append(Path(flushed))
         for folder in [own, *copies]:
             try:
                 record = json.loads((folder / f"rank_{self.rank}.json").read_text())

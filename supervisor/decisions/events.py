@@ -62,6 +62,7 @@ CHECKPOINT_REFUSED = "checkpoint_refused"
 CHECKPOINT_DIR_DECLARED = "checkpoint_dir_declared"
 MEMORY_PICK = "memory_pick"
 MEMORY_BUDDIES = "memory_buddies"
+MEMORY_FLUSH = "memory_flush"
 STACKS = "stacks"
 ENV_CHANGED = "env_changed"
 NODES_EXCLUDED = "nodes_excluded"
@@ -99,6 +100,7 @@ EVENT_TYPES: tuple[str, ...] = (
     CHECKPOINT_DIR_DECLARED,
     MEMORY_PICK,
     MEMORY_BUDDIES,
+    MEMORY_FLUSH,
     STACKS,
     NODES_EXCLUDED,
     AGENTS_MISSING,
@@ -265,6 +267,14 @@ def memory_pick(t: float, launch: int, step: int | None, why: str, fetches: int 
     None and why the filesystem tier is used (docs/checkpoints.md, memory tier)."""
     return {"type": MEMORY_PICK, "t": t, "launch": launch, "step": step, "why": why[:500], "fetches": fetches,
             "snapshot_launch": snapshot_launch[:64]}
+
+
+def memory_flush(t: float, step: int | None, why: str, path: str = "", shards: int = 0, seconds: float = 0.0,
+                 snapshot_launch: str = "") -> Event:  # fmt: skip
+    """The job is stopping: the memory snapshot of ``step`` copied to the filesystem (committed at ``path``, the
+    requeued job resumes from it), or None and why not (docs/checkpoints.md, memory tier)."""
+    return {"type": MEMORY_FLUSH, "t": t, "step": step, "why": why[:500], "path": path, "shards": shards,
+            "seconds": round(seconds, 3), "snapshot_launch": snapshot_launch[:64]}
 
 
 def memory_buddies(t: float, ring: dict[str, str]) -> Event:

@@ -11,7 +11,8 @@ beside one of the new launch's would mix two trainings. It must be newer than th
 checkpoint (the filesystem tier is then as new, and needs no transfers) and, after a NaN/Inf loss, no newer than
 the last step seen with a finite loss (``not_after``: a later snapshot may hold the diverged weights). Among the candidates the newest step wins; each
 rank's copy is taken from the node it will run on when that node holds one, else from the first other holder in
-name order (a buddy), so the transfers are the fewest.
+name order (a buddy), so the transfers are the fewest; a snapshot flushed to the shared filesystem before the job
+stopped is a holder every node reads (``shared``), used when no node's memory has the shard.
 
 Anything else — nothing complete, a world size that differs from the relaunch's (the shards are per rank), copies
 that disagree — means the filesystem tier, as before the memory tier existed.
@@ -45,11 +46,13 @@ class Pick:
 
 
 def pick(held: Mapping[str, Iterable[Held]], *, world: int, usable: Iterable[str], placement: Mapping[int, str],
-         newest_filesystem_step: int | None, not_after: int | None = None) -> tuple[Pick | None, str]:  # fmt: skip
+         newest_filesystem_step: int | None, not_after: int | None = None,
+         shared: frozenset[str] = frozenset()) -> tuple[Pick | None, str]:  # fmt: skip
     """(the snapshot to resume from, or None; why). ``held``: node -> what its agent holds; ``usable``: the
     nodes that may serve (alive, not blamed); ``placement``: rank -> the node it will run on;
     ``newest_filesystem_step``: the newest valid filesystem checkpoint's step (None: none); ``not_after``: the
-    newest step allowed (None: any)."""
+    newest step allowed (None: any); ``shared``: holders every rank reads directly (a snapshot flushed to the
+    shared filesystem): a shard there needs no copy, but a node's memory is preferred to it."""
     alive = set(usable)
     Key = tuple[int, str]  # (step, launch)
     copies: dict[Key, dict[int, dict[str, str]]] = {}  # -> rank -> node -> digest (verified, right world)
@@ -85,10 +88,12 @@ def pick(held: Mapping[str, Iterable[Held]], *, world: int, usable: Iterable[str
     sources: dict[int, str] = {}
     for rank, nodes in copies[key].items():
         home = placement.get(rank)
-        sources[rank] = home if home in nodes else sorted(nodes)[0]
-    fetches = sum(1 for rank, node in sources.items() if placement.get(rank) != node)
+        sources[rank] = home if home in nodes else sorted(nodes, key=lambda n: (n in shared, n))[0]
+    fetches = sum(1 for rank, node in sources.items() if placement.get(rank) != node and node not in shared)
+    flushed = sum(1 for node in sources.values() if node in shared)
+    where = f"{flushed} shard(s) read from the flushed copy, " if flushed else ""
     chosen = Pick(key[0], key[1], sources, fetches,
-                  f"snapshot of step {key[0]} complete in memory ({fetches} shard(s) copied from a buddy)")
+                  f"snapshot of step {key[0]} complete in memory ({where}{fetches} shard(s) copied from a buddy)")
     return chosen, chosen.why
 
 

@@ -31,6 +31,7 @@ from supervisor.driver.checkpoint_request import CheckpointRequest
 from supervisor.driver.context import Context
 from supervisor.driver.guard import ACTION, CHECKPOINT_SCAN
 from supervisor.driver.launcher import Launch
+from supervisor.driver.memory_flush import MemoryFlush
 from supervisor.driver.ports import Channel
 from supervisor.driver.requeue import JobActions
 from supervisor.driver.signals import SignalInbox
@@ -47,6 +48,7 @@ KILL_WAIT_S = 15.0  # after scancel of a step, how long srun gets to exit before
 NODE_LOST_KILL_WAIT_S = 0.2  # srun waits forever for the tasks of a dead node: kill it (nearly) at once
 SLURM_TERM_WAIT_S = 30.0  # when Slurm is ending the job, how long its own SIGTERM/SIGKILL may take
 STACKS_WAIT_S = MAX_DUMP_S + 2.0  # the agents' longest dump (py-spy --native, then --nonblocking) + transit
+FLUSH_AFTER_END_S = 10.0  # after the launch ended, how long the memory flush's copies may still take
 TIME_LIMIT_MARGIN_S = 10.0  # at a time limit, the save is waited for until this long before Slurm's EndTime
 
 RELAUNCH = -1  # an actuator's answer: end the action list, relaunch in this allocation
@@ -76,6 +78,7 @@ class Actuators:
         job_id: str, campaign: str, alerts_config: AlertConfig, checkpoint_grace_s: float,
         ranks_of: Callable[[Launch], Sequence[Any]], checkpoints: Any = None,
         submit_alert: Callable[[alerts.Alert | None], None] | None = None, budgets: Any = None,
+        memory_flush: MemoryFlush | None = None, tasks_per_node: int = 1,
     ) -> None:  # fmt: skip
         """``ranks_of(launch)``: the launch's rank views (``Watcher.ranks``); ``checkpoints``: the
         ``CheckpointTracker`` (was the requested save committed?); ``submit_alert``: the alert dispatcher (off the
@@ -86,6 +89,7 @@ class Actuators:
         self.alerts_config, self.checkpoint_grace_s, self.ranks_of = alerts_config, checkpoint_grace_s, ranks_of
         self.checkpoints = checkpoints
         self.submit_alert, self.budgets = submit_alert, budgets
+        self.memory_flush, self.tasks_per_node = memory_flush, tasks_per_node
         self.table: dict[str, Actuator] = {
             policy.ALERT: self.alert,
             policy.CHECKPOINT_NOW: self.stop_step,
@@ -160,10 +164,18 @@ class Actuators:
         end = s.evidence.scheduled_end
         if s.interruption.cls == ev.TIMEOUT and end is not None:  # leave time to requeue before the limit
             deadline = min(deadline, started + max(1.0, end - self.clock() - TIME_LIMIT_MARGIN_S))
+        # Meanwhile the node agents copy the newest memory snapshot to the filesystem, in case the ranks' save
+        # does not come (ranks that ignore the request, a save slower than the grace): see driver/memory_flush.py.
+        flush = self.guard.call(CHECKPOINT_SCAN, self.memory_flush.start, launch.nodes, self.tasks_per_node,
+                                launch.nodes, before, default=None) if self.memory_flush else None  # fmt: skip
         while launch.proc.poll() is None and time.monotonic() < deadline:
             request.deliver()
             self.channel.poll(0.2)
         self.check_saved(before, request, time.monotonic() - started, launch.proc.poll() is None)
+        if flush is not None and self.memory_flush is not None:
+            after = self.checkpoints.best_step if self.checkpoints is not None else None
+            until = min(deadline, time.monotonic() + FLUSH_AFTER_END_S)  # dead agents must not hold up a requeue
+            self.guard.call(CHECKPOINT_SCAN, self.memory_flush.finish, flush, after, until, default=None)
         return None
 
     def check_saved(self, before: int | None, request: CheckpointRequest, waited_s: float, running: bool) -> None:

@@ -24,6 +24,7 @@ from slurm.probe import ProbeStarter
 from slurm.sbatch import has_option
 from supervisor import stop_request
 from supervisor.campaign import CampaignSpec
+from supervisor.checkpoint import flushed
 from supervisor.checkpoint.trust import campaign_key
 from supervisor.client.layout import FLAG_CHECKPOINT
 from supervisor.config import Config
@@ -43,6 +44,7 @@ from supervisor.driver.interrupts import Interrupts
 from supervisor.driver.interval import IntervalAsker
 from supervisor.driver.launcher import TrainingLauncher
 from supervisor.driver.loop import Parts, Supervisor
+from supervisor.driver.memory_flush import MemoryFlush
 from supervisor.driver.memory_resume import MemoryResume
 from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.notify import Notifier
@@ -184,11 +186,15 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
                       stall=StallProbe(ctx, channel, paths.root), swap=swap)  # fmt: skip
     jobs = JobActions(ctx, slurm=a.slurm, channel=channel, inbox=a.inbox, job_id=job_id,
                       restart_count=env.restart_count, scheduled_end=deadline.current)  # fmt: skip
+    key = campaign_key(paths.root)
+    memory = MemoryResume(ctx, channel, enabled=run.memory_snapshots != "off",
+                          flushed=lambda: flushed.newest(paths.root, key))  # fmt: skip
+    memory_flush = MemoryFlush(ctx, channel, memory, paths.root, key, enabled=run.memory_snapshots != "off")
     return Parts(
         ctx=ctx, state=state, config=config, layout=layout, paths=paths, job_id=job_id, channel=channel,
         detector=a.detector, checkpoints=checkpoints, trainer=trainer, agents=agents, health=health,
         nodeloss=watch_nodes, notifier=notifier, progress=progress, interval=interval, preemption=preemption,
-        watcher=watcher, jobs=jobs, memory=MemoryResume(ctx, channel, enabled=run.memory_snapshots != "off"),
+        watcher=watcher, jobs=jobs, memory=memory,
         env_check=EnvCheck(ctx, python=ranks_python(spec.command, python), cwd=spec.cwd, alert=notifier.env_changed),
         prelaunch=Prelaunch(ctx, config=config.preflight, health=health, channel=channel,
                             work_dir=paths.root / "preflight", python=python, env=step_env, start=a.start_step,
@@ -200,6 +206,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
             ctx, slurm=a.slurm, channel=channel, inbox=a.inbox, jobs=jobs, job_id=job_id, campaign=str(paths.root),
             alerts_config=config.alerts, checkpoint_grace_s=run.checkpoint_grace_s, ranks_of=watcher.ranks,
             checkpoints=checkpoints, submit_alert=notifier.submit, budgets=config.policy.budgets,
+            memory_flush=memory_flush, tasks_per_node=layout.tasks_per_node,
         ),
         no_kill=has_option(spec.sbatch_flags, "--no-kill", "-k"),
     )  # fmt: skip

@@ -97,7 +97,7 @@ class TrainingLauncher:
         env["SUPERVISOR_CAMPAIGN"] = str(self.campaign)
         env[SLOT_DIR_ENV] = slot_dir_template(self.job_id, self.slot_token)
         for name in (memory.MEMORY_DIR_ENV, memory.EVERY_ENV, memory.RESUME_STEP_ENV, memory.RESUME_LAUNCH_ENV,
-                     memory.LAUNCH_ENV):  # fmt: skip
+                     memory.RESUME_FLUSHED_ENV, memory.LAUNCH_ENV):  # fmt: skip
             env.pop(name, None)  # ours to set, never inherited from the batch script's environment
         if self.memory_snapshots != "off":  # the store lives in the agent's slot directory: it outlives the ranks
             env[memory.MEMORY_DIR_ENV] = f"{env[SLOT_DIR_ENV]}/memory"
@@ -117,10 +117,12 @@ class TrainingLauncher:
         return f"{self.job_id or 'job'}-{self.restart_count}-{number}"
 
     def launch(self, resume: str | None, resume_step: int | None, excluded: Sequence[str], rank_shift: int,
-               scan_ok: bool = True, memory_step: int | None = None, memory_launch: str = "") -> Launch:  # fmt: skip
+               scan_ok: bool = True, memory_step: int | None = None, memory_launch: str = "",
+               memory_from: str = "") -> Launch:  # fmt: skip
         """The next launch (journaled as ``step_launched``, the contract's name), on the usable nodes without
         ``excluded``, its ranks moved by ``rank_shift`` nodes; ``memory_step``: the memory snapshot it resumes
-        from (``resume`` stays the filesystem tier's checkpoint, which the ranks fall back on)."""
+        from (``resume`` stays the filesystem tier's checkpoint, which the ranks fall back on); ``memory_from``: the
+        directory of that snapshot flushed to the filesystem, when some rank reads its shard there."""
         self.launches += 1
         number, name = self.launches, srun.training_job_name(self.launches)
         nodes = self.next_nodes(excluded, rank_shift)
@@ -140,6 +142,8 @@ class TrainingLauncher:
         if memory_step is not None:
             env[memory.RESUME_STEP_ENV] = str(memory_step)
             env[memory.RESUME_LAUNCH_ENV] = memory_launch
+            if memory_from:
+                env[memory.RESUME_FLUSHED_ENV] = memory_from
         if moved:  # rank 0 is no longer on the first node of the step's node list: say where it is
             hosts = self.log_dir / f"{name}.hosts"
             hosts.write_text(srun.hostfile_text(nodes, self.layout.tasks_per_node))

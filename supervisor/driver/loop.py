@@ -173,7 +173,8 @@ class Supervisor:
         p.checkpoints.launched(memory_step if memory_step is not None else resume_step)
         p.watcher.forget_ranks()  # the ranks in the table now are earlier launches'
         launch = p.trainer.launch(resume, resume_step, out, self.rank_shift, scan_ok=picked is not None,
-                                  memory_step=memory_step, memory_launch=snapshot.launch if snapshot else "")  # fmt: skip
+                                  memory_step=memory_step, memory_launch=snapshot.launch if snapshot else "",
+                                  memory_from=p.memory.flushed_dir(snapshot))  # fmt: skip
         # (its ranks start meanwhile: the check delays nothing)
         p.ctx.guard.call(CHECKPOINT_SCAN, p.env_check.resumed, resume, launch.nodes, p.layout.tasks_per_node,
                          default=None)  # fmt: skip

@@ -9,6 +9,10 @@ hold the diverged weights and are never picked. A pick whose shards are not all 
 on (a rank moved to a spare, its node lost) has them copied there first: the node holding each (the buddy) is
 ordered to send it (``heartbeat.orders.fetch_order``), the supervisor waits until the new nodes report them
 verified, and picks again; copies that do not arrive in time mean the filesystem tier, journaled.
+
+A snapshot the previous Slurm run flushed to the campaign directory before it stopped (``checkpoint.flushed``,
+``driver.memory_flush``) is one more holder, ``FLUSHED``, that every rank reads directly: the first launch of a
+requeued job resumes from it when it is newer than the newest filesystem checkpoint.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from supervisor.checkpoint.flushed import Flushed
 from supervisor.decisions import events as ev
 from supervisor.decisions import memory_pick
 from supervisor.driver.context import Context
@@ -25,15 +30,20 @@ from supervisor.heartbeat.orders import fetch_order
 
 REPORT_WAIT_S = 2.0  # the agents scan their stores every 0.5 s
 FETCH_WAIT_S = 15.0  # copies of the shards to the ranks' new nodes (a node's share of the state at >= 1 GB/s)
+FLUSHED = "(flushed)"  # the holder name of the snapshot flushed to the filesystem (no node is named so)
 
 
 class MemoryResume:
     def __init__(self, ctx: Context, channel: Any, *, enabled: bool, wait_s: float = REPORT_WAIT_S,
-                 fetch_wait_s: float = FETCH_WAIT_S, wall: Callable[[], float] = time.time) -> None:  # fmt: skip
+                 fetch_wait_s: float = FETCH_WAIT_S, wall: Callable[[], float] = time.time,
+                 flushed: Callable[[], tuple[Flushed | None, str]] | None = None) -> None:  # fmt: skip
         """``channel``: the supervisor's side of the agents' channel (``send``, ``send_order``, ``poll``,
-        ``table.memory``, ``table.replication``)."""
+        ``table.memory``, ``table.replication``); ``flushed``: the newest flushed snapshot that checks out
+        (``checkpoint.flushed.newest``), None when there is no place for one."""
         self.ctx, self.channel, self.enabled, self.wait_s, self.wall = ctx, channel, enabled, wait_s, wall
         self.fetch_wait_s = fetch_wait_s
+        self.flushed_source = flushed
+        self.flushed: Flushed | None = None  # the flushed snapshot as read at the last pick
         self.diverged: dict[str, int] = {}  # launch tag -> its last step with a finite loss
 
     def diverged_after(self, launch_tag: str, last_finite_step: int | None) -> None:
@@ -43,25 +53,48 @@ class MemoryResume:
     def pick(self, launch: int, nodes: Sequence[str], tasks_per_node: int, usable: Sequence[str],
              newest_filesystem_step: int | None) -> memory_pick.Pick | None:  # fmt: skip
         """The snapshot launch number ``launch`` (on ``nodes``, in rank order) resumes from, or None."""
-        if not self.enabled or launch <= 1:
+        if not self.enabled:
             return None
-        if not any(items for _, items in self.channel.table.memory.values()):
+        self.flushed = self._read_flushed()
+        reported = any(items for _, items in self.channel.table.memory.values())
+        if launch <= 1 and self.flushed is None:
+            return None
+        if not reported and self.flushed is None:
             self.ctx.record(ev.memory_pick(self.ctx.clock(), launch, None, "no node reported a memory snapshot in this "
                                            "Slurm run (the program takes none: CheckpointSaver.snapshot)"))  # fmt: skip
             return None
         placement = {r: nodes[r // tasks_per_node] for r in range(len(nodes) * tasks_per_node)}
-        chosen, why = self._pick(self._fresh_holdings(usable), placement, usable, newest_filesystem_step)
+        held = dict(self.holdings(usable)) if launch > 1 and reported else {}
+        chosen, why = self.choose(held, placement, usable, newest_filesystem_step)
         if chosen is not None and chosen.fetches:
             chosen, why = self._fetch(chosen, placement, usable, newest_filesystem_step)
         self.ctx.record(ev.memory_pick(self.ctx.clock(), launch, chosen.step if chosen else None, why,
                                        chosen.fetches if chosen else 0, chosen.launch if chosen else ""))  # fmt: skip
         return chosen
 
-    def _pick(self, held: Mapping[str, tuple[memory_pick.Held, ...]], placement: Mapping[int, str],
-              usable: Sequence[str], newest_filesystem_step: int | None) -> tuple[memory_pick.Pick | None, str]:  # fmt: skip
-        return memory_pick.pick({n: memory_pick.without_diverged(h, self.diverged) for n, h in held.items()},
-                                world=len(placement), usable=usable, placement=placement,
-                                newest_filesystem_step=newest_filesystem_step)  # fmt: skip
+    def flushed_dir(self, chosen: memory_pick.Pick | None) -> str:
+        """The flushed snapshot's directory when ``chosen`` reads a shard from it (the ranks' env), else ""."""
+        f = self.flushed
+        if chosen is None or f is None or FLUSHED not in chosen.sources.values():
+            return ""
+        return str(f.path) if (f.step, f.launch) == (chosen.step, chosen.launch) else ""
+
+    def _read_flushed(self) -> Flushed | None:
+        if self.flushed_source is None:
+            return None
+        found, _ = self.flushed_source()
+        return found
+
+    def choose(self, held: Mapping[str, tuple[memory_pick.Held, ...]], placement: Mapping[int, str],
+               usable: Sequence[str], newest_filesystem_step: int | None) -> tuple[memory_pick.Pick | None, str]:  # fmt: skip
+        """The pure pick over ``held`` (node -> its shards), the flushed snapshot and the diverged launches."""
+        every = {n: memory_pick.without_diverged(h, self.diverged) for n, h in held.items()}
+        serving = list(usable)
+        if self.flushed is not None:
+            every[FLUSHED] = memory_pick.without_diverged(self.flushed.held, self.diverged)
+            serving.append(FLUSHED)
+        return memory_pick.pick(every, world=len(placement), usable=serving, placement=placement,
+                                newest_filesystem_step=newest_filesystem_step, shared=frozenset({FLUSHED}))  # fmt: skip
 
     def _fetch(self, chosen: memory_pick.Pick, placement: Mapping[int, str], usable: Sequence[str],
                newest_filesystem_step: int | None) -> tuple[memory_pick.Pick | None, str]:  # fmt: skip
@@ -71,7 +104,7 @@ class MemoryResume:
         orders: dict[str, list[tuple[str, str, int, int]]] = {}
         for rank, source in sorted(chosen.sources.items()):
             home = placement[rank]
-            if home == source:
+            if home == source or source == FLUSHED:
                 continue
             if home not in addresses:
                 return None, f"{chosen.why}; node {home} (rank {rank}'s) cannot receive shards: the filesystem tier"
@@ -87,14 +120,14 @@ class MemoryResume:
             if wanted <= arrived or time.monotonic() >= deadline:
                 break
             self.channel.poll(0.05)
-        again, why = self._pick({n: items for n, (_, items) in table.items()}, placement, usable,
-                                newest_filesystem_step)  # fmt: skip
+        again, why = self.choose({n: items for n, (_, items) in table.items()}, placement, usable,
+                                 newest_filesystem_step)  # fmt: skip
         if again is not None and again.fetches == 0:
             return again, f"{why}: {chosen.fetches} shard(s) copied from a buddy before the launch"
         return None, (f"{chosen.why}; the copies to the ranks' nodes did not arrive within {self.fetch_wait_s:.0f} s: "
                       "the filesystem tier")  # fmt: skip
 
-    def _fresh_holdings(self, nodes: Sequence[str]) -> Mapping[str, tuple[memory_pick.Held, ...]]:
+    def holdings(self, nodes: Sequence[str]) -> Mapping[str, tuple[memory_pick.Held, ...]]:
         """Every node's inventory, asked for now; a node that does not answer within ``wait_s`` counts with its
         last report (a restore checks every shard again before using it) or none."""
         asked = self.wall()

@@ -1,6 +1,7 @@
 """The supervisor's JSON orders to a node agent (``wire.KIND_ORDER``, authenticated like every frame): the memory
 tier's buddy (where this node's new shards are copied) and shard copies before a relaunch (``fetch``: send
-``rank``'s shard of ``step`` to the node it will run on). Parsing is total: anything not exactly this shape raises
+``rank``'s shard of ``step`` to the node it will run on), and the flush of a snapshot to the filesystem before the
+job stops (``flush``: copy these shards into that directory). Parsing is total: anything not exactly this shape raises
 :class:`OrderError` and is counted, never obeyed."""
 
 from __future__ import annotations
@@ -28,10 +29,24 @@ class Fetch:
 
 
 @dataclass(frozen=True)
+class FlushShard:
+    step: int
+    rank: int
+    launch: str  # the launch that wrote it: a step written again by a relaunch is another snapshot
+
+
+@dataclass(frozen=True)
+class Flush:
+    directory: str  # absolute; the supervisor's private staging directory on the shared filesystem
+    shards: tuple[FlushShard, ...]
+
+
+@dataclass(frozen=True)
 class Orders:
     buddy: Peer | None = None  # None: the key was absent (no change); see ``no_buddy``
     no_buddy: bool = False  # "buddy": null: stop copying (a ring of one)
     fetches: tuple[Fetch, ...] = ()
+    flush: Flush | None = None
 
 
 def _peer(doc: object) -> Peer:
@@ -51,7 +66,7 @@ def parse_orders(text: str) -> Orders:
         doc = json.loads(text)
     except (ValueError, RecursionError):
         raise OrderError("json") from None
-    if not isinstance(doc, dict) or not doc or set(doc) - {"buddy", "fetch"}:
+    if not isinstance(doc, dict) or not doc or set(doc) - {"buddy", "fetch", "flush"}:
         raise OrderError("keys")
     buddy, no_buddy = None, False
     if "buddy" in doc:
@@ -67,10 +82,34 @@ def parse_orders(text: str) -> Orders:
         if not isinstance(item, dict) or set(item) != {"to", "step", "rank"}:
             raise OrderError("fetch")
         step, rank = item["step"], item["rank"]
-        if type(step) is not int or type(rank) is not int or not (0 <= step < 1 << 62 and 0 <= rank < 1 << 24):
+        if not _step_rank(step, rank):
             raise OrderError("fetch")
         fetches.append(Fetch(_peer(item["to"]), step, rank))
-    return Orders(buddy, no_buddy, tuple(fetches))
+    return Orders(buddy, no_buddy, tuple(fetches), _flush(doc["flush"]) if "flush" in doc else None)
+
+
+def _step_rank(step: object, rank: object) -> bool:
+    return type(step) is int and type(rank) is int and 0 <= step < 1 << 62 and 0 <= rank < 1 << 24
+
+
+def _flush(doc: object) -> Flush:
+    if not isinstance(doc, dict) or set(doc) != {"dir", "shards"}:
+        raise OrderError("flush")
+    directory, raw = doc["dir"], doc["shards"]
+    if not isinstance(directory, str) or not directory.startswith("/") or "\0" in directory or \
+            len(directory) > 4096 or "/../" in f"{directory}/":  # fmt: skip
+        raise OrderError("flush dir")
+    if not isinstance(raw, list) or not 0 < len(raw) <= 4096:
+        raise OrderError("flush shards")
+    shards = []
+    for item in raw:
+        if not isinstance(item, dict) or set(item) != {"step", "rank", "launch"}:
+            raise OrderError("flush shards")
+        step, rank, launch = item["step"], item["rank"], item["launch"]
+        if not _step_rank(step, rank) or not isinstance(launch, str) or len(launch) > 64:
+            raise OrderError("flush shards")
+        shards.append(FlushShard(step, rank, launch))
+    return Flush(directory, tuple(shards))
 
 
 def buddy_order(node: str, address: str) -> str:
@@ -80,4 +119,11 @@ def buddy_order(node: str, address: str) -> str:
 def fetch_order(items: list[tuple[str, str, int, int]]) -> str:
     """(to node, its address, step, rank) for each shard to send."""
     return json.dumps({"fetch": [{"to": {"node": n, "address": a}, "step": s, "rank": r} for n, a, s, r in items]},
+                      separators=(",", ":"))  # fmt: skip
+
+
+def flush_order(directory: str, shards: list[tuple[int, int, str]]) -> str:
+    """(step, rank, launch) of each shard this node copies into ``directory``."""
+    return json.dumps({"flush": {"dir": directory, "shards": [{"step": s, "rank": r, "launch": launch}
+                                                               for s, r, launch in shards]}},
                       separators=(",", ":"))  # fmt: skip

@@ -22,12 +22,16 @@ STEPS = 40
 
 
 def reference(tmp_path, world: int = 2) -> list[str]:  # type: ignore[no-untyped-def]
+    return reference_of(tmp_path, STEPS, world)
+
+
+def reference_of(tmp_path, steps: int, world: int = 2) -> list[str]:  # type: ignore[no-untyped-def]
     """Rank 0's lines of the same training, uninterrupted, on local processes (gloo)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUPERVISOR_", "RANK", "WORLD_SIZE"))}
-    procs = [subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--ckpt-dir", str(tmp_path / "ref"),
+    procs = [subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", str(steps), "--ckpt-dir", str(tmp_path / "ref"),
                                "--ckpt-every", "20", "--seed", "3"],
                               env={**env, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                                    "MASTER_PORT": port, "PYTHONWARNINGS": "ignore"},
@@ -96,3 +100,30 @@ def job_batch_host(job_id: str) -> str | None:
 
     job = CliSlurmClient().job(job_id)
     return job.batch_host if job is not None else None
+
+
+def test_a_time_limit_flushes_the_newest_snapshot_and_the_requeued_job_resumes_from_it_bitwise(tmp_path):
+    """A program that never acts on the supervisor's checkpoint request (``--ignore-requests``) and saves to the
+    filesystem only at the end: at the time limit nothing new reaches its checkpoint directory, but the node
+    agents copy the newest memory snapshot into the campaign directory while the supervisor waits (journaled
+    ``memory_flush``); the requeued job, its node memory empty, resumes from that copy (``resume_tier`` memory,
+    the flushed step) instead of step 0, and prints bitwise the uninterrupted run's losses from there."""
+    steps = 300
+    camp = submit(tmp_path, steps=steps, ckpt_every=0, step_time=0.2, sbatch=("--time=1",),
+                  config="[submit]\nsignal_lead_s = 30\n", train=("--ignore-requests",))  # fmt: skip
+    try:
+        want = reference_of(tmp_path, steps)
+        flush = wait_for("the flush at the time limit", lambda: camp.of_type("memory_flush"), 150)[0]
+        assert flush["step"] is not None and flush["shards"] == 2, flush
+        assert camp.of_type("checkpoint_missed"), "the program saved nothing itself"
+        relaunch = wait_for("the requeued job's launch", lambda: launches(camp)[1:], 150)[0]
+        assert relaunch["resume_tier"] == "memory" and relaunch["resume_step"] == flush["step"], relaunch
+        assert camp.of_type("attempt_started")[-1]["restart"] == 1  # a new Slurm run: node memory was empty
+        log = next(camp.root.glob(f"logs/*restart1/train-{relaunch['launch']}.log"))
+        second = wait_for("five resumed steps", lambda: (s := step_lines(log.read_text(errors="replace")))[4:] and s, 120)
+        first = step_lines(next(camp.root.glob("logs/*restart0/train-1.log")).read_text(errors="replace"))
+        assert first == want[: len(first)] and len(first) >= flush["step"]
+        assert second == want[flush["step"]: flush["step"] + len(second)], "resumed from the flushed snapshot, bitwise"
+        assert f"resumed from memory at step {flush['step']}" in log.read_text(errors="replace")
+    finally:
+        cancel(camp.job_id)

@@ -139,7 +139,7 @@ def test_snapshots_follow_the_cadence_and_auto_measures_it(tmp_path: Path, monke
     monkeypatch.setenv("SUPERVISOR_MEMORY_EVERY", "auto")
     auto = MemorySnapshots(tmp_path / "b", keep=10)
     assert auto.snapshot(state(1), 1) and auto.every is None  # the first one measures the copy
-    auto.snapshot(state(1), 2)
+    assert auto.snapshot(state(1), 2)  # the second one too: it reuses the buffers, the cost planned with
     assert auto.every is not None and auto.every >= 1  # then the cadence is fixed (agreed by the ranks)
     auto.close()
 
@@ -222,3 +222,28 @@ def test_a_rank_moved_to_its_buddys_node_restores_the_copy_of_the_picked_launch(
     assert MemorySnapshots(tmp_path).restore(target) == 5 and same(target, state(1))
     monkeypatch.setenv("SUPERVISOR_RESUME_MEMORY_LAUNCH", "j-0-2")
     assert MemorySnapshots(tmp_path).restore(target) == 5 and same(target, state(9))
+
+
+def test_a_requeued_rank_restores_the_snapshot_flushed_to_the_filesystem(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A requeued job's node memory is empty: the rank reads its shard from the copy flushed before the previous
+    job stopped (``SUPERVISOR_RESUME_MEMORY_FLUSHED``, what ``agent.flush_copy`` leaves); a flipped byte there is
+    refused like a torn shard in memory."""
+    monkeypatch.setenv("SUPERVISOR_LAUNCH", "j-0-3")
+    writer = MemorySnapshots(tmp_path / "old-node")
+    writer.save(state(4), 7)
+    writer.close()
+    flushed_dir = tmp_path / "campaign" / "memory-flush" / "step_7"
+    flushed_dir.parent.mkdir(parents=True)
+    (tmp_path / "old-node" / "step_7").rename(flushed_dir)
+    monkeypatch.setenv("SUPERVISOR_RESUME_MEMORY_STEP", "7")
+    monkeypatch.setenv("SUPERVISOR_RESUME_MEMORY_LAUNCH", "j-0-3")
+    monkeypatch.setenv("SUPERVISOR_RESUME_MEMORY_FLUSHED", str(flushed_dir))
+    target = state(2)
+    assert MemorySnapshots(tmp_path / "new-node").restore(target) == 7 and same(target, state(4))
+    shard = flushed_dir / "rank_0.snap"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    target = state(2)
+    assert MemorySnapshots(tmp_path / "new-node").restore(target) is None and same(target, state(2))

@@ -188,7 +188,8 @@ def test_any_shard_header_is_parsed_or_refused_with_the_replication_error(doc: d
 @given(st.one_of(st.text(max_size=200), st.recursive(
     st.one_of(st.integers(-3, 2**63), st.text(max_size=30), st.none(), st.booleans()),
     lambda inner: st.one_of(st.lists(inner, max_size=4),
-                            st.dictionaries(st.sampled_from(["buddy", "fetch", "to", "node", "address", "step", "rank"]),
+                            st.dictionaries(st.sampled_from(["buddy", "fetch", "to", "node", "address", "step", "rank",
+                                                             "flush", "dir", "shards", "launch"]),
                                             inner)), max_leaves=25).map(json.dumps)))  # fmt: skip
 def test_any_order_text_is_parsed_or_refused_with_the_orders_error(text: str) -> None:
     try:
