@@ -50,6 +50,10 @@ rec = S.read_slot(S.slot_path(slot_dir, rank))
 print(json.dumps({"rank": rank, "same": same, "iter": rec.iter_ewma_ns, "own": rec.own_ewma_ns}), flush=True)
 dist.barrier()
 dist.destroy_process_group()
+# Leave without the interpreter's finalization: a gloo thread still dropping a collective's tensors then aborts
+# the process after the work is done (pytorch/pytorch#179291; examples/train_ddp.py's leave()).
+sys.stdout.flush()
+os._exit(0)
 """
 
 
