@@ -14,7 +14,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from supervisor import paths
@@ -227,27 +227,23 @@ class AggregatorServer:
 
     def send(self, node: str, cmds: Sequence[wire.Command]) -> bool:
         """Send commands to one node's agent; False if that node never reported (no address yet)."""
-        st = self.table.nodes.get(node)
-        if st is None or not isinstance(st.addr, tuple):
-            return False
-        self.seq += 1
-        frame = wire.encode_control(self.key, instance=self.instance, seq=self.seq, wall_ns=time.time_ns(),
-                                    mono_ns=time.monotonic_ns(), job=self.job, node=node, commands=cmds)
-        try:
-            self.sock.sendto(frame, st.addr)
-        except OSError:
-            self.table.counters["send_errors"] += 1
-            return False
-        return True
+        return self._send(node, lambda seq: wire.encode_control(
+            self.key, instance=self.instance, seq=seq, wall_ns=time.time_ns(), mono_ns=time.monotonic_ns(),
+            job=self.job, node=node, commands=cmds))  # fmt: skip
 
     def send_order(self, node: str, text: str) -> bool:
         """Send one JSON order (``wire.KIND_ORDER``) to one node's agent; False if it never reported."""
+        return self._send(node, lambda seq: wire.encode_order(
+            self.key, instance=self.instance, seq=seq, wall_ns=time.time_ns(), mono_ns=time.monotonic_ns(),
+            job=self.job, node=node, text=text))  # fmt: skip
+
+    def _send(self, node: str, encode: Callable[[int], bytes]) -> bool:
+        """One frame, sealed with the next sequence number, to the address ``node``'s agent reported from."""
         st = self.table.nodes.get(node)
         if st is None or not isinstance(st.addr, tuple):
             return False
         self.seq += 1
-        frame = wire.encode_order(self.key, instance=self.instance, seq=self.seq, wall_ns=time.time_ns(),
-                                  mono_ns=time.monotonic_ns(), job=self.job, node=node, text=text)  # fmt: skip
+        frame = encode(self.seq)
         try:
             self.sock.sendto(frame, st.addr)
         except OSError:
