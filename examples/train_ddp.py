@@ -113,7 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="(tests) from step N on, the loss is NaN (a diverged run; the weights become NaN too)")
     p.add_argument("--ignore-requests", action="store_true",
                    help="(tests) never act on the supervisor's checkpoint/stop requests, as a script that does not "
-                        "ask for them (client.should_checkpoint) would")  # fmt: skip
+                        "ask for them (client.should_checkpoint) would: SIGTERM ends it at once, unsaved, and "
+                        "SIGUSR1 is ignored")  # fmt: skip
     args = p.parse_args(argv)
     if args.steps < 0 or args.ckpt_every < 0 or args.batch_size < 1 or args.model_mb <= 0:
         p.error("--steps/--ckpt-every must be >= 0, --batch-size >= 1, --model-mb > 0")
@@ -301,8 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda *_: _signalled.__setitem__("stop", True))
+    if args.ignore_requests:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # SIGTERM keeps its default: the process ends, unsaved
+    else:
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, lambda *_: _signalled.__setitem__("stop", True))
     rank, world = init_distributed()
     marks = {"pg": time.time()}
     torch.manual_seed(args.seed * 1000 + rank)

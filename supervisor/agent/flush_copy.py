@@ -82,6 +82,12 @@ class Flusher:
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.queue: list[Flush] = []
+        self.finished = 0  # flush orders carried out (whatever their outcome)
+
+    def busy(self) -> bool:
+        """A flush is queued or under way."""
+        with self.lock:
+            return bool(self.queue) or (self.thread is not None and self.thread.is_alive())
 
     def order(self, flush: Flush) -> None:
         with self.lock:
@@ -96,7 +102,11 @@ class Flusher:
                 if not self.queue:
                     return
                 flush = self.queue.pop(0)
-            self.run(flush)
+            try:
+                self.run(flush)
+            finally:
+                with self.lock:
+                    self.finished += 1
 
     def run(self, flush: Flush) -> None:
         directory = Path(flush.directory)

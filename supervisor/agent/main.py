@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from supervisor.health.periodic import AgentHealth
 
 DISCOVER_S = 2.0  # how often /proc is scanned for ranks that have no slot (they never call the client)
+LINGER_S = 30.0  # on SIGTERM with snapshots in node memory: the wait for the flush order (Slurm's SIGKILL may end it)
 
 
 def _change_key(entries: list[wire.RankEntry]) -> tuple[tuple[int, int, int, int], ...]:
@@ -78,12 +79,15 @@ class Agent:
         self.guard = wire.ReplayGuard(not_before_ns=not_before_ns)  # the supervisor's frames from before our start
         self.counters: Counter[str] = Counter()
         self.stop_reason = ""
+        self.last_contact = time.monotonic()  # of the supervisor's last authenticated frame (run() restarts it)
         self._next_discover = 0.0
         self._last_key: tuple[tuple[int, int, int, int], ...] | None = None
         self._refused_since = 0.0
         self.clock_offset_s: float | None = None  # our wall clock minus the batch host's (from its frames)
         self.health = HealthThread(health, lambda: self.clock_offset_s) if health is not None else None
         self.memory = memory  # the node's memory store (the memory tier), reported as it changes
+        self.linger_s = LINGER_S
+        self.lingering: tuple[float, int, str] | None = None  # (since, flushes done then, why) after SIGTERM
 
     def _header(self) -> dict[str, object]:
         self.seq += 1
@@ -181,9 +185,40 @@ class Agent:
                 return
             self.handle(data)
 
+    def terminate(self, why: str) -> None:
+        """Slurm's SIGTERM (preemption, time limit, scancel): leave, unless this node's memory store holds
+        snapshots and no flush has been done. Slurm signals every step of the job at once, so the supervisor's
+        flush order (the copy the requeued job resumes from, ``flush_copy``) comes after the agent is told to go:
+        it stays up to ``linger_s`` for the order and, once one came, until the copy is done (Slurm's KillWait
+        or GraceTime bounds it all with SIGKILL). A second SIGTERM, or a flush already done, ends it at once."""
+        memory = self.memory
+        if self.lingering is not None or memory is None or not memory.holds_snapshots() \
+                or (memory.flusher.finished and not memory.flusher.busy()):  # fmt: skip
+            self.stop_reason = why
+            return
+        self.lingering = (time.monotonic(), memory.flusher.finished, why)
+        print(f"supervisor agent: {why}; node memory holds snapshots: staying up to {self.linger_s:g} s for "
+              "the supervisor's flush order", file=sys.stderr, flush=True)  # fmt: skip
+
+    def _linger_over(self, now: float) -> str:
+        assert self.lingering is not None and self.memory is not None
+        since, finished, why = self.lingering
+        flusher = self.memory.flusher
+        if flusher.busy():
+            return ""
+        if flusher.finished > finished:
+            return f"{why} (after the memory flush)"
+        if now - since > self.linger_s:
+            return f"{why} (no flush ordered within {self.linger_s:g} s)"
+        return ""
+
     def _should_exit(self, now: float) -> str:
         if self.stop_reason:
             return self.stop_reason
+        if self.lingering is not None:
+            why = self._linger_over(now)
+            if why:
+                return why
         fs = self.failsafe
         if fs is not None:
             why = self._failsafe(fs, now)
@@ -413,7 +448,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
     def _stop(signum: int, _frame: object) -> None:
-        agent.stop_reason = f"received {signal.Signals(signum).name}"
+        why = f"received {signal.Signals(signum).name}"
+        if signum == signal.SIGTERM:
+            agent.terminate(why)  # may stay for the memory flush
+        else:
+            agent.stop_reason = why
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _stop)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from supervisor.agent.memory_inventory import Inventory
+from supervisor.checkpoint.memory_room import read_off
 from supervisor.decisions.memory_pick import Held
 from supervisor.heartbeat import wire
 from supervisor.heartbeat.memory_report import encode_memory
@@ -48,6 +49,7 @@ class MemoryThread:
         self.wake = threading.Event()  # a request or the stop: scan at once instead of at the next tick
         self.thread = threading.Thread(target=self._run, name="agent-memory", daemon=True)
         self.last: tuple[Held, ...] | None = None
+        self.off: tuple[tuple[int, int], ...] = ()
 
     def start(self) -> None:
         self.thread.start()
@@ -63,13 +65,14 @@ class MemoryThread:
                 held = tuple(sorted(self.inventory.scan(), key=lambda h: (h.step, h.rank)))
             except Exception:  # noqa: BLE001 - a store that cannot be read is an empty one; the agent goes on
                 held = ()
+            off = read_off(self.inventory.root)  # ranks the store failed (memory_room): the campaign turns it off
             now = time.monotonic()
-            if held == self.last and now - sent_at < self.resend_s and not self.asked.is_set():
+            if (held, off) == (self.last, self.off) and now - sent_at < self.resend_s and not self.asked.is_set():
                 continue
             self.asked.clear()
             try:
-                self.done.put_nowait(wire.Event(wire.EVENT_MEMORY, 0, encode_memory(held, self.listen)))
-                self.last, sent_at = held, now
+                self.done.put_nowait(wire.Event(wire.EVENT_MEMORY, 0, encode_memory(held, self.listen, off)))
+                self.last, self.off, sent_at = held, off, now
             except queue.Full:  # the loop stopped taking them: the next scan supersedes
                 pass
 

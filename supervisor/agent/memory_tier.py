@@ -62,6 +62,10 @@ class MemoryTier:
         if orders.flush is not None:
             self.flusher.order(orders.flush)
 
+    def holds_snapshots(self) -> bool:
+        """The store's newest verified inventory names at least one shard (own or a buddy's)."""
+        return bool(self.inventory.last)
+
     def close(self, flush_wait_s: float = FLUSH_WAIT_S) -> None:
         """Stop; a flush under way is given ``flush_wait_s`` to finish (the job is stopping: it is the copy the
         next run resumes from)."""

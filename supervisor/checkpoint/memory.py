@@ -26,6 +26,7 @@ training and the filesystem checkpoints go on.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -39,6 +40,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from supervisor.checkpoint import memory_room
 from supervisor.checkpoint.snapshot_format import (
     Header,
     PathPart,
@@ -114,6 +116,7 @@ class MemorySnapshots:
             self.every = None
             _say(f"{err}; measuring it instead")
         self.off_reason = ""
+        self._room_checked = False
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mem-snapshot")
         self._pending: Future[Path] | None = None
         self._buffers: dict[tuple[PathPart, ...], Any] = {}
@@ -161,6 +164,10 @@ class MemorySnapshots:
         started = time.perf_counter()
         staged = self._stage(state)
         self.blocking_s = time.perf_counter() - started
+        if not self._room_checked:
+            self._room_checked = True
+            if not self._room_for(staged):
+                return None
         self._pending = self._pool.submit(self._write, staged, step)
         return self._pending
 
@@ -172,10 +179,26 @@ class MemorySnapshots:
         try:
             return job.result()
         except OSError as err:
-            self.off_reason = f"memory snapshots off for this run: writing to {self.root} failed ({err})"
-            _say(f"{self.off_reason}; the filesystem checkpoints go on (free /dev/shm, or set "
-                 "[run] memory_snapshots = \"off\")")  # fmt: skip
+            self._turn_off(err.errno or 0, f"writing to {self.root} failed ({err})")
             return None
+
+    def _turn_off(self, errno_code: int, why: str) -> None:
+        """Snapshots off in this process, said once here and, through a marker the agent reports, in the journal
+        (the supervisor turns them off for the campaign: ``checkpoint.memory_room``)."""
+        self.off_reason = f"memory snapshots off for this run: {why}"
+        _say(f"{self.off_reason}; the filesystem checkpoints go on (free /dev/shm, or set "
+             "[run] memory_snapshots = \"off\")")  # fmt: skip
+        if self.root is not None:
+            memory_room.mark_off(self.root, self.rank, errno_code)
+
+    def _room_for(self, staged: list[tuple[tuple[PathPart, ...], Any, bool]]) -> bool:
+        """Before the first write: does the node's store have room for what the tier will keep there?"""
+        shard = sum(v.numel() * v.element_size() for _, v, _ in staged if hasattr(v, "element_size"))
+        assert self.root is not None
+        why = memory_room.short_of_room(self.root, shard, self.keep, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+        if why:
+            self._turn_off(errno.ENOSPC, why)
+        return not why
 
     def close(self) -> None:
         try:

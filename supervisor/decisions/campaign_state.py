@@ -231,6 +231,7 @@ class CampaignState:
     attempts: int = 0  # Slurm runs started
     interruptions: dict[str, int] = field(default_factory=dict)  # every interruption by class, completed included
     excluded_now: set[str] = field(default_factory=set)  # the ExcNodeList last written, forgiven nodes taken out
+    memory_off: str = ""  # why the memory tier is off for the campaign (a memory_off event): "" while it is on
     last_commit_t: float | None = None  # when the newest checkpoint was journaled as committed
     checkpoint_request_t: float | None = None  # when the newest checkpoint_requested was journaled
     saved_since_request: int | None = None  # the step of the newest checkpoint committed since that request
@@ -297,6 +298,8 @@ class CampaignState:
             self.excluded_now = {str(n) for n in e.get("nodes") or ()}
         elif kind == ev.NODE_FORGIVEN:
             self.excluded_now.discard(str(e.get("node")))
+        elif kind == ev.MEMORY_OFF:  # a node's store failed the tier: off for the rest of the campaign
+            self.memory_off = self.memory_off or str(e.get("why") or "a node's memory store failed")
 
     def report(self, now: float) -> dict[str, Any]:
         doc = self.accounting.report(now)

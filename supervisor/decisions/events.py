@@ -63,6 +63,7 @@ CHECKPOINT_DIR_DECLARED = "checkpoint_dir_declared"
 MEMORY_PICK = "memory_pick"
 MEMORY_BUDDIES = "memory_buddies"
 MEMORY_FLUSH = "memory_flush"
+MEMORY_OFF = "memory_off"
 STACKS = "stacks"
 ENV_CHANGED = "env_changed"
 NODES_EXCLUDED = "nodes_excluded"
@@ -101,6 +102,7 @@ EVENT_TYPES: tuple[str, ...] = (
     MEMORY_PICK,
     MEMORY_BUDDIES,
     MEMORY_FLUSH,
+    MEMORY_OFF,
     STACKS,
     NODES_EXCLUDED,
     AGENTS_MISSING,
@@ -275,6 +277,13 @@ def memory_flush(t: float, step: int | None, why: str, path: str = "", shards: i
     requeued job resumes from it), or None and why not (docs/checkpoints.md, memory tier)."""
     return {"type": MEMORY_FLUSH, "t": t, "step": step, "why": why[:500], "path": path, "shards": shards,
             "seconds": round(seconds, 3), "snapshot_launch": snapshot_launch[:64]}
+
+
+def memory_off(t: float, why: str, failed: dict[str, list[int]]) -> Event:
+    """A node's memory store failed its ranks (too small, a write error): the campaign's memory snapshots are off
+    from now on; ``failed`` names the nodes and their ranks (docs/checkpoints.md, memory tier)."""
+    return {"type": MEMORY_OFF, "t": t, "why": why[:500],
+            "failed": {str(n): sorted(int(r) for r in ranks)[:64] for n, ranks in sorted(failed.items())[:64]}}
 
 
 def memory_buddies(t: float, ring: dict[str, str]) -> Event:

@@ -23,6 +23,9 @@ from supervisor.decisions.detect.findings import LOSS_SPIKE, STRAGGLER, WARNING_
 # Action kinds (the journal's "action" events carry these).
 ALERT = "alert"  # tier L1: log; L2+: also the alert hook (webhook/command)
 CHECKPOINT_NOW = "checkpoint_now"  # ask ranks to checkpoint at the next step boundary
+# The ranks are gone before they could save (Slurm's SIGTERM reached them first): copy the newest memory snapshot
+# to the filesystem for the requeued job (CHECKPOINT_NOW does the same beside the ranks' own save).
+FLUSH_MEMORY = "flush_memory"
 STOP_STEP = "stop_step"  # L3: ask ranks to checkpoint (params.checkpoint) and exit; kill after params.grace_s
 DUMP_STACKS = "dump_stacks"  # L4: save every rank's stacks before killing
 KILL_STEP = "kill_step"  # L4: kill the training step now
@@ -378,11 +381,15 @@ def decide(
     if cls == ev.PREEMPTION:
         if allocation.step_running:
             actions.append(Action(CHECKPOINT_NOW, None, (), "preempted: save before the grace time ends"))
+        else:
+            actions.append(Action(FLUSH_MEMORY, None, (), "preempted after the ranks ended: flush memory"))
         actions.append(Action(AWAIT_REQUEUE, None, (), "Slurm requeues a preempted job", {"exclude": exclude}))
         return Decision(tuple(actions), "pending", "preempted: checkpointing; Slurm will requeue the job")
     if cls == ev.TIMEOUT:
         if allocation.step_running:
             actions.append(Action(CHECKPOINT_NOW, None, (), "time limit near: save, then requeue"))
+        else:
+            actions.append(Action(FLUSH_MEMORY, None, (), "time limit after the ranks ended: flush memory"))
         actions.append(Action(REQUEUE, None, tuple(exclude), "time limit: continue in a new allocation",
                               {"exclude": exclude, "after_checkpoint": allocation.step_running}))  # fmt: skip
         return Decision(tuple(actions), "pending", "time limit reached: checkpointing and requeueing")

@@ -31,7 +31,7 @@ from supervisor.driver.checkpoint_request import CheckpointRequest
 from supervisor.driver.context import Context
 from supervisor.driver.guard import ACTION, CHECKPOINT_SCAN
 from supervisor.driver.launcher import Launch
-from supervisor.driver.memory_flush import MemoryFlush
+from supervisor.driver.memory_flush import MemoryFlush, Pending
 from supervisor.driver.ports import Channel
 from supervisor.driver.requeue import JobActions
 from supervisor.driver.signals import SignalInbox
@@ -94,6 +94,7 @@ class Actuators:
             policy.ALERT: self.alert,
             policy.CHECKPOINT_NOW: self.stop_step,
             policy.STOP_STEP: self.stop_step,
+            policy.FLUSH_MEMORY: self.flush_memory,
             policy.DUMP_STACKS: self.dump_stacks,
             policy.KILL_STEP: self.kill_step,
             policy.MARK_SUSPECT: self.mark_suspect,
@@ -166,17 +167,40 @@ class Actuators:
             deadline = min(deadline, started + max(1.0, end - self.clock() - TIME_LIMIT_MARGIN_S))
         # Meanwhile the node agents copy the newest memory snapshot to the filesystem, in case the ranks' save
         # does not come (ranks that ignore the request, a save slower than the grace): see driver/memory_flush.py.
-        flush = self.guard.call(CHECKPOINT_SCAN, self.memory_flush.start, launch.nodes, self.tasks_per_node,
-                                launch.nodes, before, default=None) if self.memory_flush else None  # fmt: skip
+        flush = self._start_flush(launch, before)
         while launch.proc.poll() is None and time.monotonic() < deadline:
             request.deliver()
             self.channel.poll(0.2)
         self.check_saved(before, request, time.monotonic() - started, launch.proc.poll() is None)
-        if flush is not None and self.memory_flush is not None:
-            after = self.checkpoints.best_step if self.checkpoints is not None else None
-            until = min(deadline, time.monotonic() + FLUSH_AFTER_END_S)  # dead agents must not hold up a requeue
-            self.guard.call(CHECKPOINT_SCAN, self.memory_flush.finish, flush, after, until, default=None)
+        self._finish_flush(flush, deadline)
         return None
+
+    def flush_memory(self, action: policy.Action, s: Situation) -> int | None:
+        """The ranks ended before they could save (Slurm signals every step at once when it preempts without a
+        user signal): the node agents, which stay for it, copy the newest memory snapshot to the filesystem."""
+        if self.checkpoints is not None:
+            self.guard.call(CHECKPOINT_SCAN, self.checkpoints.scan, default=None)
+        before = self.checkpoints.best_step if self.checkpoints is not None else None
+        deadline = time.monotonic() + FLUSH_AFTER_END_S
+        end = s.evidence.scheduled_end
+        if end is not None:  # Slurm's SIGKILL comes at the end of the grace time or the time limit
+            deadline = min(deadline, time.monotonic() + max(1.0, end - self.clock() - 1.0))
+        self._finish_flush(self._start_flush(s.launch, before), deadline)
+        return None
+
+    def _start_flush(self, launch: Launch, newest_filesystem_step: int | None) -> Pending | None:
+        if self.memory_flush is None:
+            return None
+        return self.guard.call(CHECKPOINT_SCAN, self.memory_flush.start, launch.nodes, self.tasks_per_node,
+                               launch.nodes, newest_filesystem_step, default=None)  # fmt: skip
+
+    def _finish_flush(self, flush: Pending | None, deadline: float) -> None:
+        """Commit the flush unless the ranks saved a newer checkpoint themselves meanwhile."""
+        if flush is None or self.memory_flush is None:
+            return
+        after = self.checkpoints.best_step if self.checkpoints is not None else None
+        until = min(deadline, time.monotonic() + FLUSH_AFTER_END_S)  # dead agents must not hold up a requeue
+        self.guard.call(CHECKPOINT_SCAN, self.memory_flush.finish, flush, after, until, default=None)
 
     def check_saved(self, before: int | None, request: CheckpointRequest, waited_s: float, running: bool) -> None:
         """Journal a requested checkpoint that did not commit (the next run resumes from an older one)."""

@@ -45,6 +45,7 @@ from supervisor.driver.interval import IntervalAsker
 from supervisor.driver.launcher import TrainingLauncher
 from supervisor.driver.loop import Parts, Supervisor
 from supervisor.driver.memory_flush import MemoryFlush
+from supervisor.driver.memory_off import MemoryOff
 from supervisor.driver.memory_resume import MemoryResume
 from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.notify import Notifier
@@ -138,6 +139,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
     """Every part of the attempt, built once, each handed the parts it works with."""
     config, env, spec, paths, run = a.config, a.env, a.spec, a.paths, a.config.run
     job_id, state = env.job_id or "", a.recorder.state
+    memory_mode = "off" if state.memory_off else run.memory_snapshots  # a store that failed: off for the campaign
     layout = placement.TrainingLayout(nodes=env.nodelist, tasks_per_node=env.tasks_per_node[0] if env.tasks_per_node else 1,
                               spare_nodes=run.spare_nodes)  # fmt: skip
     log_dir = paths.attempt_logs(job_id, env.restart_count)
@@ -149,7 +151,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
         ctx, start=a.start_step, layout=layout, command=spec.command, cwd=spec.cwd, srun_args=run.srun_args,
         job_id=job_id, restart_count=env.restart_count, campaign=paths.root, log_dir=log_dir,
         node_addresses=addresses, checkpoint_dir_known=checkpoints.known, signatures=config.log_signatures,
-        memory_snapshots=run.memory_snapshots,
+        memory_snapshots=memory_mode,
     )  # fmt: skip
     step_env = trainer.step_env()
     notifier = Notifier(ctx, alerts_config=config.alerts, metrics_config=config.metrics, policy_config=config.policy,
@@ -178,18 +180,23 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
                      costs=config.preflight.costs, clock=ctx.clock,
                      spares=lambda launched, now: len(set(placement.usable_nodes(layout, watch_nodes.lost))
                                                       - set(launched) - state.ledger.excluded_nodes(now)))  # fmt: skip
+    key = campaign_key(paths.root)
+    memory = MemoryResume(ctx, channel, enabled=memory_mode != "off", flushed=lambda: flushed.newest(paths.root, key))
+    memory_flush = MemoryFlush(ctx, channel, memory, paths.root, key, enabled=memory_mode != "off")
+    ring = BuddyRing(ctx, channel, lambda: watch_nodes.lost, enabled=memory_mode != "off")
+
+    def memory_tier_off() -> None:
+        trainer.memory_snapshots = "off"
+        memory.enabled = memory_flush.enabled = ring.enabled = False
+
     watcher = Watcher(ctx, channel=channel, detector=a.detector, checkpoints=checkpoints, agents=agents,
                       interrupts=interrupts, loop_interval_s=run.loop_interval_s, notifier=notifier,
-                      observers=(progress, interval, BuddyRing(ctx, channel, lambda: watch_nodes.lost,
-                                                                 enabled=run.memory_snapshots != "off")),
+                      observers=(progress, interval, ring, MemoryOff(ctx, channel, memory_tier_off,
+                                                                       enabled=memory_mode != "off")),
                       health=health, nodeloss=watch_nodes,
                       stall=StallProbe(ctx, channel, paths.root), swap=swap)  # fmt: skip
     jobs = JobActions(ctx, slurm=a.slurm, channel=channel, inbox=a.inbox, job_id=job_id,
                       restart_count=env.restart_count, scheduled_end=deadline.current)  # fmt: skip
-    key = campaign_key(paths.root)
-    memory = MemoryResume(ctx, channel, enabled=run.memory_snapshots != "off",
-                          flushed=lambda: flushed.newest(paths.root, key))  # fmt: skip
-    memory_flush = MemoryFlush(ctx, channel, memory, paths.root, key, enabled=run.memory_snapshots != "off")
     return Parts(
         ctx=ctx, state=state, config=config, layout=layout, paths=paths, job_id=job_id, channel=channel,
         detector=a.detector, checkpoints=checkpoints, trainer=trainer, agents=agents, health=health,

@@ -135,6 +135,7 @@ class LiveTable:
         self.memory: dict[str, tuple[float, tuple[Held, ...]]] = {}
         self.memory_refused = 0
         self.replication: dict[str, str] = {}  # node -> where its agent receives other agents' shards ("host:port")
+        self.memory_off: dict[str, tuple[tuple[int, int], ...]] = {}  # node -> (rank, errno) its store failed
         self._mono, self._wall_ns = mono, wall_ns
 
     def feed(self, data: bytes, addr: Any = None) -> bool:
@@ -163,10 +164,12 @@ class LiveTable:
                     continue
                 if ev.kind == wire.EVENT_MEMORY:
                     try:
-                        held, listen = parse_memory_report(ev.text)
+                        held, listen, off = parse_memory_report(ev.text)
                         self.memory[frame.node] = (now_wall / 1e9, held)
                         if listen:
                             self.replication[frame.node] = listen
+                        if off:
+                            self.memory_off[frame.node] = off
                     except wire.FrameError:
                         self.memory_refused += 1
                     continue

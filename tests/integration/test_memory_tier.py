@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from campaign_tools import EXAMPLE, cancel, launches, step_lines, submit, wait_for
@@ -127,3 +128,39 @@ def test_a_time_limit_flushes_the_newest_snapshot_and_the_requeued_job_resumes_f
         assert f"resumed from memory at step {flush['step']}" in log.read_text(errors="replace")
     finally:
         cancel(camp.job_id)
+
+
+def test_a_preempted_job_flushes_the_newest_snapshot_and_the_requeued_job_resumes_from_it_bitwise(tmp_path,
+                                                                                                slurm_cluster):
+    """Slurm preempts the job for an ``urgent`` one (GraceTime=10). Without ``preempt_send_user_signal`` Slurm
+    sends SIGTERM to every step at the start of the grace time, the node agents' included, before the supervisor
+    knows why: the test sends the steps that SIGTERM (``scancel --signal=TERM``: every step, not the batch
+    shell) a second before the preemption (the local cluster sends the user signal, which alone would give the
+    supervisor time to order the flush while the agents run). The program (``--ignore-requests``: SIGTERM ends it unsaved, as a script without a handler) saves nothing; the
+    agents, whose node memory holds snapshots, stay for the supervisor's flush order and copy the newest
+    snapshot into the campaign directory; the requeued job resumes from that copy instead of step 0, bitwise."""
+    steps = 300
+    camp = submit(tmp_path, steps=steps, ckpt_every=0, step_time=0.2, train=("--ignore-requests",))
+    urgent = None
+    try:
+        want = reference_of(tmp_path, steps)
+        wait_printed(camp, 1, 12)
+        slurm_cluster.slurm("scancel", "--signal=TERM", camp.job_id)
+        time.sleep(1)
+        out = slurm_cluster.slurm("sbatch", "--parsable", "-p", "urgent", "-N", "4", "--exclusive", "--time=1",
+                                  "-o", "/dev/null", "--wrap", "sleep 5")  # fmt: skip
+        urgent = out.stdout.strip().split(";")[0]
+        flush = wait_for("the flush at the preemption", lambda: camp.of_type("memory_flush"), 60)[0]
+        assert flush["step"] is not None and flush["step"] >= 10 and flush["shards"] == 2, flush
+        relaunch = wait_for("the requeued job's launch", lambda: launches(camp)[1:], 180)[0]
+        assert relaunch["resume_tier"] == "memory" and relaunch["resume_step"] == flush["step"], relaunch
+        assert camp.of_type("attempt_started")[-1]["restart"] == 1
+        assert [e["outcome"]["class"] for e in camp.of_type("attempt_ended")][:1] == ["preemption"]
+        log = next(camp.root.glob(f"logs/*restart1/train-{relaunch['launch']}.log"))
+        second = wait_for("five resumed steps", lambda: (s := step_lines(log.read_text(errors="replace")))[4:] and s, 120)
+        assert second == want[flush["step"]: flush["step"] + len(second)], "resumed from the flushed snapshot, bitwise"
+        assert camp.report()["excluded_nodes"] == [], "a preemption blames nobody"
+    finally:
+        cancel(camp.job_id)
+        if urgent:
+            cancel(urgent)

@@ -83,6 +83,7 @@ class FakeTable:
         self.health: dict[str, Any] = {}  # node -> (wall time, wire.HealthReport), as LiveTable.health
         self.memory: dict[str, Any] = {}  # node -> (wall time, (Held, ...)), as LiveTable.memory
         self.replication: dict[str, str] = {}  # node -> its agent's shard-receiving address
+        self.memory_off: dict[str, Any] = {}  # node -> ((rank, errno), ...) its memory store failed
         self.staleness: dict[str, float] = {}
 
     def node_views(self, nodes: Any = None) -> dict[str, NodeView]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -12,11 +13,13 @@ import psutil
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from supervisor.agent.flush_copy import Flusher
 from supervisor.agent.main import Agent
 from supervisor.agent.procwatch import ProcWatch
 from supervisor.agent.sampler import RankSlots
 from supervisor.client.slot import FLAG_STOP, SlotWriter
 from supervisor.heartbeat import wire
+from supervisor.heartbeat.orders import Flush
 from supervisor.paths import expand_slot_dir
 
 KEY = wire.derive_key(b"a" * 32)
@@ -138,3 +141,84 @@ def test_stack_dump_is_never_signalled_to_a_rank_without_the_handler(tmp_path: P
     assert dumps.pending == {}
     slots.close()
     w.close()
+
+
+class _Memory:
+    """The agent's view of its memory tier in these tests: whether the store holds snapshots, and the real
+    flusher that carries out the supervisor's flush orders (here, a gate holds a flush under way)."""
+
+    def __init__(self, root: Path, holds: bool) -> None:
+        self.holds, self.flusher = holds, Flusher(root)
+
+    def holds_snapshots(self) -> bool:
+        return self.holds
+
+    def close(self) -> None:
+        self.flusher.join(5)
+
+
+def _lingering_agent(tmp: Path, holds: bool = True) -> Agent:
+    agent = _agent(tmp)
+    agent.memory = _Memory(tmp / "store", holds)  # type: ignore[assignment]
+    agent.linger_s = 0.3
+    return agent
+
+
+def test_sigterm_ends_an_agent_without_snapshots_at_once(tmp_path: Path) -> None:
+    agent = _lingering_agent(tmp_path, holds=False)
+    try:
+        agent.terminate("received SIGTERM")
+        assert agent._should_exit(time.monotonic()) == "received SIGTERM"
+    finally:
+        agent.close()
+
+
+def test_sigterm_with_snapshots_in_memory_waits_for_the_flush_order_then_for_the_copy(tmp_path: Path) -> None:
+    """Slurm signals the agent with the ranks when it preempts the job; the supervisor's flush order comes
+    after. The agent stays for it, does not leave while the copy runs, and leaves once it is done."""
+    agent = _lingering_agent(tmp_path)
+    gate = threading.Event()
+    ran = agent.memory.flusher.run  # type: ignore[union-attr]
+    agent.memory.flusher.run = lambda flush: (gate.wait(10), ran(flush))  # type: ignore[union-attr]
+    try:
+        agent.terminate("received SIGTERM")
+        assert agent._should_exit(time.monotonic()) == "", "left before the flush order could come"
+        agent.memory.flusher.order(Flush(str(tmp_path / "flushed"), ()))  # type: ignore[union-attr]
+        time.sleep(0.5)  # past linger_s: a copy under way keeps the agent
+        assert agent._should_exit(time.monotonic()) == ""
+        gate.set()
+        agent.memory.flusher.join(5)  # type: ignore[union-attr]
+        assert agent._should_exit(time.monotonic()) == "received SIGTERM (after the memory flush)"
+        assert (tmp_path / "flushed").is_dir()
+    finally:
+        gate.set()
+        agent.close()
+
+
+def test_sigterm_with_snapshots_leaves_after_the_linger_when_no_flush_is_ordered(tmp_path: Path) -> None:
+    agent = _lingering_agent(tmp_path)
+    try:
+        agent.terminate("received SIGTERM")
+        assert agent._should_exit(time.monotonic()) == ""
+        assert agent._should_exit(time.monotonic() + 1) == "received SIGTERM (no flush ordered within 0.3 s)"
+    finally:
+        agent.close()
+
+
+def test_a_second_sigterm_or_a_flush_already_done_ends_the_agent_at_once(tmp_path: Path) -> None:
+    agent = _lingering_agent(tmp_path)
+    try:
+        agent.terminate("received SIGTERM")
+        agent.terminate("received SIGTERM")
+        assert agent._should_exit(time.monotonic()) == "received SIGTERM"
+    finally:
+        agent.close()
+    (tmp_path / "b").mkdir()
+    flushed = _lingering_agent(tmp_path / "b")
+    try:
+        flushed.memory.flusher.order(Flush(str(tmp_path / "b" / "flushed"), ()))  # type: ignore[union-attr]
+        flushed.memory.flusher.join(5)  # type: ignore[union-attr]
+        flushed.terminate("received SIGTERM")  # the time limit's flush came before Slurm's SIGTERM
+        assert flushed._should_exit(time.monotonic()) == "received SIGTERM"
+    finally:
+        flushed.close()

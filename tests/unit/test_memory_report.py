@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from supervisor.decisions.memory_pick import Held
 from supervisor.heartbeat import wire
-from supervisor.heartbeat.memory_report import DIGEST_CHARS, encode_memory, parse_memory
+from supervisor.heartbeat.memory_report import (
+    DIGEST_CHARS,
+    MAX_OFF,
+    encode_memory,
+    parse_memory,
+    parse_memory_report,
+)
 from supervisor.heartbeat.table import LiveTable
 
 held = st.builds(Held, step=st.integers(0, 10**9), rank=st.integers(0, 7), world=st.just(8),
@@ -32,6 +38,15 @@ def test_an_inventory_reads_back_as_sent(items: list[Held]) -> None:
     assert [(h.step, h.rank, h.world, h.digest, h.verified, h.launch) for h in back] == want
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(held, max_size=10), st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 4095)), max_size=80))
+def test_the_ranks_whose_store_failed_them_read_back_with_the_shards(items: list[Held],
+                                                                      off: list[tuple[int, int]]) -> None:
+    report = parse_memory_report(encode_memory(items, "10.0.0.1:5000", off))
+    assert report.off == tuple(sorted(off)[:MAX_OFF]) and report.listen == "10.0.0.1:5000"
+    assert len(report.held) == len(items)
+
+
 def test_a_big_store_keeps_its_newest_steps() -> None:
     items = [Held(step, r, 8, "a" * 64, True, "j-0-1") for step in range(100) for r in range(8)]
     back = parse_memory(encode_memory(items))
@@ -41,7 +56,7 @@ def test_a_big_store_keeps_its_newest_steps() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.text(max_size=300), st.recursive(
     st.one_of(st.integers(-5, 2**63), st.text(max_size=40), st.booleans(), st.none(), st.floats()),
-    lambda inner: st.one_of(st.lists(inner, max_size=7), st.dictionaries(st.sampled_from(["held", "more", "x"]), inner)),
+    lambda inner: st.one_of(st.lists(inner, max_size=7), st.dictionaries(st.sampled_from(["held", "more", "off", "listen", "x"]), inner)),
     max_leaves=30).map(json.dumps)))  # fmt: skip
 def test_any_text_is_parsed_or_refused_with_the_wires_error(text: str) -> None:
     try:

@@ -20,6 +20,7 @@ from supervisor.decisions.policy import (
     DRAIN,
     DUMP_STACKS,
     FINISH,
+    FLUSH_MEMORY,
     HOLD,
     KILL_STEP,
     MARK_SUSPECT,
@@ -51,6 +52,14 @@ def test_preemption_checkpoints_and_lets_slurm_requeue_without_blame():
     d = decide(interruption(ev.PREEMPTION), History(), ALLOC)
     assert kinds(d) == [ALERT, CHECKPOINT_NOW, AWAIT_REQUEUE] and d.state == "pending"
     assert d.actions[0].tier == "L1"
+
+
+def test_preemption_or_time_limit_after_the_ranks_ended_flushes_node_memory_instead_of_asking_them():
+    """Slurm's SIGTERM reached the ranks before the supervisor knew (preemption without a user signal): nobody
+    is left to save, the agents copy the newest memory snapshot to the filesystem."""
+    ended = replace(ALLOC, step_running=False)
+    assert kinds(decide(interruption(ev.PREEMPTION), History(), ended)) == [ALERT, FLUSH_MEMORY, AWAIT_REQUEUE]
+    assert kinds(decide(interruption(ev.TIMEOUT), History(), ended)) == [ALERT, FLUSH_MEMORY, REQUEUE]
 
 
 def test_timeout_checkpoints_then_requeues():
