@@ -36,11 +36,11 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from supervisor.checkpoint import memory_room
+from supervisor.checkpoint.memory_apply import MemorySnapshotError, local_tensor, plan_restore
 from supervisor.checkpoint.snapshot_format import (
     Header,
     PathPart,
@@ -54,7 +54,6 @@ from supervisor.checkpoint.snapshot_format import (
     path_text,
 )
 from supervisor.decisions.snapshot_cadence import every_k_steps, parse_every
-from supervisor.errors import CheckpointError
 from supervisor.paths import expand_slot_dir
 
 MEMORY_DIR_ENV = "SUPERVISOR_MEMORY_DIR"  # the node's store; ``{node}`` is filled in as for the slot directory
@@ -64,10 +63,6 @@ RESUME_FLUSHED_ENV = "SUPERVISOR_RESUME_MEMORY_FLUSHED"  # and its copy on the f
 EVERY_ENV = "SUPERVISOR_MEMORY_EVERY"  # "auto" (measured) or every N steps
 LAUNCH_ENV = "SUPERVISOR_LAUNCH"  # which launch wrote a shard
 _STEP_DIR = re.compile(r"step_(\d+)")
-
-
-class MemorySnapshotError(CheckpointError):
-    """A memory snapshot that cannot be used (missing, torn, altered, or not this program's state)."""
 
 
 def _leaves(obj: Any, path: tuple[PathPart, ...] = ()) -> list[tuple[tuple[PathPart, ...], Any]]:
@@ -90,12 +85,6 @@ def _leaves(obj: Any, path: tuple[PathPart, ...] = ()) -> list[tuple[tuple[PathP
         return [(path, obj)]
     raise MemorySnapshotError(f"a {type(obj).__name__} at {path_text(path)} in the state dict",
                               "snapshot tensors and plain values only")  # fmt: skip
-
-
-def _local(tensor: Any) -> tuple[Any, bool]:
-    """(the plain tensor to save, whether it is a DTensor's local shard)."""
-    to_local = getattr(tensor, "to_local", None)
-    return (to_local(), True) if callable(to_local) and type(tensor).__name__ == "DTensor" else (tensor, False)
 
 
 class MemorySnapshots:
@@ -121,6 +110,8 @@ class MemorySnapshots:
         self._pending: Future[Path] | None = None
         self._buffers: dict[tuple[PathPart, ...], Any] = {}
         self._first: tuple[int, float, float] | None = None  # (step, end time, blocking cost) of the first snapshot
+        self._due_at = 0.0  # when the newest snapshot was found due (the step time is measured up to there)
+        self._measured: int | None = None  # this rank's measured interval, until the ranks agree on one
         self.blocking_s = 0.0  # the last snapshot's blocking copy
 
     @property
@@ -131,24 +122,40 @@ class MemorySnapshots:
     def snapshot(self, state: dict[str, Any] | Callable[[], dict[str, Any]], step: int) -> bool:
         """Snapshot ``state`` (or what the callable returns, built only when one is due) as step ``step`` if
         the cadence says so; every rank calls it at every step. Returns whether one was taken."""
-        if not self.enabled:
+        if not self.due(step):
             return False
-        if self.every is None:
-            if self._first is None or step <= self._first[0]:
-                self._take(state, step)
-                self._first = (step, time.monotonic(), self.blocking_s)
-                return True
-            first_step, first_end, first_cost = self._first
-            step_s = (time.monotonic() - first_end) / (step - first_step)
-            # A second snapshot now: its copy reuses the first one's buffers, as every later one will, and of two
-            # measurements the smaller is the cost (a busy machine only ever adds to one).
+        took = self.enabled  # a rank whose store failed it still joins the cadence's agreement, taking nothing
+        if took:
             self._take(state, step)
-            self.every = _agree_max(every_k_steps(min(first_cost, self.blocking_s), step_s), self.group)
-            return True
-        if step % self.every:
+        self.taken(step)
+        return took
+
+    def due(self, step: int) -> bool:
+        """Whether the cadence wants a snapshot of ``step``: the same answer on every rank (a DCP save is a
+        collective, ``dcp_memory``), so a rank whose store failed it still answers as the others do and only
+        skips its writes. While "auto" is measuring, the first two are due; the rank after the second, the ranks
+        agree on the measured interval here (every rank calls ``due`` at every step)."""
+        if self.root is None:
             return False
-        self._take(state, step)
-        return True
+        if self.every is None and self._measured is not None:
+            self.every = agree_max(self._measured, self.group)
+        if self.every is None:
+            self._due_at = time.monotonic()
+            return True
+        return step % self.every == 0
+
+    def taken(self, step: int) -> None:
+        """After the snapshot ``due`` asked for (taken or skipped): while measuring, the cadence learns from it."""
+        if self.every is not None or self._measured is not None:
+            return
+        if self._first is None or step <= self._first[0]:
+            self._first = (step, time.monotonic(), self.blocking_s)
+            return
+        first_step, first_end, first_cost = self._first
+        step_s = (self._due_at - first_end) / (step - first_step)
+        # The second snapshot's copy reused the first one's buffers, as every later one will, and of two
+        # measurements the smaller is the cost (a busy machine only ever adds to one).
+        self._measured = every_k_steps(min(first_cost, self.blocking_s), step_s)
 
     def _take(self, state: dict[str, Any] | Callable[[], dict[str, Any]], step: int) -> None:
         self.save(state() if callable(state) else state, step)
@@ -212,7 +219,7 @@ class MemorySnapshots:
         staged = []
         for path, value in _leaves(state):
             if isinstance(value, torch.Tensor):
-                local, is_dtensor = _local(value)
+                local, is_dtensor = local_tensor(value)
                 src = local.detach()
                 buf = self._buffers.get(path)
                 if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
@@ -309,7 +316,7 @@ class MemorySnapshots:
         except MemorySnapshotError as err:
             _say(f"memory snapshot not used: {err}; resuming from the filesystem checkpoint")
             plan = None
-        if _agree_max(0 if plan is not None else 1, self.group):
+        if agree_max(0 if plan is not None else 1, self.group):
             return None  # some rank cannot: all resume from the filesystem tier
         assert plan is not None
         for apply in plan:
@@ -348,6 +355,12 @@ class MemorySnapshots:
 
     def _prepare(self, step: int, state: dict[str, Any]) -> list[Callable[[], None]]:
         """Read and check this rank's shard of ``step`` against ``state``; the copies to make, not yet made."""
+        header, payload = self.read_verified(step)
+        return plan_restore(state, header, payload)
+
+    def read_verified(self, step: int) -> tuple[Header, memoryview]:
+        """This rank's shard of ``step``: its header and payload, read into memory and checked against its
+        record (size, SHA-256) and this rank and world; ``MemorySnapshotError`` when it is not usable."""
         if self.root is None:
             raise MemorySnapshotError("no memory directory", f"set {MEMORY_DIR_ENV} (the supervisor does)")
         folder = self._folder_of(step)
@@ -374,80 +387,7 @@ class MemorySnapshots:
             raise MemorySnapshotError(f"the snapshot is of step {header.step}, rank {header.rank} of {header.world}; "
                                       f"wanted step {step}, rank {self.rank} of {self.world}",
                                       "resume from the filesystem checkpoint (it reshards)")  # fmt: skip
-        return _plan(state, header, memoryview(data)[start:])
-
-
-def _plan(state: dict[str, Any], header: Header, payload: memoryview) -> list[Callable[[], None]]:
-    """Check every leaf of the snapshot against ``state``; return the copies into it (made by the caller)."""
-    import torch
-
-    plan: list[Callable[[], None]] = []
-    for leaf in header.leaves:
-        parent: Any = state
-        for _kind, key in leaf.path[:-1]:
-            try:
-                parent = parent[key]
-            except (KeyError, IndexError, TypeError):
-                raise MemorySnapshotError(f"the program's state has no {path_text(leaf.path)}",
-                                          "restore into the state dict the snapshot was taken of") from None
-        last = leaf.path[-1][1]
-        if isinstance(leaf, ValueLeaf):
-            if _get(parent, last) != leaf.value:
-                plan.append(partial(_set_path, state, leaf.path, leaf.value))
-            continue
-        dtype = getattr(torch, leaf.dtype)
-        raw = torch.frombuffer(payload, dtype=torch.uint8, count=leaf.nbytes, offset=leaf.offset) if leaf.nbytes \
-            else torch.empty(0, dtype=torch.uint8)  # fmt: skip
-        src = raw.view(dtype).reshape(leaf.shape)
-        target = _get(parent, last)
-        if target is None:
-            if leaf.dtensor:
-                raise MemorySnapshotError(f"the program's state has no DTensor at {path_text(leaf.path)}",
-                                          "build the model and optimizer as when the snapshot was taken")
-            plan.append(partial(_set_path, state, leaf.path, src.clone()))
-            continue
-        local, _ = _local(target)
-        if tuple(local.shape) != leaf.shape or local.dtype != dtype:
-            raise MemorySnapshotError(f"{path_text(leaf.path)} is {tuple(local.shape)} {local.dtype} here, "
-                                      f"{leaf.shape} {leaf.dtype} in the snapshot",
-                                      "resume from the filesystem checkpoint (it reshards)")  # fmt: skip
-        plan.append(partial(_copy, local, src))
-    return plan
-
-
-def _copy(target: Any, src: Any) -> None:
-    import torch
-
-    with torch.no_grad():
-        target.copy_(src)
-
-
-def _get(parent: Any, key: Any) -> Any:
-    try:
-        return parent[key]
-    except (KeyError, IndexError, TypeError):
-        return None
-
-
-def _set_path(state: Any, path: tuple[PathPart, ...], value: Any) -> None:
-    """``state[path] = value``; a tuple on the way (AdamW's ``betas``) is rebuilt and put back in its parent."""
-    chain = [state]
-    for _kind, key in path[:-1]:
-        chain.append(chain[-1][key])
-    for depth in range(len(path) - 1, -1, -1):
-        container, key = chain[depth], path[depth][1]
-        if isinstance(container, tuple):
-            if not 0 <= key < len(container):
-                break
-            value = (*container[:key], value, *container[key + 1 :])
-            continue
-        try:
-            container[key] = value
-            return
-        except (IndexError, TypeError):
-            break
-    raise MemorySnapshotError(f"cannot set {path_text(path)} in the program's state",
-                              "restore into the state dict the snapshot was taken of")
+        return header, memoryview(data)[start:]
 
 
 def _rank_world() -> tuple[int, int]:
@@ -475,7 +415,7 @@ def _root_from_env() -> Path | None:
     return expand_slot_dir(template, job=os.environ.get("SLURM_JOB_ID", ""), node=node)
 
 
-def _agree_max(value: int, group: Any = None) -> int:
+def agree_max(value: int, group: Any = None) -> int:
     """The largest ``value`` over the ranks (the value itself without torch.distributed). On an NCCL group the
     number travels on the current GPU."""
     try:

@@ -30,7 +30,7 @@ __all__ = ["PROGRAM", "Row", "ranks_pids", "submit_program", "newest_valid", "ag
 
 def submit_program(tmp_path: Path, *args: str, steps: int = 60, ckpt_every: int = 10, step_time: float = 0.3,
                    nodes: int = 2, sbatch: tuple[str, ...] = ("--time=10",), config: str = "",
-                   name: str = "campaign", ckpt: Path | None = None) -> Campaign:  # fmt: skip
+                   name: str = "campaign", ckpt: Path | None = None, program: Path = PROGRAM) -> Campaign:  # fmt: skip
     """``supervise submit`` the user-style program; the checkpoint directory is found from its --ckpt-dir flag
     (no [run] checkpoint_dir), as a user who never wrote a config gets it. The preflight is off (its collective
     test costs every campaign seconds of torch start-up; test_preflight_campaign.py runs it)."""
@@ -39,7 +39,7 @@ def submit_program(tmp_path: Path, *args: str, steps: int = 60, ckpt_every: int 
     path.write_text(f"[preflight]\nenabled = false\n{config}")
     cfg = ["--config", str(path)]
     out = supervise("submit", f"--nodes={nodes}", "--ntasks-per-node=1", *sbatch, "--campaign", str(root), *cfg,
-                    "--", sys.executable, str(PROGRAM), "--steps", str(steps), "--ckpt-dir", str(ckpt),
+                    "--", sys.executable, str(program), "--steps", str(steps), "--ckpt-dir", str(ckpt),
                     "--ckpt-every", str(ckpt_every), "--step-time", str(step_time), *args)  # fmt: skip
     return Campaign(out.stdout.split()[1], root, ckpt)
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from campaign_tools import EXAMPLE, cancel, launches, step_lines, submit, wait_for
-from matrix_tools import printed_step, rank_pid_on, wait_printed
+from matrix_tools import printed_step, rank_pid_on, submit_program, wait_printed
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
@@ -164,3 +164,32 @@ def test_a_preempted_job_flushes_the_newest_snapshot_and_the_requeued_job_resume
         cancel(camp.job_id)
         if urgent:
             cancel(urgent)
+
+
+def test_a_users_own_dcp_script_resumes_from_node_memory_through_the_storage_writer_bitwise(tmp_path):
+    """README's usage with no memory settings and a program written as FSDP2 users write them (plain DCP to
+    its --ckpt-dir every 20 steps; node memory through ``DcpMemory``'s storage writer and reader, nothing else of
+    ours): rank 1 SIGKILLed near step 27 is relaunched from the snapshot in node memory, losing at most two
+    steps instead of the checkpoint interval, and prints the uninterrupted run's losses, bitwise."""
+    from test_dcp_memory import PROGRAM as DCP_PROGRAM
+    from test_dcp_memory import run
+
+    camp = submit_program(tmp_path, steps=STEPS, ckpt_every=20, step_time=0.3, program=DCP_PROGRAM)
+    try:
+        want, _ = run(tmp_path / "ref", steps=STEPS)
+        wait_printed(camp, 1, 27)
+        os.kill(rank_pid_on(camp, 1), signal.SIGKILL)
+        killed_at = printed_step(camp, 1)
+        picked = wait_for("the memory pick", lambda: camp.of_type("memory_pick"), 90)[0]
+        assert picked["step"] is not None and killed_at - 2 <= picked["step"] <= killed_at, (picked, killed_at)
+        relaunch = wait_for("the relaunch", lambda: launches(camp)[1:], 30)[0]
+        assert relaunch["resume_tier"] == "memory" and relaunch["resume_step"] == picked["step"], relaunch
+        ended = wait_for("the campaign to complete", camp.ended, 180)
+        assert ended["state"] == "completed", ended
+        logs = sorted(camp.root.glob("logs/*/train-*.log"))
+        first, second = (step_lines(p.read_text(errors="replace")) for p in logs)
+        assert f"resumed from memory at step {picked['step']}" in logs[1].read_text(errors="replace")
+        assert first == want[: len(first)]
+        assert second == want[picked["step"]:], "resumed through the DCP storage reader: the same losses, bitwise"
+    finally:
+        cancel(camp.job_id)

@@ -140,7 +140,8 @@ def test_snapshots_follow_the_cadence_and_auto_measures_it(tmp_path: Path, monke
     auto = MemorySnapshots(tmp_path / "b", keep=10)
     assert auto.snapshot(state(1), 1) and auto.every is None  # the first one measures the copy
     assert auto.snapshot(state(1), 2)  # the second one too: it reuses the buffers, the cost planned with
-    assert auto.every is not None and auto.every >= 1  # then the cadence is fixed (agreed by the ranks)
+    auto.due(3)  # at the next step the ranks agree on the measured interval
+    assert auto.every is not None and auto.every >= 1  # then the cadence is fixed
     auto.close()
 
 
