@@ -75,6 +75,9 @@ class _Unsupervised:
     def should_stop(self) -> bool:
         return False
 
+    def skip_steps(self) -> range:
+        return range(0)
+
 
 def _client() -> object:
     try:
@@ -110,7 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="(tests) rank 0 prints the full weights' checksum at each save and after a restore (stderr)")
     p.add_argument("--die-at-step", type=int, default=0, help="(tests) SIGKILL every rank right after step N")
     p.add_argument("--nan-at-step", type=int, default=0,
-                   help="(tests) from step N on, the loss is NaN (a diverged run; the weights become NaN too)")
+                   help="(tests) the batch of step N is poisoned: its loss is NaN, the weights become NaN, and so "
+                        "is every later loss (a diverged run), unless that batch is skipped after a roll back")
     p.add_argument("--ignore-requests", action="store_true",
                    help="(tests) never act on the supervisor's checkpoint/stop requests, as a script that does not "
                         "ask for them (client.should_checkpoint) would: SIGTERM ends it at once, unsaved, and "
@@ -346,25 +350,31 @@ def main(argv: list[str] | None = None) -> int:
     marks["restored"] = time.time()
     loss_fn = nn.MSELoss()
     stop = False
+    skip = client.skip_steps()  # type: ignore[attr-defined]  # after a roll back: batches not to train on
     for step in range(start + 1, args.steps + 1):
         idx = batch_indices(epoch, offset, n=args.dataset_size, batch=args.batch_size, rank=rank, world=world,
                             seed=args.seed)
         offset += 1
         if offset == steps_per_epoch:
             epoch, offset = epoch + 1, 0
-        opt.zero_grad(set_to_none=True)
         target = y[idx] + 0.001 * random.random()
-        loss = loss_fn(model(x[idx]), target)
-        if args.nan_at_step and step >= args.nan_at_step:
-            loss = loss * float("nan")
-        loss.backward()
-        opt.step()
-        value = float(loss.item())
-        client.step(step, loss=value)  # type: ignore[attr-defined]
-        if rank == 0:
-            if args.timings and step == start + 1:  # before the step's line: whoever sees that line finds it
-                print_timings({**marks, "step": time.time()})
-            print(f"step={step} loss={value!r}", flush=True)
+        if step in skip:  # after a roll back: a batch seen before the loss diverged (one of them did it)
+            client.step(step)  # type: ignore[attr-defined]
+            if rank == 0:
+                print(f"step={step} skipped", flush=True)
+        else:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x[idx]), target)
+            if step == args.nan_at_step:
+                loss = loss * float("nan")
+            loss.backward()
+            opt.step()
+            value = float(loss.item())
+            client.step(step, loss=value)  # type: ignore[attr-defined]
+            if rank == 0:
+                if args.timings and step == start + 1:  # before the step's line: whoever sees that line finds it
+                    print_timings({**marks, "step": time.time()})
+                print(f"step={step} loss={value!r}", flush=True)
         if args.step_time:
             time.sleep(args.step_time)
         asked = [client.should_checkpoint(), client.should_stop()] if not args.ignore_requests else [False, False]  # type: ignore[attr-defined]

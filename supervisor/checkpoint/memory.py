@@ -54,6 +54,7 @@ from supervisor.checkpoint.snapshot_format import (
     path_text,
 )
 from supervisor.decisions.snapshot_cadence import every_k_steps, parse_every
+from supervisor.decisions.snapshot_ring import RING, retained
 from supervisor.paths import expand_slot_dir
 
 MEMORY_DIR_ENV = "SUPERVISOR_MEMORY_DIR"  # the node's store; ``{node}`` is filled in as for the slot directory
@@ -91,11 +92,12 @@ class MemorySnapshots:
     """Create it on every rank; ``enabled`` is False (and every call a no-op) when no memory directory is set."""
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *, keep: int = 2, every: int | None = None,
-                 group: Any = None) -> None:  # fmt: skip
+                 group: Any = None, ring: tuple[int, ...] = RING) -> None:  # fmt: skip
         """``every``: snapshot every N steps (None: ``SUPERVISOR_MEMORY_EVERY``, "auto" by default: measured);
-        ``group``: the process group the ranks agree on (None: the default one)."""
+        ``group``: the process group the ranks agree on (None: the default one); ``keep`` newest snapshots and,
+        for each distance in ``ring``, two older ones to roll back to (``decisions.snapshot_ring``)."""
         self.root = Path(root) if root is not None else _root_from_env()
-        self.keep = max(1, keep)
+        self.keep, self.ring = max(1, keep), ring
         self.rank, self.world = _rank_world()
         self.launch = os.environ.get(LAUNCH_ENV, "")
         self.group = group
@@ -202,7 +204,8 @@ class MemorySnapshots:
         """Before the first write: does the node's store have room for what the tier will keep there?"""
         shard = sum(v.numel() * v.element_size() for _, v, _ in staged if hasattr(v, "element_size"))
         assert self.root is not None
-        why = memory_room.short_of_room(self.root, shard, self.keep, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+        why = memory_room.short_of_room(self.root, shard, self.keep, int(os.environ.get("LOCAL_WORLD_SIZE") or 1),
+                                        len(self.ring))  # fmt: skip
         if why:
             self._turn_off(errno.ENOSPC, why)
         return not why
@@ -293,8 +296,9 @@ class MemorySnapshots:
     def _retain(self, newest: int) -> None:
         assert self.root is not None
         steps = sorted((int(m.group(1)), p) for p in self.root.iterdir() if (m := _STEP_DIR.fullmatch(p.name)))
-        for step, folder in steps[: max(0, len(steps) - self.keep)]:
-            if step >= newest:
+        keep = retained((step for step, _ in steps), newest, self.keep, self.ring)  # the newest few and the roll-back ring
+        for step, folder in steps:
+            if step in keep:
                 continue
             for name in (f"rank_{self.rank}.json", f"rank_{self.rank}.snap"):  # the sidecar first: then it is gone
                 (folder / name).unlink(missing_ok=True)

@@ -59,7 +59,7 @@ DEFAULT_BUDGETS: Mapping[str, int | None] = MappingProxyType(
         ev.HANG: 3,
         ev.COMM_ERROR: 3,
         ev.APP_ERROR: 2,
-        ev.NUMERICAL: 0,
+        ev.NUMERICAL: 2,  # roll backs to a snapshot before the divergence, skipping its batches (since progress)
         ev.UNKNOWN: 3,
         ev.STRAGGLER: 2,  # swaps of a straggler for a spare since progress; then it stays a warning
     }
@@ -311,9 +311,9 @@ def _over_budget(cls: str, history: History, config: PolicyConfig, now: float) -
 _ADVICE = {
     ev.APP_ERROR: "the program itself fails: fix the error in the logs, then resubmit (training resumes from the "
     "last valid checkpoint)",
-    ev.NUMERICAL: "the loss became NaN/Inf: no checkpoint of it was requested and checkpoints saved after the last "
-    "finite loss are quarantined; lower the learning rate or check the data, then resubmit (it resumes from the last "
-    "good checkpoint)",
+    ev.NUMERICAL: "the loss became NaN/Inf again after rolling back to before it (skipping the batches seen since); "
+    "no checkpoint of it was requested and checkpoints saved after the last finite loss are quarantined; lower the "
+    "learning rate or check the data, then resubmit (it resumes from the last good checkpoint)",
     ev.HANG: "the program keeps hanging: read the saved stack dumps in the campaign dir",
     ev.CANCELLED: "the job was cancelled from outside",
     ev.TIMEOUT: "no new checkpoint was committed between time limits: checkpoint more often, raise --time, or "
@@ -428,14 +428,17 @@ def decide(
     stuck_here = min(allocation.restarts_here, history.faults_since_progress - 1)
     if len(usable) >= floor and stuck_here < config.max_restarts_in_allocation:
         excluded_here = sorted(dropped)  # sorted, like a requeue's exclude list
+        # A diverged loss: the relaunch resumes from before the divergence and skips the batches seen since.
+        rollback = {"rollback": True} if cls == ev.NUMERICAL else {}
         if len(usable) < allocation.needed:  # spares used up: [run] min_nodes says the training can go on
             why = f"{cls}: spares used up, relaunch on {len(usable)} of {allocation.needed} nodes (min_nodes {floor})"
             actions.append(Action(RESTART_IN_ALLOCATION, None, tuple(usable), why,
-                                  {"exclude": excluded_here, "nodes": usable, "fewer_nodes": True}))  # fmt: skip
+                                  {"exclude": excluded_here, "nodes": usable, "fewer_nodes": True, **rollback}))  # fmt: skip
             return Decision(tuple(actions), "running", why)
-        actions.append(Action(RESTART_IN_ALLOCATION, None, tuple(usable), f"{cls}: relaunch in this allocation",
-                              {"exclude": excluded_here, "nodes": usable}))  # fmt: skip
-        return Decision(tuple(actions), "running", f"{cls}: restarting in the same allocation")
+        what = "roll back to before the divergence, skipping its batches" if rollback else "relaunch in this allocation"
+        actions.append(Action(RESTART_IN_ALLOCATION, None, tuple(usable), f"{cls}: {what}",
+                              {"exclude": excluded_here, "nodes": usable, **rollback}))  # fmt: skip
+        return Decision(tuple(actions), "running", f"{cls}: {what}")
     why = "not enough healthy nodes here" if len(usable) < floor else (
         f"{stuck_here} restarts in this allocation without progress")
     actions.append(Action(REQUEUE, None, tuple(exclude), f"{cls}: {why}, requeue",

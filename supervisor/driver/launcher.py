@@ -24,6 +24,7 @@ from slurm import srun
 from slurm.client import SlurmClient
 from slurm.errors import SlurmError
 from supervisor.checkpoint import memory
+from supervisor.client.rollback import ENV_SKIP_STEPS
 from supervisor.decisions import events as ev
 from supervisor.decisions import placement
 from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, LogSignature
@@ -97,7 +98,7 @@ class TrainingLauncher:
         env["SUPERVISOR_CAMPAIGN"] = str(self.campaign)
         env[SLOT_DIR_ENV] = slot_dir_template(self.job_id, self.slot_token)
         for name in (memory.MEMORY_DIR_ENV, memory.EVERY_ENV, memory.RESUME_STEP_ENV, memory.RESUME_LAUNCH_ENV,
-                     memory.RESUME_FLUSHED_ENV, memory.LAUNCH_ENV):  # fmt: skip
+                     memory.RESUME_FLUSHED_ENV, memory.LAUNCH_ENV, ENV_SKIP_STEPS):  # fmt: skip
             env.pop(name, None)  # ours to set, never inherited from the batch script's environment
         if self.memory_snapshots != "off":  # the store lives in the agent's slot directory: it outlives the ranks
             env[memory.MEMORY_DIR_ENV] = f"{env[SLOT_DIR_ENV]}/memory"
@@ -118,11 +119,12 @@ class TrainingLauncher:
 
     def launch(self, resume: str | None, resume_step: int | None, excluded: Sequence[str], rank_shift: int,
                scan_ok: bool = True, memory_step: int | None = None, memory_launch: str = "",
-               memory_from: str = "") -> Launch:  # fmt: skip
+               memory_from: str = "", skip_steps: tuple[int, int] | None = None) -> Launch:  # fmt: skip
         """The next launch (journaled as ``step_launched``, the contract's name), on the usable nodes without
         ``excluded``, its ranks moved by ``rank_shift`` nodes; ``memory_step``: the memory snapshot it resumes
         from (``resume`` stays the filesystem tier's checkpoint, which the ranks fall back on); ``memory_from``: the
-        directory of that snapshot flushed to the filesystem, when some rank reads its shard there."""
+        directory of that snapshot flushed to the filesystem, when some rank reads its shard there; ``skip_steps``:
+        after a roll back, the steps whose batches the program skips (``client.skip_steps()``)."""
         self.launches += 1
         number, name = self.launches, srun.training_job_name(self.launches)
         nodes = self.next_nodes(excluded, rank_shift)
@@ -144,6 +146,8 @@ class TrainingLauncher:
             env[memory.RESUME_LAUNCH_ENV] = memory_launch
             if memory_from:
                 env[memory.RESUME_FLUSHED_ENV] = memory_from
+        if skip_steps is not None:
+            env[ENV_SKIP_STEPS] = f"{skip_steps[0]}-{skip_steps[1]}"
         if moved:  # rank 0 is no longer on the first node of the step's node list: say where it is
             hosts = self.log_dir / f"{name}.hosts"
             hosts.write_text(srun.hostfile_text(nodes, self.layout.tasks_per_node))
@@ -155,6 +159,8 @@ class TrainingLauncher:
                     "master": f"{dist.env.get('MASTER_ADDR', '')}:{dist.env.get('MASTER_PORT', '')}"}
         if moved:
             launched["rank_nodes"] = list(nodes)
+        if skip_steps is not None:
+            launched["skip_steps"] = list(skip_steps)
         self.ctx.record(launched)
         proc = self.start(argv, env, log_path, self.cwd)
         torchrun = distenv.runs_torchrun(self.command)

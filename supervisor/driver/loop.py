@@ -19,7 +19,7 @@ from typing import Any
 
 from supervisor import stop_request
 from supervisor.config import Config
-from supervisor.decisions import campaign_state, capacity, placement, policy, straggler_swap
+from supervisor.decisions import campaign_state, capacity, placement, policy, rollback, straggler_swap
 from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Evidence, Interruption
 from supervisor.decisions.detect import NODE_SILENT, Detector
@@ -99,6 +99,7 @@ class Supervisor:
     def __init__(self, parts: Parts) -> None:
         self.p = parts
         self.rank_shift = 0  # ranks moved by this many nodes (placement.rank_shift_after)
+        self.diverged_reached: int | None = None  # a roll back: the step the diverged launch reached
 
     def run(self) -> int:
         p = self.p
@@ -155,6 +156,8 @@ class Supervisor:
                 hang = p.detector.config.hang
                 p.agents.wait_until_fresh(hang.node_stale_s, hang.node_silence_s)
             self.rank_shift += placement.rank_shift_after(interruption)
+            if any(a.params.get("rollback") for a in decision.actions):
+                self.diverged_reached = last_step(found)
 
     def launch(self, picked: tuple[str | None, int | None] | None, excluded: tuple[str, ...]) -> Launch:
         """The next launch, from ``picked``, the newest valid checkpoint (or a fresh start; None: unknown, the scan
@@ -172,9 +175,13 @@ class Supervisor:
         memory_step = snapshot.step if snapshot is not None else None
         p.checkpoints.launched(memory_step if memory_step is not None else resume_step)
         p.watcher.forget_ranks()  # the ranks in the table now are earlier launches'
+        skip = None
+        if self.diverged_reached is not None:  # a roll back: skip the batches seen since the step it resumes at
+            skip = rollback.skip_range(memory_step if memory_step is not None else resume_step, self.diverged_reached)
+            self.diverged_reached = None
         launch = p.trainer.launch(resume, resume_step, out, self.rank_shift, scan_ok=picked is not None,
                                   memory_step=memory_step, memory_launch=snapshot.launch if snapshot else "",
-                                  memory_from=p.memory.flushed_dir(snapshot))  # fmt: skip
+                                  memory_from=p.memory.flushed_dir(snapshot), skip_steps=skip)  # fmt: skip
         # (its ranks start meanwhile: the check delays nothing)
         p.ctx.guard.call(CHECKPOINT_SCAN, p.env_check.resumed, resume, launch.nodes, p.layout.tasks_per_node,
                          default=None)  # fmt: skip

@@ -96,10 +96,12 @@ def test_hang_in_a_program_without_the_client_ends_at_its_own_collective_timeout
         cancel(camp.job_id)
 
 
-def test_client_program_live_hang_relaunches_loss_spike_warns_nan_stops(tmp_path):
+def test_client_program_live_hang_relaunches_loss_spike_warns_nan_rolls_back_then_stops(tmp_path):
     """The rows that need heartbeats, in one campaign of a program using the client: a live hang (rank 1 sleeps
-    after its step: no heartbeat, process alive; named from the stacks), a loss spike (a warning: L2 alert, the run goes on), then NaN
-    (the campaign stops without a checkpoint of the diverged state)."""
+    after its step: no heartbeat, process alive; named from the stacks), a loss spike (a warning: L2 alert, the run
+    goes on), then NaN: rolled back twice from before the divergence, with the steps to skip named (this program
+    does not skip them, and its loss is NaN from step 56 whatever the weights), then the campaign stops without a
+    checkpoint of the diverged state."""
     config = ("[run]\nsummary_interval_s = 0.25\nloop_interval_s = 0.25\n"
               "[detect]\nloss_min_samples = 8\nwarmup_samples = 10\n")  # learned in ~5 steps, even under load
     camp = submit_program(tmp_path, "--client", "--hang-at-step", "24", "--hang-rank", "1", "--spike-at-step",
@@ -132,15 +134,20 @@ def test_client_program_live_hang_relaunches_loss_spike_warns_nan_stops(tmp_path
                                                if e["kind"] == "alert" and e["t"] >= spike["t"]], 20)[0]  # fmt: skip
         assert alert["tier"] == "L2" and len(camp.of_type("interruption")) == 1
 
-        # Row: NaN: numerical, nobody blamed, stopped; checkpoints after the last finite loss quarantined.
+        # Row: NaN: numerical, nobody blamed, rolled back (twice: the budget), then stopped; checkpoints after
+        # the last finite loss quarantined.
         wait_printed(camp, 2, 56, timeout=60)
         t0 = time.time()
         nan = Row(camp, 1)
-        got = nan.check("numerical", [], "stop")
+        got = nan.check("numerical", [], "restart_in_allocation")
         record_time("NaN", detected_s=max(0.0, got["t"] - t0))
-        ended = wait_for("the campaign to stop", camp.ended, 60)
+        rolled = nan.relaunch()
+        assert rolled["resume_step"] is not None and rolled["resume_step"] < 56, rolled
+        assert rolled["skip_steps"][0] == rolled["resume_step"] + 1 and rolled["skip_steps"][1] >= 56, rolled
+        ended = wait_for("the campaign to stop", camp.ended, 120)
         assert ended["state"] == "failed" and "NaN" in ended["reason"]
-        assert len(launches(camp)) == 2 and camp.of_type("checkpoint_requested") == []
+        assert [i["class"] for i in camp.of_type("interruption")[1:]] == ["numerical"] * 3
+        assert len(launches(camp)) == 4 and camp.of_type("checkpoint_requested") == []
         after = newest_valid(camp.ckpt)
         assert after is not None and after[1] < 56
         assert all("diverged" in e["reason"] for e in camp.of_type("checkpoint_quarantined"))

@@ -126,13 +126,23 @@ def test_a_hung_rank_gets_its_stacks_saved_and_the_job_step_killed_then_relaunch
     assert {d["kind"] for d in r.of(ev.DETECTION)} & {"rank_hang", "global_stall"}
 
 
-def test_a_nonfinite_loss_stops_the_campaign_without_a_checkpoint(tmp_path: Path) -> None:
-    nan = Launch(None, ranks={"loss": float("nan"), "loss_step": 12}, stops_on_flags=False)
-    r = supervise(tmp_path, nan)
+def test_a_nonfinite_loss_rolls_back_skipping_its_batches_then_stops_without_a_checkpoint(tmp_path: Path) -> None:
+    """NaN: the launch is stopped without a checkpoint of the diverged state and relaunched as a roll back whose
+    ranks are told which steps' batches to skip (``SUPERVISOR_SKIP_STEPS``: from the resumed step to the step the
+    diverged launch reached); after the budget's two roll backs without progress, the campaign stops."""
+    nan = Launch(None, ranks={"loss": float("nan"), "loss_step": 12, "step": 14}, stops_on_flags=False)
+    sup, slurm, launcher, channel, _ = make(tmp_path, [nan, nan, nan])
+    r = run(sup, slurm, launcher, channel)
     assert r.code == 1
-    assert r.classes() == [ev.NUMERICAL]
+    assert r.classes() == [ev.NUMERICAL] * 3
     assert r.of(ev.CAMPAIGN_ENDED)[-1]["state"] == "failed"
     assert not r.of(ev.CHECKPOINT_REQUESTED)  # a diverged state must not overwrite good checkpoints
+    trains = [env for argv, env in zip(launcher.argvs, launcher.envs, strict=True) if "train.py" in argv]
+    assert "SUPERVISOR_SKIP_STEPS" not in trains[0]
+    assert [env.get("SUPERVISOR_SKIP_STEPS") for env in trains[1:]] == ["1-14", "1-14"]  # no checkpoint: from 1
+    assert [e.get("skip_steps") for e in r.of(ev.STEP_LAUNCHED)] == [None, [1, 14], [1, 14]]
+    assert [a["params"].get("rollback") for a in r.of(ev.ACTION) if a["kind"] == policy.RESTART_IN_ALLOCATION] \
+        == [True, True]  # fmt: skip
 
 
 def test_a_node_down_in_slurm_is_blamed_and_excluded_when_slurm_requeues(tmp_path: Path) -> None:

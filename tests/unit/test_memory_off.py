@@ -53,7 +53,7 @@ def test_a_store_too_small_for_the_tier_is_never_filled_and_the_rank_says_why(sm
 
     mem = MemorySnapshots(small_tmpfs, keep=2, every=1)
     try:
-        assert mem.snapshot(_state(1024), 1) is True  # due, but 1 MiB x 5 copies does not fit in 4 MiB
+        assert mem.snapshot(_state(1024), 1) is True  # due, but 1 MiB x 9 copies (with the ring) do not fit in 4 MiB
         mem.wait()
         assert not mem.enabled and "MiB free" in mem.off_reason
         assert not list(small_tmpfs.glob("step_*")), "nothing written into a store that is too small"
@@ -69,7 +69,7 @@ def test_a_write_that_fails_on_a_full_store_turns_snapshots_off_and_keeps_no_hal
 
     mem = MemorySnapshots(small_tmpfs, keep=2, every=1)
     try:
-        mem.snapshot(_state(256), 1)  # 256 KiB x 5 copies fits: the check passes, the first shard is written
+        mem.snapshot(_state(256), 1)  # 256 KiB x 9 copies fit: the check passes, the first shard is written
         assert mem.wait() is not None and mem.enabled
         balloon = small_tmpfs / "balloon"  # something else fills /dev/shm meanwhile
         with open(balloon, "wb") as f:
@@ -87,8 +87,9 @@ def test_a_write_that_fails_on_a_full_store_turns_snapshots_off_and_keeps_no_hal
         mem.close()
 
 
-def test_room_needed_counts_every_rank_of_the_node_its_kept_copies_and_the_buddys() -> None:
+def test_room_needed_counts_every_rank_of_the_node_its_kept_copies_the_ring_and_the_buddys() -> None:
     assert room_needed(100, keep=2, ranks_on_node=1) == int(100 * 5 * 1.1)
+    assert room_needed(100, keep=2, ranks_on_node=1, ring=2) == int(100 * 9 * 1.1)  # two per ring distance
     assert room_needed(100, keep=2, ranks_on_node=8) == 8 * room_needed(100, keep=2, ranks_on_node=1)
     assert room_needed(0, keep=2, ranks_on_node=4) == 0
 

@@ -58,11 +58,22 @@ def test_a_snapshot_reads_back_bitwise_into_the_programs_state(tmp_path: Path) -
 
 
 def test_only_the_newest_steps_are_kept(tmp_path: Path) -> None:
-    mem = MemorySnapshots(tmp_path, keep=2)
+    mem = MemorySnapshots(tmp_path, keep=2, ring=())
     for step in (10, 20, 30, 40):
         mem.save(state(step), step)
     mem.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_30", "step_40"]
+
+
+def test_the_roll_back_ring_keeps_older_snapshots_and_a_later_timeline_goes(tmp_path: Path) -> None:
+    mem = MemorySnapshots(tmp_path, keep=2, ring=(20,))
+    for step in range(5, 75, 5):
+        mem.save(state(1), step)
+    mem.wait()
+    assert sorted(int(p.name[5:]) for p in tmp_path.iterdir()) == [40, 60, 65, 70]  # 40: 30 steps back
+    mem.save(state(1), 45)  # rolled back to 40: 60..70 are the abandoned timeline's
+    mem.close()
+    assert sorted(int(p.name[5:]) for p in tmp_path.iterdir()) == [40, 45]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "sidecar", "missing"])

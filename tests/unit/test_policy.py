@@ -117,13 +117,26 @@ def test_slurm_requeue_in_progress_is_awaited():
     assert d.actions[-1].kind == AWAIT_REQUEUE and d.actions[-1].params["exclude"] == ["node2"]
 
 
-def test_numerical_stops_without_checkpointing_the_bad_state_with_a_clear_message():
-    d = decide(interruption(ev.NUMERICAL, evidence=["rank 0 reported loss=nan at step 7"]), History(), ALLOC)
+def test_numerical_rolls_back_twice_then_stops_never_checkpointing_the_bad_state():
+    """A diverged loss: the step is stopped without a checkpoint of the NaN state and relaunched as a roll back
+    (from before the divergence, its batches skipped); a third NaN without progress stops with a clear message."""
+    nan = interruption(ev.NUMERICAL, evidence=["rank 0 reported loss=nan at step 7"])
+    history = History()
+    for t in range(2):
+        d = decide(nan, history, ALLOC, now=float(t))
+        assert kinds(d)[:2] == [ALERT, STOP_STEP] and d.actions[1].params["checkpoint"] is False
+        assert d.actions[-1].kind == RESTART_IN_ALLOCATION and d.actions[-1].params["rollback"] is True
+        assert "roll back" in d.message and d.state == "running"
+        history = history.record(ev.NUMERICAL, float(t))
+    d = decide(nan, history, ALLOC, now=2.0)
     assert kinds(d) == [ALERT, STOP_STEP, STOP] and d.state == "failed"
     assert d.actions[0].tier == "L3" and d.actions[1].params["checkpoint"] is False
     assert "NaN/Inf" in d.message and "loss=nan" in d.actions[0].reason
     d2 = decide(interruption(ev.NUMERICAL), History(), ALLOC, PolicyConfig(checkpoint_on_numerical=True))
     assert d2.actions[1].params["checkpoint"] is True
+    stop_at_once = PolicyConfig(budgets={ev.NUMERICAL: 0})  # as before roll backs: a person decides
+    assert kinds(decide(nan, History(), ALLOC, stop_at_once)) == [ALERT, STOP_STEP, STOP]
+    assert not [a for a in decide(interruption(ev.APP_ERROR), History(), ALLOC).actions if a.params.get("rollback")]
 
 
 def test_app_error_restarts_twice_then_stops():
@@ -200,7 +213,7 @@ def test_no_class_is_restarted_past_its_budget_and_preemption_never_blames(seq, 
             assert not restarts and d.state == "failed"
         if cls == ev.PREEMPTION:
             assert MARK_SUSPECT not in kinds(d) and all(not a.target for a in d.actions)
-        if cls in (ev.NUMERICAL, ev.CANCELLED):
+        if cls == ev.CANCELLED:
             assert not restarts
         if progressed:
             step += 1

@@ -93,11 +93,15 @@ def test_without_spares_a_hardware_fault_requeues_without_the_node() -> None:
     assert out.buckets["queue"] == pytest.approx(120.0)
 
 
-def test_a_nan_loss_stops_the_campaign_for_a_person() -> None:
+def test_a_nan_loss_rolls_back_without_waiting_for_a_person() -> None:
     world = engine.World(gpus=64, days=1.0, bad_node_p=0.0)
     out = engine.simulate(world, engine.supervised(), [Fault(3600.0, "sdc", "n00001")])
-    assert out.interruptions == {"numerical": 1} and out.stops == 1  # policy: numerical budget 0
-    assert out.buckets["operator"] == pytest.approx(3600.0)
+    assert out.interruptions == {"numerical": 1} and out.stops == 0 and out.relaunches == 1  # a roll back
+    assert out.buckets.get("operator", 0.0) == 0.0
+    stop = engine.supervised()
+    stop = replace(stop, policy_config=replace(stop.policy_config, budgets={"numerical": 0}))
+    held = engine.simulate(world, stop, [Fault(3600.0, "sdc", "n00001")])
+    assert held.stops == 1 and held.buckets["operator"] == pytest.approx(3600.0)  # budget 0: a person decides
 
 
 def test_hangs_cost_the_naive_strategy_its_collective_timeout() -> None:
