@@ -30,6 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--detect-crash", type=float, default=1.2, help="crash detection, s")
     s.add_argument("--spares", type=int, default=16, help="spare nodes in the allocation")
     s.add_argument("--preflight", type=float, default=0.0, help="node health check before each launch, s (0: none)")
+    s.add_argument("--memory-tier", action="store_true",
+                   help="in-memory snapshots replicated to a buddy node: faults answered in the allocation lose "
+                        "only the work since the newest snapshot (docs/goodput.md)")
+    s.add_argument("--memory-stall", type=float, default=0.03,
+                   help="with --memory-tier: the training blocked per snapshot, s (default 0.03: a 350 MB state "
+                        "per GPU at the copy rate bench_memory_snapshot measures)")
     s.add_argument("--config", metavar="FILE.toml", help="take [policy] and [ledger] from this supervisor config")
     n = p.add_argument_group("naive Slurm requeue and both")
     n.add_argument("--naive-stall", type=float, default=30.0, help="synchronous checkpoint stall, s")
@@ -59,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             faults = trace.llama3(args.seed, args.gpus, args.days, args.gpus_per_node, args.rate_scale)
         for name in ("stall", "write", "restart", "detect_hang", "detect_crash", "preflight", "naive_stall",
-                     "naive_restart", "hang_timeout", "queue", "operator", "recur_h"):  # fmt: skip
+                     "naive_restart", "hang_timeout", "queue", "operator", "recur_h", "memory_stall"):  # fmt: skip
             if getattr(args, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
         if args.naive_interval <= 0 or args.days <= 0 or args.gpus < 1 or args.gpus_per_node < 1 or args.spares < 0:
@@ -81,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     sup = engine.supervised(args.stall, args.write, interval, args.restart, args.queue, args.detect_hang,
                             args.detect_crash, preflight_s=args.preflight, spares=args.spares)  # fmt: skip
     policy_config, ledger_config = _decision_configs(args.config)
-    sup = replace(sup, operator_s=args.operator, policy_config=policy_config, ledger_config=ledger_config)
+    sup = replace(sup, operator_s=args.operator, policy_config=policy_config, ledger_config=ledger_config,
+                  memory_stall_s=args.memory_stall if args.memory_tier else None)  # fmt: skip
     naive = replace(engine.naive(args.naive_stall, args.naive_interval, args.naive_restart, args.queue,
                                  args.hang_timeout), operator_s=args.operator)  # fmt: skip
     result = compare.compare(world, faults, naive, sup)

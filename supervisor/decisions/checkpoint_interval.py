@@ -200,7 +200,9 @@ class IntervalInputs:
     """The advice's inputs folded from the journal (a view of ``campaign_state.fold``). The stall is the median of
     the ``checkpoint_stall`` events (the slowest rank's time in the checkpoint phase, measured by the client), else
     of checkpoint events' ``stall_s`` or ``duration_s``; the restart runs from an interruption to the next
-    launch's first step (``step_progress``), else to the next ``step_launched``."""
+    launch's first step (``step_progress``), else to the next ``step_launched``. An interruption whose next launch
+    resumed from node memory (``resume_tier`` "memory") is left out of the MTBF: the filesystem interval is
+    planned for the faults that lose node memory (both a node and its buddy, a requeue, a stop)."""
 
     def __init__(self) -> None:
         self.stalls: list[float] = []
@@ -218,6 +220,11 @@ class IntervalInputs:
             return
         if kind == "step_launched":
             self.pending_from = self.waiting_since
+            if self.waiting_since is not None and e.get("resume_tier") == "memory" and self.times \
+                    and self.times[-1] == self.waiting_since:  # fmt: skip
+                # resumed from node memory: that fault did not cost the filesystem interval's work, so it does
+                # not count toward the MTBF the filesystem interval is planned for (docs/checkpoints.md)
+                self.times.pop()
             if self.waiting_since is not None:
                 self.restarts.append(max(0.0, t - self.waiting_since))  # replaced by the first step's time if any
                 self.waiting_since = None

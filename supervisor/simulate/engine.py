@@ -74,6 +74,12 @@ class Strategy:
     preflight_catch: float = 0.8  # chance a preflight finds a broken node before the launch
     spares: int = 0  # extra nodes in the allocation to relaunch without requeueing
     operator_s: float = 3600.0  # the policy stopped or held the campaign: until a person resubmits it
+    # The memory tier (docs/checkpoints.md): None: off; else each snapshot blocks the training this long, at the
+    # cadence Young's formula gives for it against the faults it survives (relaunches in the allocation: a rank's
+    # or a node's loss, its buddy holding the copy; a hang; a NaN's roll back). Those lose only the work since the
+    # newest snapshot; a requeue or a stop loses node memory: the work since the filesystem checkpoint, whose
+    # interval is then computed from those faults alone.
+    memory_stall_s: float | None = None
     policy_config: policy.PolicyConfig = field(default_factory=policy.PolicyConfig)
     ledger_config: LedgerConfig = field(default_factory=LedgerConfig)
 
@@ -169,7 +175,9 @@ class _Campaign:
         self.ledger = Ledger(strategy.ledger_config)
         self.restarts_here = 0
         self.committed = 0
-        self.fault_times: list[float] = []
+        self.fault_times: list[float] = []  # faults that lose the work since the filesystem checkpoint
+        self.kept_in_memory: list[float] = []  # faults the memory tier recovers from (relaunches in place)
+        self.in_place = False  # the newest fault was answered by a relaunch in the allocation
 
     def spend(self, bucket: str, seconds: float, cls: str | None = None) -> float:
         """Advance the clock through ``seconds`` of ``bucket`` (never past the horizon); returns what was spent."""
@@ -179,6 +187,13 @@ class _Campaign:
             self.out.badput_by_class[cls] = self.out.badput_by_class.get(cls, 0.0) + seconds
         self.t += seconds
         return seconds
+
+    def memory_interval(self) -> float:
+        """Seconds of compute between memory snapshots: Young's interval for the snapshot's stall against the
+        faults the tier recovers from (the site prior until three were seen), at least a second."""
+        assert self.s.memory_stall_s is not None
+        mtbf = ci.observed_mtbf_s(self.kept_in_memory, self.t) or ci.site_prior_mtbf_s(self.needed)
+        return max(1.0, ci.young_interval(self.s.memory_stall_s, mtbf))
 
     def interval(self) -> float:
         if self.s.interval_s is not None:
@@ -302,6 +317,7 @@ class _Campaign:
             self.set_running(params["nodes"], left_out=params["exclude"])
             self.restarts_here += 1
             self.out.relaunches += 1
+            self.in_place = True
         else:  # REQUEUE / AWAIT_REQUEUE
             chosen = actions.get(policy.REQUEUE) or actions.get(policy.AWAIT_REQUEUE)
             exclude = list(chosen.params.get("exclude", [])) if chosen else []
@@ -334,6 +350,11 @@ def simulate(world: World, strategy: Strategy, faults: Sequence[Fault], recorder
         t_trace = max(faults[i].t, up) if i < len(faults) else math.inf
         t_end = min(t_trace, t_recur, horizon)
         seg = segment(t_end - up, interval, strategy.stall_s, strategy.write_s, final=t_end >= horizon)
+        snapshot_every = c.memory_interval() if strategy.memory_stall_s is not None else None
+        if snapshot_every is not None and strategy.memory_stall_s:  # the snapshots' copies out of the compute
+            share = strategy.memory_stall_s / (snapshot_every + strategy.memory_stall_s)
+            seg = Segment(seg.kept_s * (1 - share), seg.lost_s * (1 - share),
+                          seg.stall_s + (seg.kept_s + seg.lost_s) * share, seg.committed)  # fmt: skip
         c.out.buckets["productive"] += seg.kept_s
         c.out.buckets["checkpoint"] += seg.stall_s
         c.out.checkpoints += seg.committed
@@ -357,13 +378,21 @@ def simulate(world: World, strategy: Strategy, faults: Sequence[Fault], recorder
         how = sim_evidence.manifestation(fault.kind, draws.random(), world.hang_fraction)
         if sim_evidence.SYMPTOMS[fault.kind].node_at_fault and draws.random() < world.bad_node_p:
             c.broken[node] = fault.kind
-        c.fault_times.append(c.t)
+        t_fault = c.t
         c.faults_on[node] = c.faults_on.get(node, 0) + 1
         if c.faults_on[node] >= world.site_drain_after:  # the site's health checks drain it; both strategies
             c.broken.pop(node, None)
+        c.in_place = False
         cls = c.respond(fault, node, how, last_step)
-        c.out.buckets["lost_work"] += seg.lost_s
-        c.out.badput_by_class[cls] = c.out.badput_by_class.get(cls, 0.0) + seg.lost_s
+        lost = seg.lost_s
+        if snapshot_every is not None and c.in_place:  # resumed from node memory: only since the newest snapshot
+            lost = min(seg.lost_s, (seg.kept_s + seg.lost_s) % snapshot_every)
+            c.out.buckets["productive"] += seg.lost_s - lost
+            c.kept_in_memory.append(t_fault)
+        else:
+            c.fault_times.append(t_fault)
+        c.out.buckets["lost_work"] += lost
+        c.out.badput_by_class[cls] = c.out.badput_by_class.get(cls, 0.0) + lost
         c.out.interruptions[cls] = c.out.interruptions.get(cls, 0) + 1
     if recorder is not None:
         recorder.finished(horizon, c.step)

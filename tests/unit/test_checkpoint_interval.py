@@ -111,3 +111,23 @@ def test_inputs_folded_from_a_journal() -> None:
     assert advice.mtbf_source == "configured prior" and advice.interval_s == pytest.approx(ci.daly_interval(1.0, M))
     running = campaign_state.fold(journal[:4]).interval.measured(t0 + 110)
     assert running.observed_s == pytest.approx(100.0) and running.restart_s is None
+
+
+def test_faults_recovered_from_node_memory_do_not_shorten_the_filesystem_interval() -> None:
+    """With the memory tier a relaunch that resumed from node memory lost a step, not the filesystem interval's
+    work: only the faults whose next launch used the filesystem count toward the MTBF the interval is planned for,
+    so the filesystem checkpoints get rarer as the memory tier takes the faults."""
+    from supervisor.decisions import events as ev
+
+    def launched(t: float, n: int, tier: str) -> dict:
+        return {**ev.step_launched(t, n, ["n1"]), "resume_tier": tier}
+
+    t0, journal = 1000.0, []
+    journal += [ev.campaign_started(t0, "/c", ["train"]), ev.attempt_started(t0, "7", 0, ["n1"], None),
+                launched(t0 + 10, 1, "fresh")]  # fmt: skip
+    for i, tier in enumerate(["memory", "memory", "filesystem", "memory", "filesystem", "filesystem"]):
+        journal += [ev.interruption_event(t0 + 1000 * (i + 1), "app_error", [], 0.9, ["x"]),
+                    launched(t0 + 1000 * (i + 1) + 30, i + 2, tier)]  # fmt: skip
+    m = campaign_state.fold(journal).interval.measured(t0 + 7000)
+    assert m.interruption_times == (t0 + 3000, t0 + 5000, t0 + 6000)
+    assert m.restart_s == pytest.approx(30.0), "every relaunch's restart still counts"

@@ -219,3 +219,34 @@ def test_naive_requeue_meets_a_hardware_faults_node_again_until_the_site_takes_i
     assert naive.interruptions == {"gpu": world.site_drain_after} and naive.recurrences == world.site_drain_after - 1
     sup = engine.simulate(world, engine.supervised(), faults)
     assert sup.interruptions == {"hardware": 1} and sup.recurrences == 0
+
+
+def test_the_memory_tier_loses_only_the_work_since_the_newest_snapshot_when_the_fault_is_answered_in_place() -> None:
+    """A fault answered by a relaunch in the allocation resumes from node memory: the lost work is under one
+    snapshot interval instead of the time since the filesystem checkpoint; a requeue (no spares for a broken
+    node) loses node memory, and with it the same work as without the tier."""
+    world = engine.World(gpus=64, days=1.0, bad_node_p=0.0)
+    fault = [Fault(5000.0, "software", "n00001")]
+    plain_sup = engine.supervised(interval_s=3000.0, write_s=0.0)
+    with_memory = replace(plain_sup, memory_stall_s=0.03)
+    without = engine.simulate(world, plain_sup, fault)
+    kept = engine.simulate(world, with_memory, fault)
+    assert without.relaunches == kept.relaunches == 1
+    assert 1900.0 < without.buckets["lost_work"] < 2000.0  # since the checkpoint committed ~3,000 s into the run
+    every = ci.young_interval(0.03, ci.site_prior_mtbf_s(world.nodes))  # the cadence before any fault was seen
+    assert kept.buckets["lost_work"] < every < 500.0
+    assert kept.goodput > without.goodput
+    assert sum(kept.buckets.values()) == pytest.approx(world.horizon_s)
+    broken = engine.World(gpus=64, days=1.0, bad_node_p=1.0, site_drain_after=1000)
+    requeued = [replace(s, spares=0) for s in (plain_sup, with_memory)]
+    lost = [engine.simulate(broken, s, [Fault(5000.0, "hbm3", "n00001")]).buckets["lost_work"] for s in requeued]
+    assert lost[1] == pytest.approx(lost[0], rel=0.01), "a requeue loses node memory"
+
+
+def test_simulate_command_takes_the_memory_tier(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["simulate", "--gpus", "64", "--days", "2", "--memory-tier", "--json"]) == 0
+    on = json.loads(capsys.readouterr().out)
+    assert cli.main(["simulate", "--gpus", "64", "--days", "2", "--json"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert on["supervised"] != off["supervised"]  # the snapshots' cost is accounted, with or without faults
+    assert cli.main(["simulate", "--memory-tier", "--memory-stall", "-1"]) != 0
