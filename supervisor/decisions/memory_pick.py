@@ -41,7 +41,8 @@ class Pick:
     step: int
     launch: str  # the launch whose snapshot it is
     sources: Mapping[int, str]  # rank -> the node to read its shard from
-    fetches: int  # ranks whose shard is not on the node they will run on (copied before they start)
+    fetches: int  # ranks whose shard is not on the node they will run on (copied before they start; in the
+    # journal, after the copies: how many were made)
     why: str  # one line for the journal and the report
 
 

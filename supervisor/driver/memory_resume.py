@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from supervisor.checkpoint.flushed import Flushed
@@ -122,8 +123,10 @@ class MemoryResume:
             self.channel.poll(0.05)
         again, why = self.choose({n: items for n, (_, items) in table.items()}, placement, usable,
                                  newest_filesystem_step)  # fmt: skip
-        if again is not None and again.fetches == 0:
-            return again, f"{why}: {chosen.fetches} shard(s) copied from a buddy before the launch"
+        if again is not None and again.fetches == 0:  # journaled with the copies made for it
+            why = (f"snapshot of step {again.step} complete in memory: {chosen.fetches} shard(s) copied from a buddy "
+                   "before the launch")  # fmt: skip
+            return replace(again, fetches=chosen.fetches, why=why), why
         return None, (f"{chosen.why}; the copies to the ranks' nodes did not arrive within {self.fetch_wait_s:.0f} s: "
                       "the filesystem tier")  # fmt: skip
 

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from campaign_tools import EXAMPLE, cancel, launches, step_lines, submit, wait_for
@@ -191,5 +192,52 @@ def test_a_users_own_dcp_script_resumes_from_node_memory_through_the_storage_wri
         assert f"resumed from memory at step {picked['step']}" in logs[1].read_text(errors="replace")
         assert first == want[: len(first)]
         assert second == want[picked["step"]:], "resumed through the DCP storage reader: the same losses, bitwise"
+    finally:
+        cancel(camp.job_id)
+
+
+def _flip_last_byte(path) -> None:  # type: ignore[no-untyped-def]
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0x01]))
+
+
+@pytest.mark.parametrize("also_the_copy", [False, True], ids=["buddy-copy-used", "both-corrupt"])
+def test_a_corrupted_memory_shard_is_refused_and_the_buddys_copy_or_the_filesystem_is_used(tmp_path, also_the_copy):
+    """Rank 1 is SIGKILLed and, at once, every shard it left in its node's memory gets one flipped byte (a bad
+    DIMM, a stray write). Its agent re-verifies them against their records and offers none. The pick then takes
+    rank 1's shard from the copy its buddy (rank 0's node) holds and has it fetched to rank 1's node, which is
+    not the new node of any rank: resumed from memory, bitwise. With the buddy's copies flipped too, nothing
+    complete is left in memory: the filesystem checkpoint (step 20), bitwise."""
+    camp = submit(tmp_path, steps=STEPS, ckpt_every=20, step_time=0.3)
+    try:
+        want = reference(tmp_path)
+        wait_printed(camp, 1, 25)
+        nodes = launches(camp)[0]["nodes"]
+        stores = {n: next(Path("/dev/shm").glob(f"supervisor-{camp.job_id}-*-{n}/memory")) for n in nodes}
+        os.kill(rank_pid_on(camp, 1), signal.SIGKILL)
+        killed_at = printed_step(camp, 1)
+        flipped = [p for p in stores[nodes[1]].glob("step_*/rank_1.snap")]
+        if also_the_copy:
+            flipped += list(stores[nodes[0]].glob(f"replica/{nodes[1]}/step_*/rank_1.snap"))
+        for shard in flipped:
+            _flip_last_byte(shard)
+        assert flipped
+        picked = wait_for("the memory pick", lambda: camp.of_type("memory_pick"), 90)[0]
+        relaunch = wait_for("the relaunch", lambda: launches(camp)[1:], 30)[0]
+        if also_the_copy:
+            assert picked["step"] is None and relaunch["resume_tier"] == "filesystem", (picked, relaunch)
+            start = 20
+        else:
+            assert picked["fetches"] >= 1 and picked["step"] is not None, picked
+            assert killed_at - 3 <= picked["step"] <= killed_at, (picked, killed_at)
+            assert relaunch["resume_tier"] == "memory" and relaunch["resume_step"] == picked["step"], relaunch
+            start = picked["step"]
+        ended = wait_for("the campaign to complete", camp.ended, 180)
+        assert ended["state"] == "completed", ended
+        second = step_lines(sorted(camp.root.glob("logs/*/train-*.log"))[1].read_text(errors="replace"))
+        assert second == want[start:], "resumed bitwise from what was left intact"
     finally:
         cancel(camp.job_id)

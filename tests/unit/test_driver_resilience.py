@@ -115,7 +115,8 @@ def test_a_webhook_answering_garbage_does_not_stop_the_response(tmp_path: Path) 
         nan = Launch(None, ranks={"loss": float("nan"), "loss_step": 12}, stops_on_flags=False)
         sup, slurm, launcher, channel, _ = make(tmp_path, [nan])
         sup.config = from_mapping({"alerts": {"webhook_url": f"http://127.0.0.1:{server.server_address[1]}/",
-                                                     "retries": 1, "timeout_s": 2.0}})  # fmt: skip
+                                              "retries": 1, "timeout_s": 2.0},
+                                   "policy": {"budgets": {"numerical": 0}}})  # a NaN stops at once  # fmt: skip
         r = run(sup, slurm, launcher, channel)
     finally:
         server.shutdown()
@@ -135,6 +136,7 @@ def test_an_alert_actuator_that_raises_is_journaled_and_the_next_actions_run(tmp
     monkeypatch.setattr(actuators.Actuators, "alert", lambda self, action, s: broken())
     nan = Launch(None, ranks={"loss": float("nan"), "loss_step": 12}, stops_on_flags=False)
     sup, slurm, launcher, channel, _ = make(tmp_path, [nan])
+    sup.config = from_mapping({"policy": {"budgets": {"numerical": 0}}})  # a NaN stops at once
     r = run(sup, slurm, launcher, channel)
     assert r.code == 1 and r.of(ev.CAMPAIGN_ENDED)[-1]["state"] == "failed"
     assert errors(r, "action:alert")[0]["error"] == "BadStatusLine: garbage"

@@ -85,6 +85,7 @@ def test_a_shard_whose_rank_moves_is_copied_to_its_new_node_before_the_launch() 
     assert channel.orders == [("n2", {"fetch": [{"to": {"node": "n3", "address": "127.0.0.1:3"}, "step": 12,
                                                  "rank": 1}]})]  # fmt: skip
     assert events[-1]["step"] == 12 and "copied from a buddy before the launch" in events[-1]["why"]
+    assert events[-1]["fetches"] == 1, "journaled with the copies made for it"
 
 
 def test_no_pick_when_a_moved_shard_cannot_be_copied_or_memory_is_off() -> None:
