@@ -241,3 +241,33 @@ def test_a_corrupted_memory_shard_is_refused_and_the_buddys_copy_or_the_filesyst
         assert second == want[start:], "resumed bitwise from what was left intact"
     finally:
         cancel(camp.job_id)
+
+
+def test_a_node_lost_with_its_buddy_resumes_from_the_filesystem_checkpoint_bitwise(tmp_path, crashable_cluster):
+    """Two training nodes and two spares, the ring over all four: the non-batch training node and the node that
+    holds its copies (its buddy, a spare) crash together, both memories wiped. Rank 1's shard is left nowhere in
+    memory, so nothing complete is: the relaunch on the two remaining nodes resumes from the filesystem
+    checkpoint, and prints the uninterrupted run's losses from there, bitwise."""
+    camp = submit(tmp_path, steps=STEPS, ckpt_every=20, step_time=0.3, config="spare_nodes = 2\n")
+    try:
+        want = reference(tmp_path)
+        wait_printed(camp, 1, 25)
+        ring = wait_for("the buddy ring over four nodes", lambda: (r := camp.of_type("memory_buddies")[-1:])
+                        and len(r[0]["ring"]) == 4 and r[0]["ring"], 30)  # fmt: skip
+        batch = wait_for("the batch host", lambda: job_batch_host(camp.job_id), 30)
+        victim = next(n for n in launches(camp)[0]["nodes"] if n != batch)
+        buddy = ring[victim]
+        assert buddy not in (batch, victim), (ring, batch)
+        crashable_cluster.crash_node(victim)
+        crashable_cluster.crash_node(buddy)
+        picked = wait_for("the memory pick", lambda: camp.of_type("memory_pick"), 120)[0]
+        assert picked["step"] is None, picked
+        relaunch = wait_for("the relaunch", lambda: launches(camp)[1:], 30)[0]
+        assert relaunch["resume_tier"] == "filesystem" and relaunch["resume_step"] == 20, relaunch
+        assert not {victim, buddy} & set(relaunch["nodes"]), relaunch
+        ended = wait_for("the campaign to complete", camp.ended, 180)
+        assert ended["state"] == "completed", ended
+        second = step_lines(sorted(camp.root.glob("logs/*/train-*.log"))[1].read_text(errors="replace"))
+        assert second == want[20:], "the filesystem tier, bitwise"
+    finally:
+        cancel(camp.job_id)
