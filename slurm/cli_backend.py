@@ -206,6 +206,16 @@ class CliSlurmClient:
         except ParseError as exc:
             raise SlurmOutputError(argv, str(exc)) from None
 
+    def switches(self) -> dict[str, str]:
+        """node -> its leaf switch or block (``scontrol show topology``); empty without a topology plugin."""
+        from slurm.parse_topology import parse_topology
+
+        argv = ["scontrol", "show", "topology"]
+        try:
+            return parse_topology(self.commands.run(argv).stdout)
+        except ParseError as exc:
+            raise SlurmOutputError(argv, str(exc)) from None
+
     def partitions(self) -> list[dict[str, str]]:
         """Every partition's settings (``scontrol show partition -o``) as {Key: Value}."""
         from slurm.parse_config import parse_scontrol_partitions

@@ -192,6 +192,9 @@ class PyslurmClient:
     def config(self) -> dict[str, str]:
         return self.cli.config()
 
+    def switches(self) -> dict[str, str]:
+        return self.cli.switches()
+
     def drain(self, nodes: Iterable[str], reason: str) -> None:
         self.cli.drain(nodes, reason)
 

@@ -183,7 +183,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
     key = campaign_key(paths.root)
     memory = MemoryResume(ctx, channel, enabled=memory_mode != "off", flushed=lambda: flushed.newest(paths.root, key))
     memory_flush = MemoryFlush(ctx, channel, memory, paths.root, key, enabled=memory_mode != "off")
-    ring = BuddyRing(ctx, channel, lambda: watch_nodes.lost, enabled=memory_mode != "off")
+    ring = BuddyRing(ctx, channel, lambda: watch_nodes.lost, enabled=memory_mode != "off", switches=a.slurm.switches)
 
     def memory_tier_off() -> None:
         trainer.memory_snapshots = "off"

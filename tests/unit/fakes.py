@@ -197,6 +197,7 @@ class FakeSlurm:
         self.channel = channel
         self.unreachable = False
         self.calls: list[tuple[Any, ...]] = []
+        self.switch_of: dict[str, str] = {}
 
     def _query(self) -> None:
         if self.unreachable:
@@ -270,6 +271,10 @@ class FakeSlurm:
         self.calls.append(("update_excluded_nodes", str(job_id), sorted(nodes)))
 
     accounting = "accounting_storage/slurmdbd"
+
+    def switches(self) -> dict[str, str]:
+        self._query()
+        return dict(self.switch_of)  # node -> leaf switch, as the test sets it (none by default)
 
     def config(self) -> dict[str, str]:
         return {"AccountingStorageType": self.accounting}
