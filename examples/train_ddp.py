@@ -115,6 +115,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nan-at-step", type=int, default=0,
                    help="(tests) the batch of step N is poisoned: its loss is NaN, the weights become NaN, and so "
                         "is every later loss (a diverged run), unless that batch is skipped after a roll back")
+    p.add_argument("--diverge-at-step", type=int, default=0,
+                   help="(tests) the batch of step N throws the weights off: the loss jumps and stays high (a spike "
+                        "it does not come back from), unless that batch is skipped after a roll back")
     p.add_argument("--ignore-requests", action="store_true",
                    help="(tests) never act on the supervisor's checkpoint/stop requests, as a script that does not "
                         "ask for them (client.should_checkpoint) would: SIGTERM ends it at once, unsaved, and "
@@ -369,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
                 loss = loss * float("nan")
             loss.backward()
             opt.step()
+            if step == args.diverge_at_step:
+                with torch.no_grad():
+                    for weight in model.parameters():
+                        weight.add_(3.0)
             value = float(loss.item())
             client.step(step, loss=value)  # type: ignore[attr-defined]
             if rank == 0:

@@ -18,6 +18,7 @@ from dataclasses import replace
 from supervisor.decisions import events as ev
 from supervisor.decisions.detect.findings import (
     GLOBAL_STALL,
+    LOSS_DIVERGED,
     NODE_LOST,
     NODE_SILENT,
     NONFINITE_LOSS,
@@ -209,7 +210,7 @@ def _detection_findings(e: Evidence) -> list[Finding]:
             found.append(Finding(ev.NODE_FAILURE, 0.5, f"node agent silent: {text}{note}", known, t=t))
         elif d.kind == NODE_LOST:  # silent past the learned timeout and confirmed by a probe or Slurm
             found.append(Finding(ev.NODE_FAILURE, 0.9, text, d.nodes, t=t))
-        elif d.kind == NONFINITE_LOSS:
+        elif d.kind in (NONFINITE_LOSS, LOSS_DIVERGED):
             found.append(Finding(ev.NUMERICAL, 0.9, text, (), t=t))
         elif d.kind in (RANK_HANG, RANK_STOPPED):
             found.append(Finding(ev.HANG, 0.9, text, d.nodes, t=t))

@@ -87,6 +87,12 @@ class CheckpointTracker:
     def saw_finite_loss(self, iteration: int) -> None:
         self.last_finite_loss_step = max(self.last_finite_loss_step or 0, iteration)
 
+    def diverged_from(self, step: int) -> None:
+        """The loss spiked at ``step`` and never came back: it was computed with the weights of the step before,
+        so those are already bad, and the last good state is the one two steps back, however finite the later
+        losses were."""
+        self.last_finite_loss_step = min(self.last_finite_loss_step or 0, max(0, step - 2))
+
     def quarantine_after_divergence(self) -> None:
         """After a NaN/Inf loss, checkpoints newer than the last iteration seen with a finite loss may hold the
         diverged weights: move them aside so no later run resumes from them (never deleted)."""
@@ -96,8 +102,9 @@ class CheckpointTracker:
         since = self.last_finite_loss_step or 0
         for info in store.list():
             if info.step is not None and info.step > since and info.status in ("valid", "unverified"):
-                reason = f"saved at step {info.step}, after the last finite loss seen (step {since}) and before " \
-                         "the NaN/Inf loss was detected: may hold diverged weights"
+                reason = f"saved at step {info.step}, after the last good loss seen (step {since}) and before " \
+                         "the divergence (a NaN/Inf loss, or a spike it never came back from) was detected: may hold " \
+                         "diverged weights"  # fmt: skip
                 moved = store.quarantine(info.path, reason)
                 self.quarantined.add(str(moved))
                 self.record(ev.checkpoint_quarantined(self.clock(), str(moved), reason))

@@ -22,7 +22,7 @@ from supervisor.config import Config
 from supervisor.decisions import campaign_state, capacity, placement, policy, rollback, straggler_swap
 from supervisor.decisions import events as ev
 from supervisor.decisions.classify import Evidence, Interruption
-from supervisor.decisions.detect import NODE_SILENT, Detector
+from supervisor.decisions.detect import LOSS_DIVERGED, NODE_SILENT, Detector
 from supervisor.decisions.respond import last_step, respond
 from supervisor.driver import flight_dumps, prelaunch
 from supervisor.driver.actuators import Actuators, Situation
@@ -145,6 +145,9 @@ class Supervisor:
             outcome = p.actuators.carry_out(Situation(launch, interruption, decision, found, history))
             self.final_progress(launch)  # a checkpoint saved on the way out (preemption, time limit, cancel)
             if interruption.cls == ev.NUMERICAL:  # the launch is gone now: no checkpoint can appear after this
+                spiked = [int(d.value) for d in watched.detections if d.kind == LOSS_DIVERGED and d.value is not None]
+                if spiked:  # a loss that never came back from its spike: the weights went bad at the spike
+                    p.checkpoints.diverged_from(min(spiked))
                 p.ctx.guard.call(CHECKPOINT_SCAN, p.checkpoints.quarantine_after_divergence, default=None)
                 p.memory.diverged_after(p.trainer.launch_tag(launch.number), p.checkpoints.last_finite_loss_step)
             if outcome is not None:

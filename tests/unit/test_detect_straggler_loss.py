@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.decisions.detect import (
+    LOSS_DIVERGED,
     LOSS_SPIKE,
     NONFINITE_LOSS,
     STRAGGLER,
@@ -127,3 +128,28 @@ def test_bad_loss_config_names_the_key():
         LossConfig(window=10, min_samples=20)
     with pytest.raises(ValueError, match="straggler_factor"):
         StragglerConfig(factor=1.0)
+
+
+def _after_a_spike(then: list[float], diverged_steps: int = 5) -> list:
+    det = LossDetector(LossConfig(window=50, min_samples=20, z=6.0, cooldown_steps=100, diverged_steps=diverged_steps))
+    for step in range(1, 60):
+        det.observe(loss_table([2.0 + 0.01 * math.sin(step)], step), float(step))
+    found = det.observe(loss_table([5.0], 60), 60.0)
+    for i, loss in enumerate(then, start=61):
+        found += det.observe(loss_table([loss], i), float(i))
+    return found
+
+
+def test_a_spike_the_loss_never_comes_back_from_is_a_divergence_that_names_the_spikes_step():
+    found = _after_a_spike([4.0, 4.5, 3.9, 4.2, 4.4, 4.1])
+    assert [e.kind for e in found] == [LOSS_SPIKE, LOSS_DIVERGED]
+    assert found[1].is_fault and found[1].value == 60 and "did not come back after its spike at step 60" in \
+        found[1].evidence[0]  # fmt: skip
+    from supervisor.decisions.classify import Evidence, classify
+
+    assert classify(Evidence(detections=((61.0, found[1]),))).cls == "numerical"  # rolled back like a NaN
+
+
+def test_a_spike_the_loss_comes_back_from_stays_a_warning_and_divergence_is_off_by_default():
+    assert [e.kind for e in _after_a_spike([4.0, 4.5, 2.0, 4.2, 4.4, 4.1, 4.0, 4.3])] == [LOSS_SPIKE]
+    assert [e.kind for e in _after_a_spike([4.0] * 20, diverged_steps=0)] == [LOSS_SPIKE]

@@ -28,8 +28,10 @@ RANK_EXITED = "rank_exited"  # a rank process exited or is a zombie while the st
 NONFINITE_LOSS = "nonfinite_loss"  # NaN/Inf loss
 STRAGGLER = "straggler"  # persistent slowdown vs peers (warning)
 LOSS_SPIKE = "loss_spike"  # sliding-window z-score spike (warning)
+LOSS_DIVERGED = "loss_diverged"  # a spike the loss did not come back from (a fault: rolled back like a NaN)
 
-FAULT_KINDS = frozenset({RANK_HANG, RANK_STOPPED, GLOBAL_STALL, NODE_SILENT, NODE_LOST, RANK_EXITED, NONFINITE_LOSS})
+FAULT_KINDS = frozenset({RANK_HANG, RANK_STOPPED, GLOBAL_STALL, NODE_SILENT, NODE_LOST, RANK_EXITED, NONFINITE_LOSS,
+                         LOSS_DIVERGED})  # fmt: skip
 WARNING_KINDS = frozenset({STRAGGLER, LOSS_SPIKE})
 HANG_KINDS = frozenset({RANK_HANG, RANK_STOPPED, GLOBAL_STALL})
 

@@ -1,6 +1,9 @@
-"""Loss anomalies: NaN/Inf (a fault: training cannot recover from it) and spikes (a warning).
+"""Loss anomalies: NaN/Inf (a fault: training cannot recover from it), spikes (a warning) and, when asked for
+(``diverged_steps``), a spike the loss does not come back from (a fault, rolled back like a NaN).
 
-A spike is a loss more than ``z`` standard deviations above the mean of the last ``window`` observed losses.
+A spike is a loss more than ``z`` standard deviations above the mean of the last ``window`` observed losses. It
+is confirmed as a divergence when the next ``diverged_steps`` observed losses all stay above that same bar (0,
+the default: never; a loss that moves to a new level for good, after a schedule change, would look the same).
 Spikes are tracked on the first ``spike_ranks`` ranks only (rank 0 by default): with data parallelism the
 ranks' losses move together, and a window per rank would cost memory proportional to the job size. NaN/Inf is
 checked on every rank (O(1) each).
@@ -11,8 +14,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from supervisor.decisions.detect.findings import (
+    LOSS_DIVERGED,
     LOSS_SPIKE,
     NONFINITE_LOSS,
     DetectionEvent,
@@ -29,6 +34,7 @@ class LossConfig:
     spike_ranks: int = 1
     cooldown_steps: int = 100  # after a spike, stay quiet for this many steps on that rank
     relative_floor: float = 1e-3  # std never counts as below this fraction of |mean| (a flat loss is not noise-free)
+    diverged_steps: int = 0  # a spike whose next N losses all stay above its bar is a divergence (0: never)
 
     def __post_init__(self) -> None:
         if self.window < 2:
@@ -39,8 +45,9 @@ class LossConfig:
             )
         if not (math.isfinite(self.z) and self.z > 0):
             raise ValueError(f"detect.loss_z must be a positive number, got {self.z!r} (try 6)")
-        if self.spike_ranks < 0 or self.cooldown_steps < 0 or not self.relative_floor >= 0:
-            raise ValueError("detect.loss_spike_ranks, loss_cooldown_steps and loss_relative_floor must be >= 0")
+        if self.spike_ranks < 0 or self.cooldown_steps < 0 or not self.relative_floor >= 0 or self.diverged_steps < 0:
+            raise ValueError("detect.loss_spike_ranks, loss_cooldown_steps, loss_relative_floor and loss_diverged_steps "
+                             "must be >= 0")
 
 
 @dataclass
@@ -49,6 +56,7 @@ class LossState:
     windows: dict[int, deque[float]] = field(default_factory=dict)
     quiet_until: dict[int, int] = field(default_factory=dict)
     nonfinite: set[int] = field(default_factory=set)  # ranks already reported
+    spiked: dict[int, tuple[int, float, int]] = field(default_factory=dict)  # rank -> (spike step, its bar, losses above)
 
 
 def zscore(window: deque[float] | list[float], value: float, relative_floor: float) -> tuple[float, float, float]:
@@ -70,6 +78,7 @@ class LossDetector:
         self.state.last_step.clear()
         self.state.quiet_until.clear()
         self.state.nonfinite.clear()
+        self.state.spiked.clear()
 
     def observe(self, snapshot: LaunchView, now: float) -> list[DetectionEvent]:
         c = self.config
@@ -89,6 +98,8 @@ class LossDetector:
             if v.rank >= c.spike_ranks:
                 continue
             window = s.windows.setdefault(v.rank, deque(maxlen=c.window))
+            if v.rank in s.spiked:
+                events += self._confirm(v)
             if len(window) >= c.min_samples and v.step >= s.quiet_until.get(v.rank, -1):
                 z, mean, std = zscore(window, v.loss, c.relative_floor)
                 if z > c.z:
@@ -97,5 +108,23 @@ class LossDetector:
                                           f"rank {v.rank} step {v.step}: loss {v.loss!r} is {z:.1f} std above the mean "
                                           f"{mean:.4g} (std {std:.3g}) of the last {len(window)} observed losses",
                                           threshold=c.z))  # fmt: skip
+                    if c.diverged_steps:
+                        s.spiked[v.rank] = (v.step, mean + c.z * std, 0)
             window.append(v.loss)
         return events
+
+    def _confirm(self, v: Any) -> list[DetectionEvent]:
+        """A loss after a spike on ``v.rank``: still above the spike's bar (counted; a divergence once there are
+        ``diverged_steps`` in a row), or back under it (the spike is over)."""
+        step, bar, above = self.state.spiked[v.rank]
+        if v.loss <= bar:
+            del self.state.spiked[v.rank]
+            return []
+        above += 1
+        if above < self.config.diverged_steps:
+            self.state.spiked[v.rank] = (step, bar, above)
+            return []
+        del self.state.spiked[v.rank]
+        return [of_rank(LOSS_DIVERGED, v, "spike_step", step,
+                        f"rank {v.rank}: the loss did not come back after its spike at step {step}: {above} losses in a "
+                        f"row above {bar:.4g} (now {v.loss!r} at step {v.step})")]  # fmt: skip
