@@ -363,8 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         target = y[idx] + 0.001 * random.random()
         if step in skip:  # after a roll back: a batch seen before the loss diverged (one of them did it)
             client.step(step)  # type: ignore[attr-defined]
-            if rank == 0:
-                print(f"step={step} skipped", flush=True)
+            if rank == 0:  # (stderr: stdout's step lines stay `step=N loss=X`)
+                print(f"skipped the batch of step {step} (roll back)", file=sys.stderr, flush=True)
         else:
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x[idx]), target)
