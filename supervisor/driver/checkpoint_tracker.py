@@ -87,11 +87,11 @@ class CheckpointTracker:
     def saw_finite_loss(self, iteration: int) -> None:
         self.last_finite_loss_step = max(self.last_finite_loss_step or 0, iteration)
 
-    def diverged_from(self, step: int) -> None:
-        """The loss spiked at ``step`` and never came back: it was computed with the weights of the step before,
-        so those are already bad, and the last good state is the one two steps back, however finite the later
-        losses were."""
-        self.last_finite_loss_step = min(self.last_finite_loss_step or 0, max(0, step - 2))
+    def diverged_from(self, normal_step: int) -> None:
+        """The loss spiked and never came back; ``normal_step`` is the last step seen with a normal loss. That loss
+        was computed with the weights of the step before, so the last state known good is that one (the update at
+        ``normal_step`` may be the bad one), however finite the later losses were."""
+        self.last_finite_loss_step = min(self.last_finite_loss_step or 0, max(0, normal_step - 1))
 
     def quarantine_after_divergence(self) -> None:
         """After a NaN/Inf loss, checkpoints newer than the last iteration seen with a finite loss may hold the

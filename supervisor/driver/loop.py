@@ -145,9 +145,9 @@ class Supervisor:
             outcome = p.actuators.carry_out(Situation(launch, interruption, decision, found, history))
             self.final_progress(launch)  # a checkpoint saved on the way out (preemption, time limit, cancel)
             if interruption.cls == ev.NUMERICAL:  # the launch is gone now: no checkpoint can appear after this
-                spiked = [int(d.value) for d in watched.detections if d.kind == LOSS_DIVERGED and d.value is not None]
-                if spiked:  # a loss that never came back from its spike: the weights went bad at the spike
-                    p.checkpoints.diverged_from(min(spiked))
+                normal = [int(d.value) for d in watched.detections if d.kind == LOSS_DIVERGED and d.value is not None]
+                if normal:  # a loss that never came back from its spike: the weights went bad before it
+                    p.checkpoints.diverged_from(min(normal))
                 p.ctx.guard.call(CHECKPOINT_SCAN, p.checkpoints.quarantine_after_divergence, default=None)
                 p.memory.diverged_after(p.trainer.launch_tag(launch.number), p.checkpoints.last_finite_loss_step)
             if outcome is not None:

@@ -146,8 +146,11 @@ def test_client_program_live_hang_relaunches_loss_spike_warns_nan_rolls_back_the
         assert rolled["skip_steps"][0] == rolled["resume_step"] + 1 and rolled["skip_steps"][1] >= 56, rolled
         ended = wait_for("the campaign to stop", camp.ended, 120)
         assert ended["state"] == "failed" and "NaN" in ended["reason"]
-        assert [i["class"] for i in camp.of_type("interruption")[1:]] == ["numerical"] * 3
-        assert len(launches(camp)) == 4 and camp.of_type("checkpoint_requested") == []
+        # Three NaNs without progress stop it (the budget's two roll backs); one more when the step-50 checkpoint
+        # was only seen after the first NaN (a busy machine): that sighting is progress and restarts the count.
+        nans = [i["class"] for i in camp.of_type("interruption")[1:]]
+        assert set(nans) == {"numerical"} and 3 <= len(nans) <= 4, nans
+        assert len(launches(camp)) == 1 + len(nans) and camp.of_type("checkpoint_requested") == []
         after = newest_valid(camp.ckpt)
         assert after is not None and after[1] < 56
         assert all("diverged" in e["reason"] for e in camp.of_type("checkpoint_quarantined"))

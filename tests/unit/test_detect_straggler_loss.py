@@ -143,8 +143,8 @@ def _after_a_spike(then: list[float], diverged_steps: int = 5) -> list:
 def test_a_spike_the_loss_never_comes_back_from_is_a_divergence_that_names_the_spikes_step():
     found = _after_a_spike([4.0, 4.5, 3.9, 4.2, 4.4, 4.1])
     assert [e.kind for e in found] == [LOSS_SPIKE, LOSS_DIVERGED]
-    assert found[1].is_fault and found[1].value == 60 and "did not come back after its spike at step 60" in \
-        found[1].evidence[0]  # fmt: skip
+    assert found[1].is_fault and found[1].value == 59  # the last step seen with a normal loss
+    assert "did not come back after its spike at step 60 (the last normal loss seen: step 59)" in found[1].evidence[0]
     from supervisor.decisions.classify import Evidence, classify
 
     assert classify(Evidence(detections=((61.0, found[1]),))).cls == "numerical"  # rolled back like a NaN

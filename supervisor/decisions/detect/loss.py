@@ -56,7 +56,8 @@ class LossState:
     windows: dict[int, deque[float]] = field(default_factory=dict)
     quiet_until: dict[int, int] = field(default_factory=dict)
     nonfinite: set[int] = field(default_factory=set)  # ranks already reported
-    spiked: dict[int, tuple[int, float, int]] = field(default_factory=dict)  # rank -> (spike step, its bar, losses above)
+    # rank -> (spike step, the last step seen with a normal loss before it, the spike's bar, losses above it since)
+    spiked: dict[int, tuple[int, int, float, int]] = field(default_factory=dict)
 
 
 def zscore(window: deque[float] | list[float], value: float, relative_floor: float) -> tuple[float, float, float]:
@@ -87,6 +88,7 @@ class LossDetector:
         for v in snapshot.ranks():
             if v.loss is None or v.step is None or s.last_step.get(v.rank) == v.step:
                 continue
+            seen_before = s.last_step.get(v.rank)  # the previous step whose loss was seen (the heartbeats sample)
             s.last_step[v.rank] = v.step
             if not math.isfinite(v.loss):
                 if v.rank not in s.nonfinite:
@@ -109,22 +111,25 @@ class LossDetector:
                                           f"{mean:.4g} (std {std:.3g}) of the last {len(window)} observed losses",
                                           threshold=c.z))  # fmt: skip
                     if c.diverged_steps:
-                        s.spiked[v.rank] = (v.step, mean + c.z * std, 0)
+                        normal = seen_before if seen_before is not None and seen_before < v.step else v.step - 1
+                        s.spiked[v.rank] = (v.step, normal, mean + c.z * std, 0)
             window.append(v.loss)
         return events
 
     def _confirm(self, v: Any) -> list[DetectionEvent]:
         """A loss after a spike on ``v.rank``: still above the spike's bar (counted; a divergence once there are
         ``diverged_steps`` in a row), or back under it (the spike is over)."""
-        step, bar, above = self.state.spiked[v.rank]
+        step, normal, bar, above = self.state.spiked[v.rank]
         if v.loss <= bar:
             del self.state.spiked[v.rank]
             return []
         above += 1
         if above < self.config.diverged_steps:
-            self.state.spiked[v.rank] = (step, bar, above)
+            self.state.spiked[v.rank] = (step, normal, bar, above)
             return []
         del self.state.spiked[v.rank]
-        return [of_rank(LOSS_DIVERGED, v, "spike_step", step,
-                        f"rank {v.rank}: the loss did not come back after its spike at step {step}: {above} losses in a "
-                        f"row above {bar:.4g} (now {v.loss!r} at step {v.step})")]  # fmt: skip
+        # value: the last step seen with a normal loss (the bad update came after the weights that gave it)
+        return [of_rank(LOSS_DIVERGED, v, "last_normal_step", normal,
+                        f"rank {v.rank}: the loss did not come back after its spike at step {step} (the last normal loss "
+                        f"seen: step {normal}): {above} losses in a row above {bar:.4g} (now {v.loss!r} at step "
+                        f"{v.step})")]  # fmt: skip
