@@ -432,9 +432,15 @@ class LocalCluster:
         """Simulate losing node ``name``: SIGKILL its slurmd and its slurmstepds with their process trees, so the
         job tasks on it die as on a real crash, and remove what it held in /dev/shm (``node_memory``). Returns
         {"slurmd": [...], "killed": [all pids killed], "wiped": [its /dev/shm directories removed]}."""
-        self._check_node(name)
+        return self.crash_nodes([name])
+
+    def crash_nodes(self, names: list[str]) -> dict[str, list[Any]]:
+        """Lose several nodes at the same instant (a rack, a switch): every one's processes are frozen before any
+        is killed, so nothing sees one gone while another still runs."""
+        for name in names:
+            self._check_node(name)
         with locked(self.root, 30.0, ClusterError):
-            return self._crash_node(name)
+            return self._crash_nodes(names)
 
     def revive_node(self, name: str, timeout: float = 60.0) -> bool:
         """Start node ``name``'s slurmd again if it is dead, resume the node if slurmctld marked it DOWN, and wait
@@ -447,18 +453,20 @@ class LocalCluster:
         if name not in self.node_names:
             raise ClusterError(f"unknown node {name!r} (fix: use one of {', '.join(self.node_names)})")
 
-    def _crash_node(self, name: str) -> dict[str, list[Any]]:
-        slurmd = self.pid_of(f"slurmd-{name}")
-        roots = ([slurmd] if slurmd is not None else []) + sorted(self.stepd_pids(name))
+    def _crash_nodes(self, names: list[str]) -> dict[str, list[Any]]:
+        slurmds = [pid for name in names if (pid := self.pid_of(f"slurmd-{name}")) is not None]
+        roots = slurmds + sorted(pid for name in names for pid in self.stepd_pids(name))
+        what = f"crash-node {' '.join(names)}"
         try:
             killed = procs.freeze_and_kill(roots)
         except RuntimeError as e:
-            raise ClusterError(f"crash-node {name}: {e}") from e
-        leftover = self.stepd_pids(name)
+            raise ClusterError(f"{what}: {e}") from e
+        leftover = sorted(pid for name in names for pid in self.stepd_pids(name))
         if leftover:
-            raise ClusterError(f"crash-node {name}: slurmstepd processes still alive: {sorted(leftover)}")
-        crash_marker(self.layout, name).touch()
-        return {"slurmd": [slurmd] if slurmd is not None else [], "killed": killed, "wiped": wipe_node_memory(name)}
+            raise ClusterError(f"{what}: slurmstepd processes still alive: {leftover}")
+        for name in names:
+            crash_marker(self.layout, name).touch()
+        return {"slurmd": slurmds, "killed": killed, "wiped": [d for name in names for d in wipe_node_memory(name)]}
 
     def _revive_node(self, name: str, timeout: float) -> bool:
         crash_marker(self.layout, name).unlink(missing_ok=True)

@@ -30,6 +30,7 @@ from supervisor.heartbeat import wire
 from supervisor.heartbeat.orders import fetch_order
 
 REPORT_WAIT_S = 2.0  # the agents scan their stores every 0.5 s
+SILENT_S = 3.0  # an agent's summaries (every second) this old: its node may be gone (detect.node_stale_s)
 FETCH_WAIT_S = 15.0  # copies of the shards to the ranks' new nodes (a node's share of the state at >= 1 GB/s)
 FLUSHED = "(flushed)"  # the holder name of the snapshot flushed to the filesystem (no node is named so)
 
@@ -131,8 +132,10 @@ class MemoryResume:
                       "the filesystem tier")  # fmt: skip
 
     def holdings(self, nodes: Sequence[str]) -> Mapping[str, tuple[memory_pick.Held, ...]]:
-        """Every node's inventory, asked for now; a node that does not answer within ``wait_s`` counts with its
-        last report (a restore checks every shard again before using it) or none."""
+        """Every node's inventory, asked for now. A node that does not answer within ``wait_s`` counts with its
+        last report while its agent's heartbeats are fresh (a busy agent; a restore checks every shard again before
+        using it), and with none once they stopped too: a node lost at the same moment (a rack, a switch) whose
+        loss is not yet confirmed must not be picked to serve, or to run, a shard it no longer has."""
         asked = self.wall()
         for node in nodes:
             self.channel.send(node, [wire.Command(wire.CMD_REPORT_MEMORY)])
@@ -140,5 +143,6 @@ class MemoryResume:
         while True:
             table: dict[str, tuple[float, tuple[memory_pick.Held, ...]]] = self.channel.table.memory
             if all(n in table and table[n][0] >= asked for n in nodes) or time.monotonic() >= deadline:
-                return {n: table[n][1] for n in nodes if n in table}
+                silent = {n for n, v in self.channel.table.node_views(nodes).items() if v.staleness_s > SILENT_S}
+                return {n: table[n][1] for n in nodes if n in table and (table[n][0] >= asked or n not in silent)}
             self.channel.poll(0.05)

@@ -258,16 +258,17 @@ def test_a_node_lost_with_its_buddy_resumes_from_the_filesystem_checkpoint_bitwi
         victim = next(n for n in launches(camp)[0]["nodes"] if n != batch)
         buddy = ring[victim]
         assert buddy not in (batch, victim), (ring, batch)
-        crashable_cluster.crash_node(victim)
-        crashable_cluster.crash_node(buddy)
-        picked = wait_for("the memory pick", lambda: camp.of_type("memory_pick"), 120)[0]
-        assert picked["step"] is None, picked
-        relaunch = wait_for("the relaunch", lambda: launches(camp)[1:], 30)[0]
-        assert relaunch["resume_tier"] == "filesystem" and relaunch["resume_step"] == 20, relaunch
-        assert not {victim, buddy} & set(relaunch["nodes"]), relaunch
-        ended = wait_for("the campaign to complete", camp.ended, 180)
+        crashable_cluster.crash_nodes([victim, buddy])  # together: neither is seen gone while the other runs
+        ended = wait_for("the campaign to complete", camp.ended, 240)
         assert ended["state"] == "completed", ended
-        second = step_lines(sorted(camp.root.glob("logs/*/train-*.log"))[1].read_text(errors="replace"))
-        assert second == want[20:], "the filesystem tier, bitwise"
+        picks = camp.of_type("memory_pick")
+        assert picks and all(p["step"] is None for p in picks), picks  # rank 1's shard was nowhere any more
+        # The spare dies with no rank on it: its loss may be confirmed only after a relaunch tried it (that launch
+        # fails and the next one leaves it out). The launch that finished ran on the survivors, from step 20.
+        final = launches(camp)[-1]
+        assert final["resume_tier"] == "filesystem" and final["resume_step"] == 20, final
+        assert not {victim, buddy} & set(final["nodes"]), final
+        log = next(camp.root.glob(f"logs/*/train-{final['launch']}.log")).read_text(errors="replace")
+        assert step_lines(log) == want[20:], "the filesystem tier, bitwise"
     finally:
         cancel(camp.job_id)

@@ -43,7 +43,8 @@ class AgentsChannel:
 
     def __init__(self, stores: dict[str, Path], held: dict[str, list[Held]], now: list[float]) -> None:
         self.stores, self.held, self.now = stores, held, now
-        self.table = type("T", (), {"memory": {n: (0.0, tuple(h)) for n, h in held.items()}, "replication": {}})()
+        self.table = type("T", (), {"memory": {n: (0.0, tuple(h)) for n, h in held.items()}, "replication": {},
+                                    "node_views": lambda _, nodes: {}})()  # fmt: skip
         self.orders: list[tuple[str, dict[str, Any]]] = []
         self.obey = True
 

@@ -11,6 +11,7 @@ from supervisor.decisions.memory_pick import Held
 from supervisor.driver.context import Context
 from supervisor.driver.memory_resume import MemoryResume
 from supervisor.heartbeat import wire
+from supervisor.heartbeat.table import NodeView
 
 
 class FakeChannel:
@@ -20,7 +21,9 @@ class FakeChannel:
         self.holdings, self.now = holdings, now
         self.sent: list[tuple[str, int]] = []
         self.asked: set[str] = set()
-        self.table = type("T", (), {"memory": {}, "replication": {}})()
+        self.silent: set[str] = set()  # nodes whose agent stopped sending summaries (4 s ago)
+        self.table = type("T", (), {"memory": {}, "replication": {}, "node_views": lambda _, nodes: {
+            n: NodeView(n, 4.0 if n in self.silent else 0.2, 1, 1, 1, 0.0, "") for n in nodes}})()
         self.orders: list[tuple[str, dict[str, Any]]] = []
         self.copies_arrive = True
 
@@ -115,3 +118,14 @@ def test_a_silent_agent_counts_with_what_it_said_last_or_nothing() -> None:
     channel.table.memory["n1"] = (0.0, tuple(both(3)["n1"]))
     assert memory.pick(2, ("n1", "n2"), 1, ["n1", "n2"], None) is None
     assert "1 of 2 ranks" in events[-1]["why"]
+
+
+def test_a_node_that_does_not_answer_counts_with_its_last_report_only_while_its_agent_is_heard() -> None:
+    """A busy agent that misses the report wait keeps its last inventory; a node whose agent went silent (lost at
+    the same moment as another, not yet confirmed) offers nothing: its shard must not be picked to be read there."""
+    holdings = both(12)
+    memory, channel, _ = make(holdings)
+    channel.table.memory["n2"] = (0.0, tuple(holdings.pop("n2")))  # n2 reported before, answers no more
+    assert set(memory.holdings(["n1", "n2"])) == {"n1", "n2"}
+    channel.silent.add("n2")
+    assert set(memory.holdings(["n1", "n2"])) == {"n1"}
