@@ -299,7 +299,17 @@ class Agent:
         self.slots.close()
         self.sock.close()
         if not self.keep_slot_dir:
-            shutil.rmtree(self.slot_dir, ignore_errors=True)
+            remove_slot_dir(self.slot_dir)
+
+
+def remove_slot_dir(slot_dir: Path, tries: int = 3) -> None:
+    """Remove the node's slot directory and memory store: a rank still writing a snapshot while the job ends can
+    make one pass find a directory not empty (its ranks never make the store again once it is gone)."""
+    for attempt in range(tries):
+        shutil.rmtree(slot_dir, ignore_errors=True)
+        if not slot_dir.exists():
+            return
+        time.sleep(0.05 * (attempt + 1))
 
 
 def _parse_hostport(text: str) -> tuple[str, int]:

@@ -115,6 +115,11 @@ class MemorySnapshots:
         self._due_at = 0.0  # when the newest snapshot was found due (the step time is measured up to there)
         self._measured: int | None = None  # this rank's measured interval, until the ranks agree on one
         self.blocking_s = 0.0  # the last snapshot's blocking copy
+        if self.root is not None:
+            try:  # the node agent made it already under the supervisor; a standalone run makes its own
+                self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as err:
+                self._turn_off(err.errno or 0, f"cannot make {self.root} ({err})")
 
     @property
     def enabled(self) -> bool:
@@ -170,6 +175,8 @@ class MemorySnapshots:
         self.wait()
         if not self.enabled:  # the previous write failed
             return None
+        if not self._store_there():
+            return None
         started = time.perf_counter()
         staged = self._stage(state)
         self.blocking_s = time.perf_counter() - started
@@ -188,8 +195,17 @@ class MemorySnapshots:
         try:
             return job.result()
         except OSError as err:
+            if isinstance(err, FileNotFoundError) and not self._store_there():
+                return None  # the agent removed the store under the write: the job is ending, not a failure
             self._turn_off(err.errno or 0, f"writing to {self.root} failed ({err})")
             return None
+
+    def _store_there(self) -> bool:
+        """The store is made once, at start; when it is gone later, its node agent removed it (the job or the
+        agents' step is ending). Then this rank writes nothing: a store it made again would outlive the job in
+        the node's memory, with nobody left to remove it. A restarted agent makes it anew; snapshots go on then."""
+        assert self.root is not None
+        return self.root.is_dir()
 
     def _turn_off(self, errno_code: int, why: str) -> None:
         """Snapshots off in this process, said once here and, through a marker the agent reports, in the journal
@@ -248,7 +264,6 @@ class MemorySnapshots:
             else:
                 leaves.append(ValueLeaf(path, value))
         head = encode_header(Header(step, self.rank, self.world, tuple(leaves), offset))
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = self.root / f"step_{step}"
         folder.mkdir(mode=0o700, exist_ok=True)
         final = folder / f"rank_{self.rank}.snap"

@@ -42,7 +42,8 @@ def test_an_existing_sbatch_script_runs_supervised(tmp_path):
         logs = camp.logs()
         for rank in (0, 1):
             assert f"{rank}: rank {rank}/2 says hello from the script in {work} with ['--tag', 'two words']" in logs
-        assert camp.of_type("step_launched")[0]["nodes"] == ["node1", "node2"]
+        nodes = camp.of_type("step_launched")[0]["nodes"]
+        assert len(nodes) == len(set(nodes)) == 2, nodes  # --nodes=2 from the script (which two: Slurm's choice)
         assert "#SBATCH --job-name=team-job" in (root / "batch.sh").read_text()
     finally:
         cancel(camp.job_id)

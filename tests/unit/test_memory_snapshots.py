@@ -259,3 +259,43 @@ def test_a_requeued_rank_restores_the_snapshot_flushed_to_the_filesystem(
     shard.write_bytes(bytes(data))
     target = state(2)
     assert MemorySnapshots(tmp_path / "new-node").restore(target) is None and same(target, state(2))
+
+
+def test_a_store_its_agent_removed_is_not_made_again_and_snapshots_resume_when_it_is_back(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """At the end of a job the node agent removes the store while ranks may still train: a rank that made it
+    again would leave its snapshots in the node's memory after the job, with nobody to remove them (and a stale
+    "store failed" marker). It writes nothing instead, without turning snapshots off: an agent restarted in the
+    same job makes the store anew, and the snapshots go on there."""
+    import shutil
+
+    root = tmp_path / "memory"
+    mem = MemorySnapshots(root, keep=2)
+    mem.save(state(1), 1)
+    assert mem.wait() == root / "step_1" / "rank_0.snap"
+    shutil.rmtree(root)
+    assert mem.save(state(2), 2) is None and mem.wait() is None
+    assert not root.exists() and mem.enabled
+    root.mkdir(mode=0o700)  # a restarted agent's store
+    mem.save(state(3), 3)
+    assert mem.wait() == root / "step_3" / "rank_0.snap"
+    assert "snapshots off" not in capsys.readouterr().err
+    mem.close()
+
+
+def test_a_store_removed_during_the_write_is_not_a_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    root = tmp_path / "memory"
+    mem = MemorySnapshots(root, keep=2)
+    real = mem._write_file
+
+    def removed_meanwhile(*args: object) -> None:
+        shutil.rmtree(root)
+        real(*args)  # type: ignore[arg-type]
+
+    mem._write_file = removed_meanwhile  # type: ignore[method-assign]
+    mem.save(state(1), 1)
+    assert mem.wait() is None and mem.enabled and not root.exists()
+    assert "snapshots off" not in capsys.readouterr().err
+    mem.close()
