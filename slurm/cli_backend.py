@@ -8,6 +8,7 @@ injected runner; the integration tests use the real commands against the local c
 
 from __future__ import annotations
 
+import re
 import signal as signal_module
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,6 +51,8 @@ def signal_name(sig: int | str) -> str:
     except (ValueError, KeyError):
         pass
     raise SlurmUsageError(f"unknown signal {sig!r}", "use a signal name such as USR1 or TERM, or its number")
+
+_PARTITION_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # what a partition name may be here (argv, not shell)
 
 
 class CliSlurmClient:
@@ -95,7 +98,7 @@ class CliSlurmClient:
         deadline = None
         if version is not None and version >= (23, 2):
             deadline = self.commands.clock() + self.policy.budget_s
-            argv = ["scontrol", "show", "job", "--json", jid]
+            argv = ["scontrol", "--local", "show", "job", "--json", jid]
             try:
                 result = self.commands.run(argv)
                 found = _pick_job(parse_squeue_json(result.stdout), jid)
@@ -116,7 +119,7 @@ class CliSlurmClient:
     def job_via_scontrol(self, job_id: str | int, deadline: float | None = None) -> JobInfo | None:
         """The job from ``scontrol show job -o`` (no JSON support needed)."""
         jid = validate_job_id(job_id)
-        argv = ["scontrol", "show", "job", "-o", jid]
+        argv = ["scontrol", "--local", "show", "job", "-o", jid]
         try:
             result = self.commands.run(argv, deadline=deadline)
         except UnknownJob:
@@ -131,7 +134,7 @@ class CliSlurmClient:
         squeue's own filters in JSON mode). Finished jobs older than MinJobAge are absent. ``--states=all``:
         24.11 leaves finished jobs out without it (22.05 listed them)."""
         wanted = {validate_job_id(j) for j in job_ids} if job_ids is not None else None
-        argv = ["squeue", "--json", "--states=all"]
+        argv = ["squeue", "--local", "--json", "--states=all"]
         result = self.commands.run(argv)
         try:
             found = parse_squeue_json(result.stdout)
@@ -151,8 +154,8 @@ class CliSlurmClient:
         (measured on 24.11.5: a reason set on node1 showed on idle node2-4 too)."""
         wanted = [validate_node_name(n) for n in names] if names is not None else None
         version = self.slurm_version()
-        argv = ["scontrol", "--json", "show", "node"] if version is not None and version >= (23, 2) else [
-            "sinfo", "--json"]
+        argv = ["scontrol", "--local", "--json", "show", "node"] if version is not None and version >= (23, 2) else [
+            "sinfo", "--local", "--json"]
         try:
             result = self.commands.run(argv)
             infos = parse_nodes_json(result.stdout)
@@ -168,7 +171,7 @@ class CliSlurmClient:
         return [by_name[n] for n in wanted if n in by_name]
 
     def nodes_via_scontrol(self, names: Iterable[str] | None = None) -> list[NodeInfo]:
-        argv = ["scontrol", "show", "node", "-o"]
+        argv = ["scontrol", "--local", "show", "node", "-o"]
         if names is not None:
             argv.append(node_hostlist(names))
         result = self.commands.run(argv)
@@ -200,7 +203,7 @@ class CliSlurmClient:
         """slurmctld's running configuration (``scontrol show config``) as {Key: Value}."""
         from slurm.parse_config import parse_scontrol_config
 
-        argv = ["scontrol", "show", "config"]
+        argv = ["scontrol", "--local", "show", "config"]
         try:
             return parse_scontrol_config(self.commands.run(argv).stdout)
         except ParseError as exc:
@@ -210,17 +213,36 @@ class CliSlurmClient:
         """node -> its leaf switch or block (``scontrol show topology``); empty without a topology plugin."""
         from slurm.parse_topology import parse_topology
 
-        argv = ["scontrol", "show", "topology"]
+        argv = ["scontrol", "--local", "show", "topology"]
         try:
             return parse_topology(self.commands.run(argv).stdout)
         except ParseError as exc:
             raise SlurmOutputError(argv, str(exc)) from None
 
+    def partition(self, name: str) -> dict[str, str] | None:
+        """One partition's settings (``scontrol show partition NAME -o``) as {Key: Value}; None: no such one."""
+        from slurm.parse_config import parse_scontrol_partitions
+
+        if not _PARTITION_NAME.fullmatch(name):
+            raise ValueError(f"not a partition name: {name!r}")
+        argv = ["scontrol", "--local", "show", "partition", "-o", name]
+        try:
+            result = self.commands.run(argv)
+        except SlurmCommandError as exc:
+            if "not found" in (exc.stderr or "").lower():
+                return None
+            raise
+        try:
+            found = parse_scontrol_partitions(result.stdout)
+        except ParseError as exc:
+            raise SlurmOutputError(argv, str(exc)) from None
+        return next((p for p in found if p.get("PartitionName") == name), None)
+
     def partitions(self) -> list[dict[str, str]]:
         """Every partition's settings (``scontrol show partition -o``) as {Key: Value}."""
         from slurm.parse_config import parse_scontrol_partitions
 
-        argv = ["scontrol", "show", "partition", "-o"]
+        argv = ["scontrol", "--local", "show", "partition", "-o"]
         try:
             return parse_scontrol_partitions(self.commands.run(argv).stdout)
         except ParseError as exc:
@@ -274,7 +296,7 @@ class CliSlurmClient:
 
     def step_ids(self, job_id: str | int) -> dict[str, str]:
         """The job's live steps by name: {step name: step id ("123.4")} (``squeue --steps``)."""
-        result = self.commands.run(["squeue", "--steps", "--noheader", f"--jobs={validate_job_id(job_id)}", "--format=%i %j"])
+        result = self.commands.run(["squeue", "--local", "--steps", "--noheader", f"--jobs={validate_job_id(job_id)}", "--format=%i %j"])
         return parse_step_names(result.stdout)
 
     def cancel_step(self, step_id: str, sig: int | str = "KILL") -> None:
@@ -287,7 +309,7 @@ class CliSlurmClient:
         names = [validate_node_name(n) for n in nodes]
         if not names:
             return {}
-        argv = ["scontrol", "show", "node", "-o", compress(names)]
+        argv = ["scontrol", "--local", "show", "node", "-o", compress(names)]
         result = self.commands.run(argv)
         try:
             return {n: a for n, a in parse_node_addresses(result.stdout).items() if n in set(names)}
@@ -297,7 +319,7 @@ class CliSlurmClient:
     def node_address(self, node: str) -> str | None:
         """The node's NodeAddr (where processes on it can be reached), or None when Slurm has none for it."""
         name = validate_node_name(node)
-        argv = ["scontrol", "show", "node", "-o", name]
+        argv = ["scontrol", "--local", "show", "node", "-o", name]
         result = self.commands.run(argv)
         try:
             return parse_node_address(result.stdout, name)

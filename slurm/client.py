@@ -86,6 +86,10 @@ class SlurmClient(Protocol):
         """slurmctld's running configuration as {Key: Value} (``scontrol show config``)."""
         ...
 
+    def partition(self, name: str) -> dict[str, str] | None:
+        """One partition's settings as {Key: Value} (``scontrol show partition NAME -o``); None: no such one."""
+        ...
+
     def switches(self) -> dict[str, str]:
         """node -> its leaf switch or block (``scontrol show topology``); empty without a topology plugin."""
         ...

@@ -192,6 +192,9 @@ class PyslurmClient:
     def config(self) -> dict[str, str]:
         return self.cli.config()
 
+    def partition(self, name: str) -> dict[str, str] | None:
+        return self.cli.partition(name)
+
     def switches(self) -> dict[str, str]:
         return self.cli.switches()
 

@@ -51,7 +51,7 @@ from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.notify import Notifier
 from supervisor.driver.opening import open_attempt
 from supervisor.driver.ports import Channel, StepLauncher
-from supervisor.driver.preempt_watch import PreemptionPoller
+from supervisor.driver.preempt_watch import PreemptionPoller, read_preemptibility
 from supervisor.driver.prelaunch import Prelaunch
 from supervisor.driver.progress import ProgressLog
 from supervisor.driver.recorder import Recorder
@@ -168,14 +168,14 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
         campaign=paths.root, extra_args=agent_args(a, layout.nodes), env=step_env, log_path=log_dir / "agents.log",
         cwd=spec.cwd, avoid=watch_nodes.lost,
     )  # fmt: skip
-    preemption = PreemptionPoller(lambda: a.slurm.job(job_id))
+    preemption = PreemptionPoller(lambda: a.slurm.job(job_id), settings=lambda: read_preemptibility(a.slurm, job_id))
     deadline = JobDeadline(deadline_end, preemption.end_time)
     interval = IntervalAsker(ctx, run.checkpoint_interval, prior_mtbf_s=run.mtbf_prior_s, nodes=layout.train_nodes,
                              state=state, channel=channel, flag=FLAG_CHECKPOINT)  # fmt: skip
     progress = ProgressLog(ctx)  # the goodput ledger's per-rank records
     interrupts = Interrupts(ctx, a.inbox, stop_request.path(paths.root), preemption,
                             TimeLimitClock(deadline.current, deadline.confirmed, float(config.submit.signal_lead_s),
-                                           ctx.clock))  # fmt: skip
+                                           ctx.clock, refresh=preemption.refresh))  # fmt: skip
     swap = SwapJudge(state=state, policy_config=config.policy, factor=a.detector.config.straggler.factor,
                      costs=config.preflight.costs, clock=ctx.clock,
                      spares=lambda launched, now: len(set(placement.usable_nodes(layout, watch_nodes.lost))

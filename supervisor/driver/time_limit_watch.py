@@ -25,19 +25,28 @@ def warning_due(now: float, end: float | None, lead_s: float, margin_s: float = 
 class TimeLimitClock:
     def __init__(self, scheduled_end: Callable[[], float | None],
                  confirmed_end: Callable[[], tuple[bool, float | None]], lead_s: float,
-                 clock: Callable[[], float]) -> None:  # fmt: skip
-        """``scheduled_end()``: the EndTime known now; ``confirmed_end()``: (whether Slurm has answered, the
-        EndTime in its newest answer; None: no time limit)."""
+                 clock: Callable[[], float], refresh: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+        """``scheduled_end()``: the EndTime known now; ``confirmed_end()``: (whether Slurm has answered since the
+        last ``refresh()``, the EndTime in its newest answer; None: no time limit); ``refresh()``: ask Slurm now
+        (the background query is slow when nothing else needs it: ``decisions.slurm_poll``)."""
         self.scheduled_end, self.confirmed_end, self.lead_s, self.clock = scheduled_end, confirmed_end, lead_s, clock
+        self.refresh = refresh
         self.fired_at: float | None = None
+        self.asked = False  # a fresh answer was asked for since the warning became due
 
     def due(self) -> bool:
-        """True once, when Slurm's newest answer confirms that the warning is overdue."""
+        """True once, when a fresh answer of Slurm's confirms that the warning is overdue."""
         now = self.clock()
         if self.fired_at is not None or not warning_due(now, self.scheduled_end(), self.lead_s):
             return False
+        if not self.asked:
+            self.asked = True
+            self.refresh()
         known, end = self.confirmed_end()
-        if not known or not warning_due(now, end, self.lead_s):
+        if not known:
+            return False
+        if not warning_due(now, end, self.lead_s):
+            self.asked = False  # extended: ask again when the new end comes near
             return False
         self.fired_at = now
         return True

@@ -198,6 +198,8 @@ class FakeSlurm:
         self.unreachable = False
         self.calls: list[tuple[Any, ...]] = []
         self.switch_of: dict[str, str] = {}
+        self.settings: dict[str, str] = {}  # ``scontrol show config`` beyond accounting (PreemptType...)
+        self.partitions: dict[str, dict[str, str]] = {}  # name -> ``scontrol show partition -o`` line
 
     def _query(self) -> None:
         if self.unreachable:
@@ -277,7 +279,11 @@ class FakeSlurm:
         return dict(self.switch_of)  # node -> leaf switch, as the test sets it (none by default)
 
     def config(self) -> dict[str, str]:
-        return {"AccountingStorageType": self.accounting}
+        return {"AccountingStorageType": self.accounting, **self.settings}
+
+    def partition(self, name: str) -> dict[str, str] | None:
+        self._query()
+        return self.partitions.get(name)
 
     def shrink_job(self, job_id: str | int, nodes: Any) -> None:
         self.calls.append(("shrink_job", str(job_id), sorted(nodes)))

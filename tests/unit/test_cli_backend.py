@@ -219,23 +219,23 @@ def test_missing_command() -> None:
 
 def test_job_on_22_05_uses_one_scontrol_rpc() -> None:
     text = (FIX / "22.05" / "scontrol_running_restart1.txt").read_text()
-    replay = Replay(V22, (["scontrol", "show", "job", "-o", "1"], ok(text)))
+    replay = Replay(V22, (["scontrol", "--local", "show", "job", "-o", "1"], ok(text)))
     job = client(replay).job(1)
     assert job is not None and job.restart_count == 1 and job.nodes == ("node2", "node3")
-    assert replay.argvs[-1] == ["scontrol", "show", "job", "-o", "1"]
+    assert replay.argvs[-1] == ["scontrol", "--local", "show", "job", "-o", "1"]
 
 
 def test_job_on_24_11_uses_scontrol_json() -> None:
     text = (FIX / "24.11" / "squeue.json").read_text()
-    replay = Replay(V24, (["scontrol", "show", "job", "--json", "102"], ok(text)))
+    replay = Replay(V24, (["scontrol", "--local", "show", "job", "--json", "102"], ok(text)))
     job = client(replay).job("102")
     assert job is not None and job.is_pending and job.excluded_nodes == ("node1", "node4")
 
 
 def test_job_picks_the_asked_job_never_the_first() -> None:
     text = (FIX / "24.11" / "squeue.json").read_text()
-    replay = Replay(V24, (["scontrol", "show", "job", "--json"], ok(text)),
-                    (["scontrol", "show", "job", "-o", "999"], err(INVALID_JOB)))
+    replay = Replay(V24, (["scontrol", "--local", "show", "job", "--json"], ok(text)),
+                    (["scontrol", "--local", "show", "job", "-o", "999"], err(INVALID_JOB)))
     assert client(replay).job("999") is None
 
 
@@ -244,14 +244,14 @@ def test_empty_json_answer_is_checked_with_the_text_form() -> None:
     slurmctld is unreachable (captured: scontrol_json_unreachable.json): never read that as "no such job"."""
     empty = (FIX / "24.11" / "scontrol_json_unreachable.json").read_text()
     unreachable = err("slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
-    replay = Replay(V24, (["scontrol", "show", "job", "--json"], ok(empty)),
-                    *[(["scontrol", "show", "job", "-o"], unreachable)] * 50)
+    replay = Replay(V24, (["scontrol", "--local", "show", "job", "--json"], ok(empty)),
+                    *[(["scontrol", "--local", "show", "job", "-o"], unreachable)] * 50)
     with pytest.raises(SlurmUnreachable):
         client(replay, policy=RetryPolicy(budget_s=5.0, initial_s=0.5)).job("7")
 
 
 def test_unknown_job_is_none_not_a_crash() -> None:
-    replay = Replay(V22, (["scontrol", "show", "job"], err(INVALID_JOB)))
+    replay = Replay(V22, (["scontrol", "--local", "show", "job"], err(INVALID_JOB)))
     assert client(replay).job("999999") is None
 
 
@@ -259,32 +259,32 @@ def test_job_json_unsupported_falls_back_to_text() -> None:
     text = (FIX / "22.05" / "scontrol_running.txt").read_text()
     replay = Replay(
         V24,
-        (["scontrol", "show", "job", "--json"], err("scontrol: error: unable to find serializer plugin for mime type application/json")),
-        (["scontrol", "show", "job", "-o"], ok(text)),
+        (["scontrol", "--local", "show", "job", "--json"], err("scontrol: error: unable to find serializer plugin for mime type application/json")),
+        (["scontrol", "--local", "show", "job", "-o"], ok(text)),
     )
     job = client(replay).job("1")
     assert job is not None and job.source == "scontrol"
 
 
 def test_jobs_filters_the_whole_queue_itself() -> None:
-    replay = Replay((["squeue", "--json"], ok((FIX / "22.05" / "squeue_finished.json").read_text())))
+    replay = Replay((["squeue", "--local", "--json"], ok((FIX / "22.05" / "squeue_finished.json").read_text())))
     jobs = client(replay).jobs(job_ids=["3", "4"])
     assert [j.job_id for j in jobs] == ["3", "4"]
-    replay = Replay((["squeue", "--json"], ok((FIX / "22.05" / "squeue_finished.json").read_text())))
+    replay = Replay((["squeue", "--local", "--json"], ok((FIX / "22.05" / "squeue_finished.json").read_text())))
     assert [j.job_id for j in client(replay).jobs(name="engA-fail")] == ["3"]
 
 
 def test_nodes_from_sinfo_json_and_fallback() -> None:
-    replay = Replay(V22, (["sinfo", "--json"], ok((FIX / "22.05" / "sinfo_drain.json").read_text())))
+    replay = Replay(V22, (["sinfo", "--local", "--json"], ok((FIX / "22.05" / "sinfo_drain.json").read_text())))
     (node,) = client(replay).nodes(["node4"])
     assert node.is_drain and node.reason == "engA capture: maint Foo=bar test"
     replay = Replay(
         V22,
-        (["sinfo", "--json"], ok("not json")),
-        (["scontrol", "show", "node", "-o"], ok((FIX / "22.05" / "scontrol_nodes_drain.txt").read_text())),
+        (["sinfo", "--local", "--json"], ok("not json")),
+        (["scontrol", "--local", "show", "node", "-o"], ok((FIX / "22.05" / "scontrol_nodes_drain.txt").read_text())),
     )
     assert client(replay).node("node3") is not None
-    assert replay.argvs[-1] == ["scontrol", "show", "node", "-o"]
+    assert replay.argvs[-1] == ["scontrol", "--local", "show", "node", "-o"]
 
 
 def test_nodes_on_24_11_come_per_node_from_scontrol_json() -> None:
@@ -292,7 +292,7 @@ def test_nodes_on_24_11_come_per_node_from_scontrol_json() -> None:
     drain keeps its reason, and sinfo gave it to the idle group node[1-4])."""
     smeared = {n.name: n.reason for n in parse_nodes_json((FIX / "24.11" / "sinfo_reason_smeared.json").read_text())}
     assert smeared["node2"] == "fixture capture"  # node2 was never drained: why sinfo is not used there
-    replay = Replay(V24, (["scontrol", "--json", "show", "node"],
+    replay = Replay(V24, (["scontrol", "--local", "--json", "show", "node"],
                           ok((FIX / "24.11" / "scontrol_json_nodes_reason_kept.json").read_text())))
     nodes = {n.name: n for n in client(replay).nodes()}
     assert nodes["node2"].reason is None and nodes["node1"].reason == "fixture capture"
@@ -461,7 +461,7 @@ def test_job_finds_an_array_task_by_its_raw_id() -> None:
     env_lines = (FIX / "22.05" / "env_array_task2.txt").read_text().splitlines()
     env = SlurmEnv.from_environ(dict(line.split("=", 1) for line in env_lines if "=" in line))
     text = (FIX / "22.05" / "scontrol_array_all_tasks.txt").read_text()
-    replay = Replay(V22, (["scontrol", "show", "job", "-o", "30"], ok(text)))
+    replay = Replay(V22, (["scontrol", "--local", "show", "job", "-o", "30"], ok(text)))
     job = client(replay).job(env.job_id or "")
     assert job is not None and job.job_id == f"{env.array_job_id}_{env.array_task_id}" == "30_2"
 
@@ -476,7 +476,7 @@ NODES = (FIX / "22.05" / "scontrol_nodes.txt").read_text()
 def test_step_ids_map_names_to_ids_from_squeue() -> None:
     replay = Replay((["squeue"], ok(STEPS)))
     ids = client(replay).step_ids("1721717")
-    assert replay.calls[0][0] == ["squeue", "--steps", "--noheader", "--jobs=1721717", "--format=%i %j"]
+    assert replay.calls[0][0] == ["squeue", "--local", "--steps", "--noheader", "--jobs=1721717", "--format=%i %j"]
     assert ids == {"supervisor-agent": "1721717.0", "train-1": "1721717.1", "batch": "1721717.batch"}
 
 
@@ -496,7 +496,7 @@ def test_cancel_step_sends_the_signal_to_one_step_once() -> None:
 def test_node_address_reads_nodeaddr_of_the_named_node() -> None:
     replay = Replay((["scontrol"], ok(NODES)))
     assert client(replay).node_address("node1") == "127.0.0.1"
-    assert replay.calls[0][0] == ["scontrol", "show", "node", "-o", "node1"]
+    assert replay.calls[0][0] == ["scontrol", "--local", "show", "node", "-o", "node1"]
     assert client(Replay((["scontrol"], ok(NODES)))).node_address("node9") is None
 
 

@@ -74,3 +74,53 @@ def test_the_newest_answer_gives_the_jobs_end_time() -> None:
         assert not poller.preempted()
     finally:
         poller.close()
+
+
+def test_the_period_follows_the_partitions_settings_read_once() -> None:
+    from supervisor.decisions.slurm_poll import FLOOR_S, STEADY_S, Preemptibility
+
+    reads = []
+
+    def settings() -> Preemptibility:
+        reads.append(1)
+        return Preemptibility(False, None, "PreemptMode=OFF")
+
+    poller = PreemptionPoller(lambda: SimpleNamespace(preempt_time=None, end_time=1000.0), settings=settings)
+    poller.start()
+    try:
+        assert _wait(lambda: poller.end_time() == (True, 1000.0))  # asked at once, not after the period
+        assert poller.period_s == STEADY_S and reads == [1]
+    finally:
+        poller.close()
+
+    def broken() -> Preemptibility:
+        raise RuntimeError("slurmctld unreachable")
+
+    cautious = PreemptionPoller(lambda: None, period_s=99.0, settings=broken)
+    cautious.start()
+    try:
+        assert _wait(lambda: cautious.preemptibility is not None)
+        assert cautious.period_s == FLOOR_S  # unknown: the fast query, never a missed preemption
+    finally:
+        cautious.close()
+
+
+def test_a_refresh_asks_at_once_and_an_older_answer_no_longer_counts() -> None:
+    ends = iter([1000.0, 2000.0])
+    gate = threading.Event()
+
+    def query():
+        if not gate.is_set() and poller.queries > 1:
+            gate.wait(5)
+        return SimpleNamespace(preempt_time=None, end_time=next(ends, 2000.0))
+
+    poller = PreemptionPoller(query, period_s=3600.0)
+    poller.start()
+    try:
+        assert _wait(lambda: poller.end_time() == (True, 1000.0))
+        poller.refresh()
+        assert poller.end_time()[0] is False  # the answer from before the refresh is stale now
+        gate.set()
+        assert _wait(lambda: poller.end_time() == (True, 2000.0), timeout=2.0)  # not an hour later
+    finally:
+        poller.close()

@@ -51,9 +51,9 @@ def test_any_text_is_parsed_or_refused_with_the_parsers_error(text: str) -> None
 
 
 def test_the_cli_client_asks_scontrol_show_topology() -> None:
-    replay = Replay((["scontrol", "show", "topology"], ok(TREE)))
+    replay = Replay((["scontrol", "--local", "show", "topology"], ok(TREE)))
     assert client(replay).switches()["node3"] == "s1"
-    assert replay.argvs == [["scontrol", "show", "topology"]]
+    assert replay.argvs == [["scontrol", "--local", "show", "topology"]]
 
 
 class _Channel:

@@ -92,3 +92,24 @@ def test_far_from_the_time_limit_nothing_happens(tmp_path: Path) -> None:
     sup, slurm, launcher, channel, _ = make(tmp_path, [Launch(0, ranks={"state": "exited", "exit_code": 0}, polls=8)])
     r = run(sup, slurm, launcher, channel)  # make()'s job ends in an hour
     assert r.classes() == [ev.COMPLETED] and ("requeue", "7") not in r.slurm.calls
+
+
+def test_it_asks_slurm_afresh_once_the_warning_is_due_and_again_after_an_extension() -> None:
+    """The background query is slow when the job cannot be preempted (every 5 minutes): an answer older than the
+    moment the warning came due could miss a limit an admin extended meanwhile, so the clock asks for a fresh one."""
+    clock = Clock(0.0)
+    refreshed: list[float] = []
+    answer: list[tuple[bool, float | None]] = [(True, 1000.0)]
+    tl = TimeLimitClock(lambda: schedule[0], lambda: answer[0], 120.0, clock, refresh=lambda: refreshed.append(clock.t))
+    schedule = [1000.0]
+    assert not tl.due() and refreshed == []  # far from the end: no query asked for
+    clock.t = 890.0
+    answer[0] = (False, None)  # asked, not answered yet
+    assert not tl.due() and refreshed == [890.0]
+    clock.t = 891.0
+    answer[0] = (True, 2000.0)  # the fresh answer: extended
+    assert not tl.due() and refreshed == [890.0]
+    schedule[0] = 2000.0  # (JobDeadline keeps the extended end)
+    clock.t = 1890.0
+    answer[0] = (True, 2000.0)
+    assert tl.due() and refreshed == [890.0, 1890.0]  # asked again when the new end came near

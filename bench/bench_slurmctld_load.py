@@ -1,0 +1,129 @@
+"""The supervisor's load on slurmctld, measured with ``sdiag`` on the real local Slurm (issue 25).
+
+    python bench/bench_slurmctld_load.py [--campaigns 16] [--window 120]
+
+N idle supervised campaigns (one node, one task each; the program sleeps, so only the supervision is measured)
+run at once, twice, side by side in one run:
+  A. in the ``batch`` partition: preemptible with GraceTime=10 (the background query runs every 3 s: a lost
+     preemption signal must still leave most of the grace time; the same period every campaign had before);
+  B. in the ``urgent`` partition: PreemptMode=OFF (nothing to catch early: one query per 5 minutes).
+Once every campaign's training is launched, ``sdiag --reset``, then the RPCs slurmctld received during
+``--window`` seconds, by message type, less a window of the idle cluster measured first (node pings and
+registrations), per campaign per minute; and the supervisors' CPU share over the same window (psutil).
+Goal: steady state <= 2 RPC/min per campaign where the job cannot be preempted or its grace time is long.
+
+The local cluster has 16 CPUs (4 nodes x 4): at most 16 one-task jobs run at once, so N defaults to 16 here;
+the per-campaign figures do not depend on N (each supervisor asks about its own job only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from examples.campaign_view import events  # noqa: E402
+
+PROGRAM = "import time\nwhile True:\n    time.sleep(1)\n"
+_RPC = re.compile(r"^\s+(\S+)\s+\(\s*\d+\)\s+count:(\d+)", re.M)
+
+
+def sdiag() -> dict[str, int]:
+    """RPC counts by message type since the last reset (the first section of sdiag's RPC statistics)."""
+    out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
+    section = out.split("Remote Procedure Call statistics by message type", 1)[-1]
+    section = section.split("Remote Procedure Call statistics by user", 1)[0]
+    return {name: int(count) for name, count in _RPC.findall(section)}
+
+
+def reset() -> None:
+    subprocess.run(["sdiag", "--reset"], capture_output=True, check=True)
+
+
+def submit(work: Path, partition: str) -> tuple[str, Path]:
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "idle.py").write_text(PROGRAM)
+    (work / "c.toml").write_text("[preflight]\nenabled = false\n")
+    root = work / "campaign"
+    out = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "submit", "-N", "1", "--ntasks-per-node=1", "--time=30",
+         f"--partition={partition}", "--campaign", str(root), "--config", str(work / "c.toml"), "--",
+         sys.executable, str(work / "idle.py")],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    ).stdout  # fmt: skip
+    return out.split()[1], root
+
+
+def supervisors_cpu_s(roots: list[Path]) -> float:
+    """CPU seconds used so far by the supervisor processes of these campaigns (user + system)."""
+    import psutil
+
+    wanted = {str(r) for r in roots}
+    total = 0.0
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "supervisor.cli" in cmd and "run" in cmd and wanted & set(cmd):
+            try:
+                t = proc.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                continue
+    return total
+
+
+def measure(partition: str, n: int, window: float, idle: dict[str, int], work: Path) -> dict[str, float]:
+    jobs = [submit(work / f"{partition}-{i}", partition) for i in range(n)]
+    roots = [root for _, root in jobs]
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if all(events(r, "step_launched") for r in roots):
+                break
+            time.sleep(2)
+        else:
+            raise SystemExit(f"{partition}: not every campaign launched within 300 s")
+        time.sleep(10)  # the start-up queries are over
+        cpu0 = supervisors_cpu_s(roots)
+        reset()
+        time.sleep(window)
+        counts = sdiag()
+        cpu = supervisors_cpu_s(roots) - cpu0
+    finally:
+        subprocess.run(["scancel", *[j for j, _ in jobs]], capture_output=True, check=False)
+    minutes = window / 60
+    extra = {k: v - idle.get(k, 0) for k, v in counts.items() if v - idle.get(k, 0) > 0}
+    per = sum(extra.values()) / n / minutes
+    print(f"\n{partition}: {n} campaigns, {window:.0f} s: {per:.2f} RPC/min per campaign; "
+          f"supervisors' CPU {100 * cpu / window / n:.2f} % of a core each")  # fmt: skip
+    for name, count in sorted(extra.items(), key=lambda kv: -kv[1]):
+        print(f"    {name:<36} {count / n / minutes:6.2f} /min per campaign")
+    return {"rpc_per_min": per, "cpu_share": cpu / window / n}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--campaigns", type=int, default=16)
+    p.add_argument("--window", type=float, default=120.0)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-ctld-") as tmp:
+        reset()
+        time.sleep(args.window)
+        idle = sdiag()
+        print(f"idle cluster: {sum(idle.values())} RPCs in {args.window:.0f} s (subtracted below)")
+        a = measure("batch", args.campaigns, args.window, idle, Path(tmp))
+        time.sleep(15)  # the cancelled jobs leave
+        b = measure("urgent", args.campaigns, args.window, idle, Path(tmp))
+    print(f"\nsteady state per campaign: preemptible (GraceTime=10) {a['rpc_per_min']:.2f} RPC/min, "
+          f"not preemptible {b['rpc_per_min']:.2f} RPC/min (ratio {a['rpc_per_min'] / max(b['rpc_per_min'], 1e-9):.0f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
