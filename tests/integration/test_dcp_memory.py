@@ -30,13 +30,29 @@ def run(ckpt: Path, *args: str, env: dict[str, str] | None = None, world: int = 
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUPERVISOR_", "RANK", "MASTER_"))}
-    procs = [subprocess.Popen([sys.executable, str(PROGRAM), "--steps", str(steps), "--ckpt-dir", str(ckpt),
-                               "--ckpt-every", "4", *args],
-                              env={**base, "PYTHONWARNINGS": "ignore", "RANK": str(r), "WORLD_SIZE": str(world),
-                                   "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                                   **(env or {})},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]  # fmt: skip
-    outs = [p.communicate(timeout=240) for p in procs]
+    # Into files, not pipes: a pipe read only after rank 0 exits lets another rank's chatter fill its buffer and
+    # block it inside a collective, rank 0 with it (an unrelated hang seen once on a busy machine)
+    logs = [(ckpt.parent / f"{ckpt.name}-rank{r}.out", ckpt.parent / f"{ckpt.name}-rank{r}.err") for r in range(world)]
+    procs = []
+    for r, (out, err) in enumerate(logs):
+        with out.open("w") as o, err.open("w") as e:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(PROGRAM), "--steps", str(steps), "--ckpt-dir", str(ckpt), "--ckpt-every", "4",
+                 *args],
+                env={**base, "PYTHONWARNINGS": "ignore", "RANK": str(r), "WORLD_SIZE": str(world),
+                     "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, **(env or {})},
+                stdout=o, stderr=e, text=True))  # fmt: skip
+    try:
+        for p in procs:
+            p.wait(timeout=240)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        outs = [(out.read_text(), err.read_text()) for out, err in logs]
+        if any(p.returncode != 0 for p in procs):
+            print("\n".join(f"rank {r} (exit {p.returncode}) stderr:\n{err}" for r, (p, (_, err))
+                            in enumerate(zip(procs, outs, strict=True))))  # fmt: skip
     lines = outs[0][0].splitlines()
     assert all(STEP_LINE.match(line) for line in lines), outs[0]
     return lines, "".join(err for _, err in outs)  # every rank's stderr
