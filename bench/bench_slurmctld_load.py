@@ -11,6 +11,9 @@ Once every campaign's training is launched, ``sdiag --reset``, then the RPCs slu
 ``--window`` seconds, by message type, less a window of the idle cluster measured first (node pings and
 registrations), per campaign per minute; and the supervisors' CPU share over the same window (psutil).
 Goal: steady state <= 2 RPC/min per campaign where the job cannot be preempted or its grace time is long.
+Then the RPCs one campaign costs for one fault (its program SIGKILLed: relaunched in the allocation) and for one
+requeue (``scontrol requeue``: a new Slurm run of the batch script), counted from the event until the relaunched
+program has run 10 s, Slurm's own messages for the requeue included.
 
 The local cluster has 16 CPUs (4 nodes x 4): at most 16 one-task jobs run at once, so N defaults to 16 here;
 the per-campaign figures do not depend on N (each supervisor asks about its own job only).
@@ -40,7 +43,8 @@ def sdiag() -> dict[str, int]:
     out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
     section = out.split("Remote Procedure Call statistics by message type", 1)[-1]
     section = section.split("Remote Procedure Call statistics by user", 1)[0]
-    return {name: int(count) for name, count in _RPC.findall(section)}
+    # REQUEST_STATS_INFO: sdiag itself (the measurement, not the supervisors)
+    return {name: int(count) for name, count in _RPC.findall(section) if name != "REQUEST_STATS_INFO"}
 
 
 def reset() -> None:
@@ -107,6 +111,48 @@ def measure(partition: str, n: int, window: float, idle: dict[str, int], work: P
     return {"rpc_per_min": per, "cpu_share": cpu / window / n}
 
 
+def wait_launches(root: Path, n: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while len(events(root, "step_launched")) < n:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{root}: launch {n} not seen within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def kill_program(work: Path) -> None:
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        if (proc.info["cmdline"] or [])[1:] == [str(work / "idle.py")]:  # the program itself (not srun, the supervisor)
+            proc.kill()
+
+
+def per_event(work: Path, idle: dict[str, int], window: float) -> None:
+    """RPCs for one fault and for one requeue of one campaign (not preemptible: no background query inside)."""
+    job, root = submit(work / "events", "urgent")
+    try:
+        wait_launches(root, 1)
+        time.sleep(10)
+        for what, act in (("a fault (program SIGKILLed, relaunched in the allocation)", lambda: kill_program(work / "events")),
+                          ("a requeue (scontrol requeue, new batch run)",
+                           lambda: subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True))):  # fmt: skip
+            seen = len(events(root, "step_launched"))
+            reset()
+            started = time.monotonic()
+            act()
+            wait_launches(root, seen + 1)
+            time.sleep(10)
+            counts = sdiag()
+            took = time.monotonic() - started
+            extra = {k: v - round(idle.get(k, 0) * took / window) for k, v in counts.items()}
+            extra = {k: v for k, v in extra.items() if v > 0}
+            print(f"\n{what}: {sum(extra.values())} RPCs in {took:.0f} s")
+            for name, count in sorted(extra.items(), key=lambda kv: -kv[1]):
+                print(f"    {name:<36} {count:4d}")
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, check=False)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--campaigns", type=int, default=16)
@@ -120,8 +166,10 @@ def main() -> int:
         a = measure("batch", args.campaigns, args.window, idle, Path(tmp))
         time.sleep(15)  # the cancelled jobs leave
         b = measure("urgent", args.campaigns, args.window, idle, Path(tmp))
+        time.sleep(15)
+        per_event(Path(tmp), idle, args.window)
     print(f"\nsteady state per campaign: preemptible (GraceTime=10) {a['rpc_per_min']:.2f} RPC/min, "
-          f"not preemptible {b['rpc_per_min']:.2f} RPC/min (ratio {a['rpc_per_min'] / max(b['rpc_per_min'], 1e-9):.0f}x)")
+          f"not preemptible {b['rpc_per_min']:.2f} RPC/min (one query per 5 min: a window under 300 s may see none)")
     return 0
 
 
