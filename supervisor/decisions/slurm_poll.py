@@ -55,14 +55,14 @@ def preemptibility(config: Mapping[str, str] | None, partition: Mapping[str, str
     return Preemptibility(True, grace, f"{kind}, PreemptMode={mode}, GraceTime={partition.get('GraceTime', '?')}")
 
 
-_CLOCK = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
+_CLOCK = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", re.ASCII)
 
 
 def grace_seconds(text: str) -> float | None:
     """``GraceTime`` as ``scontrol show partition`` prints it: seconds (``10``) or a clock (``00:05:00``,
     ``1-00:00:00``); None when it is neither."""
     text = text.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # ("²".isdigit() is True)
         return float(text)
     m = _CLOCK.fullmatch(text)
     if m is None:
