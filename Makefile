@@ -4,7 +4,8 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup lint test test-unit test-slurm24 cluster-down-slurm24 demo cluster-up cluster-down bench
+.PHONY: setup lint test test-unit test-slurm24 cluster-down-slurm24 test-slurm26 cluster-down-slurm26 demo cluster-up \
+        cluster-down bench
 
 setup: $(VENV)/.installed
 
@@ -40,6 +41,20 @@ test-slurm24: setup
 
 cluster-down-slurm24: setup
 	$(BIN)/python -m slurm.localcluster down --slurm 24 --base-port $(SLURM24_PORT)
+
+# The fault matrix and node loss against Debian sid's Slurm 26.05, the newest release (a sid chroot in
+# /var/cache/slurm-supervisor/sid, made once the same way; its own .cluster-26 and ports). As root.
+SLURM26_PORT  ?= 17017
+SLURM26_TESTS ?= tests/integration/test_fault_matrix_ranks.py tests/integration/test_fault_matrix_crashes.py \
+                 tests/integration/test_fault_matrix_slurm.py tests/integration/test_fault_matrix_checkpoints.py \
+                 tests/integration/test_node_loss.py
+test-slurm26: setup
+	$(BIN)/python -m slurm.localcluster up --slurm 26 --base-port $(SLURM26_PORT) --timeout 120
+	SUPERVISOR_CLUSTER_SLURM=26 SUPERVISOR_CLUSTER_BASE_PORT=$(SLURM26_PORT) \
+		$(BIN)/pytest -q -ra -m slurm $(SLURM26_TESTS) $(PYTEST_ARGS)
+
+cluster-down-slurm26: setup
+	$(BIN)/python -m slurm.localcluster down --slurm 26 --base-port $(SLURM26_PORT)
 
 cluster-up: setup
 	$(BIN)/python -m slurm.localcluster up

@@ -1,11 +1,15 @@
 """The one interface the supervisor uses to talk to Slurm, and the factory that picks a backend.
 
-Backends: ``cli`` (the Slurm commands; works everywhere, the default) and ``pyslurm`` (libslurm bindings,
-used only when pyslurm imports and was built for the running Slurm).
+Backends: ``cli`` (the Slurm commands; works everywhere, the default) and ``pyslurm`` (libslurm bindings), asked
+for with ``$SUPERVISOR_SLURM_BACKEND=pyslurm`` (or ``auto``: pyslurm when it imports and was built for the running
+Slurm, else cli). pyslurm is opt-in, not the default: PyPI has pyslurm 25.11 only, which must match Slurm 25.11
+exactly, and no Slurm this project can run in its tests is 25.11 (Debian ships 22.05, 24.11 and 26.05), so it is
+never tested here; a backend that silently replaced the tested one on a 25.11 site would be the untested path.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -99,10 +103,19 @@ class SlurmClient(Protocol):
     def resume(self, nodes: Iterable[str]) -> None: ...
 
 
+BACKEND_ENV = "SUPERVISOR_SLURM_BACKEND"
+
+
 def get_client(
-    backend: str = "auto", env: Mapping[str, str] | None = None, policy: RetryPolicy | None = None
+    backend: str | None = None, env: Mapping[str, str] | None = None, policy: RetryPolicy | None = None
 ) -> SlurmClient:
-    """``auto``: pyslurm when it imports and matches the running Slurm, else the CLI backend."""
+    """``backend`` None: ``$SUPERVISOR_SLURM_BACKEND``, else ``cli``. ``auto``: pyslurm when it imports and
+    matches the running Slurm, else the CLI backend; ``pyslurm``: pyslurm or ``BackendUnavailable``."""
+    if backend is None:
+        backend = os.environ.get(BACKEND_ENV) or "cli"
+        if backend not in BACKENDS:
+            raise SlurmUsageError(f"{BACKEND_ENV}={backend!r} is not a Slurm backend",
+                                  f"set it to one of {', '.join(BACKENDS)}, or unset it (cli)")  # fmt: skip
     if backend not in BACKENDS:
         raise SlurmUsageError(f"unknown Slurm backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
     cli = CliSlurmClient(env=env, policy=policy)

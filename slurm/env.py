@@ -45,6 +45,18 @@ def _str(env: Mapping[str, str], *names: str) -> str | None:
     return None if found is None else found[1]
 
 
+# What SLURM_STEP_ID says in the batch script: nothing before 26.05; 26.05 exports SLURM_BATCH_SCRIPT (0xfffffffb)
+# as a signed number (measured on the local 26.05.5 cluster, with SLURM_PROCID=0 beside it).
+BATCH_STEP_IDS = frozenset({"batch", "-5", "4294967291"})
+
+
+def is_srun_step(step_id: str | None) -> bool:
+    """Whether SLURM_STEP_ID names a step srun made (``0``, ``1``...), not the batch script, the extern step or
+    another of Slurm's own (26.05 exports those as negative numbers: -5 batch, -4 extern; older ones as
+    0xfffffff0 and up)."""
+    return step_id is not None and step_id.isascii() and step_id.isdigit() and int(step_id) < 0xFFFFFFF0
+
+
 def parse_tasks_per_node(value: str) -> tuple[int, ...]:
     """``2(x3),1`` -> (2, 2, 2, 1): SLURM_TASKS_PER_NODE's run-length format."""
     counts: list[int] = []
@@ -73,7 +85,8 @@ class SlurmEnv:
     node_name: str | None = None
     """SLURMD_NODENAME: the node this process runs on."""
     step_id: str | None = None
-    """SLURM_STEP_ID: ``0``, ``1``... for srun steps; None in the batch script itself."""
+    """SLURM_STEP_ID: ``0``, ``1``... for srun steps; in the batch script itself None (22.05, 24.11) or ``-5``
+    (26.05: SLURM_BATCH_SCRIPT, 0xfffffffb, printed signed)."""
     submit_host: str | None = None
     submit_dir: str | None = None
     end_time: int | None = None
@@ -91,8 +104,8 @@ class SlurmEnv:
 
     @property
     def in_batch_step(self) -> bool:
-        """True in the batch script (no step id), where the supervisor process runs."""
-        return self.in_allocation and self.step_id in (None, "batch")
+        """True in the batch script, where the supervisor process runs."""
+        return self.in_allocation and (self.step_id is None or self.step_id in BATCH_STEP_IDS)
 
     @property
     def batch_host(self) -> str | None:

@@ -39,10 +39,10 @@ def load_pyslurm() -> Any:
         return importlib.import_module("pyslurm")
     except ImportError as exc:
         raise BackendUnavailable(
-            "pyslurm", f"it does not import ({exc})", "pip install pyslurm matching your Slurm, or use --slurm-backend=cli"
+            "pyslurm", f"it does not import ({exc})", "pip install pyslurm matching your Slurm, or unset SUPERVISOR_SLURM_BACKEND (cli)"
         ) from None
     except Exception as exc:  # pyslurm raises on a libslurm version mismatch at import
-        raise BackendUnavailable("pyslurm", str(exc), "use the cli backend (the default)") from None
+        raise BackendUnavailable("pyslurm", str(exc), "unset SUPERVISOR_SLURM_BACKEND (the cli backend)") from None
 
 
 class PyslurmClient:

@@ -3,7 +3,7 @@
 The cluster is left running after the session so re-runs start in under a second; set
 SUPERVISOR_CLUSTER_TEARDOWN=1 to stop it at the end. SUPERVISOR_CLUSTER_DIR and SUPERVISOR_CLUSTER_BASE_PORT
 select another cluster (e.g. a private one on other ports); SUPERVISOR_CLUSTER_SLURM=24 runs Debian 13's Slurm 24.11
-(`make test-slurm24`). A machine that cannot run Slurm makes these tests
+(`make test-slurm24`), =26 Debian sid's 26.05 (`make test-slurm26`). A machine that cannot run Slurm makes these tests
 FAIL, never skip: CI must not pass without talking to a real slurmctld.
 """
 
@@ -33,7 +33,7 @@ def slurm_cluster() -> Iterator[LocalCluster]:
     except ClusterError as e:
         pytest.fail(f"the local Slurm cluster could not be started ({e}); these tests need a real Slurm: run as "
                     "root, or install the packages as `python -m slurm.localcluster up` explains", pytrace=False)
-    # SLURM_CONF, and PATH to the client wrappers when the cluster runs in a chroot (SUPERVISOR_CLUSTER_SLURM=24).
+    # SLURM_CONF, and PATH to the client wrappers when the cluster runs in a chroot (SUPERVISOR_CLUSTER_SLURM=24 or 26).
     previous = {key: os.environ.get(key) for key in cluster.env}
     os.environ.update(cluster.env)
     yield cluster

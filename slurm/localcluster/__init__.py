@@ -5,9 +5,10 @@ with every file (config, munge key, state, spool, logs, pids) under one ROOT dir
 system's Slurm and can coexist with other such clusters on other ports. ``crash_node`` kills a node's slurmd and
 its job steps like a lost machine would; ``revive_node`` brings it back.
 
-``slurm="24"`` (or $SUPERVISOR_CLUSTER_SLURM=24) runs Debian 13's Slurm 24.11 instead of the host's packages: on a
-Debian 13 host those are the host's own; elsewhere the daemons run in a Debian 13 chroot (see ``chroot.py``) and
-clients reach them through wrapper scripts in ROOT/bin, which ``env`` puts first on PATH.
+``slurm="24"`` (or $SUPERVISOR_CLUSTER_SLURM=24) runs Debian 13's Slurm 24.11 instead of the host's packages, ``"26"``
+Debian sid's 26.05: on a host whose own packages are that version those are used; elsewhere the daemons run in a
+Debian chroot (see ``chroot.py``) and clients reach them through wrapper scripts in ROOT/bin, which ``env`` puts
+first on PATH.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm.localcluster import accounting, procs
-from slurm.localcluster.chroot import Chroot, ChrootError, cluster_binds, host_os_version
+from slurm.localcluster.chroot import RELEASES, Chroot, ChrootError, cluster_binds, host_os_version
 from slurm.localcluster.config import (
     CRASH_HOLD_S,
     DEFAULT_BASE_PORT,
@@ -65,11 +66,12 @@ class LocalCluster:
         slurm = slurm or default_slurm()
         if slurm not in SLURM_CHOICES:
             raise ClusterError(f"--slurm {slurm!r} is not supported (fix: use one of {', '.join(SLURM_CHOICES)})")
-        # Debian 13's own packages are 24.11: no chroot needed there.
-        self.chroot = Chroot() if slurm == "24" and host_os_version() != "13" else None
+        # A host whose own packages are that Slurm (Debian 13: 24.11) needs no chroot.
+        release = RELEASES.get(slurm)
+        self.chroot = Chroot(debian=release) if release is not None and host_os_version() != release.os_version else None
         if self.chroot is not None and accounting:
-            raise ClusterError("--accounting is not supported with --slurm 24 on this host (fix: drop --accounting; "
-                               "sacct needs slurmdbd + MariaDB, which the chroot does not carry)")
+            raise ClusterError(f"--accounting is not supported with --slurm {slurm} on this host (fix: drop "
+                               "--accounting; sacct needs slurmdbd + MariaDB, which the chroot does not carry)")
         self.slurm_choice = slurm
         if nodes < 1:
             raise ClusterError(f"--nodes must be at least 1, got {nodes}")
@@ -120,7 +122,7 @@ class LocalCluster:
         """Host path of program ``name`` as the daemons' /proc/PID/exe shows it (inside the chroot if any)."""
         path = find_program(name) if self.chroot is None else self.chroot.program(name)
         if path is None:
-            flag = "" if self.chroot is None else " --slurm 24"
+            flag = "" if self.chroot is None else f" --slurm {self.chroot.debian.choice}"
             raise ClusterError(f"program {name!r} not found (fix: run `python -m slurm.localcluster up{flag}` as "
                                "root to install the Slurm packages)")
         return path

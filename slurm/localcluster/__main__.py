@@ -1,8 +1,8 @@
 """``python -m slurm.localcluster up|down|status|crash-node NODE|revive-node NODE`` (contract).
 
 ``up`` ends by printing ``export SLURM_CONF=<ROOT>/etc/slurm.conf`` as its last line of stdout, so
-``eval "$(python -m slurm.localcluster up | tail -n1)"`` points the shell at the cluster. With ``--slurm 24`` on a
-host that needs the Debian 13 chroot, that line also puts the cluster's client wrappers first on PATH.
+``eval "$(python -m slurm.localcluster up | tail -n1)"`` points the shell at the cluster. With ``--slurm 24`` (or
+``26``) on a host that needs a Debian chroot, that line also puts the cluster's client wrappers first on PATH.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def _add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:
                         help="also run slurmdbd + MariaDB so that sacct works (installs them if missing)")
     parser.add_argument("--timeout", type=float, default=default(60.0), help="seconds to wait (default 60)")
     parser.add_argument("--slurm", choices=SLURM_CHOICES, default=default(None),
-                        help="which Slurm: the host's packages, or Debian 13's 24.11 (in a chroot unless the host "
-                             "is Debian 13); default $SUPERVISOR_CLUSTER_SLURM or system")
+                        help="which Slurm: the host's packages, Debian 13's 24.11 or sid's 26.05 (in a chroot unless "
+                             "the host's own packages are that version); default $SUPERVISOR_CLUSTER_SLURM or system")
 
 
 def build_parser() -> argparse.ArgumentParser:

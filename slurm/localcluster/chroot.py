@@ -1,7 +1,8 @@
-"""Slurm 24.11 on a host whose own packages are older: a Debian 13 (trixie) chroot, made once and cached.
+"""A newer Slurm than the host's packages: a Debian chroot, made once and cached — Debian 13 (trixie) for Slurm
+24.11, Debian unstable (sid) for Slurm 26.05.
 
-Why a chroot: Debian 12 ships Slurm 22.05, Debian 13 ships 24.11, and the supervisor must be proven on both. The
-chroot holds only trixie's Slurm and munge; the cluster's files, the checkout and the Python interpreter that runs
+Why a chroot: Debian 12 ships Slurm 22.05, Debian 13 ships 24.11, sid 26.05, and the supervisor must be proven on
+each. The chroot holds only that release's Slurm and munge; the cluster's files, the checkout and the Python interpreter that runs
 the project are bind-mounted at the *same paths* inside it, so a path means the same thing to the tests on the host
 and to the daemons and jobs in the chroot (slurm.conf, pid files, spool sockets, campaign directories, /dev/shm
 heartbeat slots).
@@ -26,9 +27,21 @@ from pathlib import Path
 
 from slurm.localcluster import procs
 
-SUITE = "trixie"
 MIRROR = "http://deb.debian.org/debian"
-DEFAULT_CHROOT = Path("/var/cache/slurm-supervisor") / SUITE
+CACHE = Path("/var/cache/slurm-supervisor")
+
+
+@dataclass(frozen=True)
+class Release:
+    """A Debian release that carries the Slurm a ``--slurm`` choice names."""
+
+    choice: str  # the --slurm value
+    suite: str  # what debootstrap fetches
+    os_version: str  # a host with this VERSION_ID has this Slurm itself: no chroot needed
+    slurm: str  # the Slurm version it ships (messages only)
+
+
+RELEASES = {"24": Release("24", "trixie", "13", "24.11"), "26": Release("26", "sid", "14", "26.05")}
 # Slurm itself, plus the shared libraries a host-built CPython (pyenv, python.org) loads from the system for the
 # standard modules the project and its tests use (ctypes, ssl, sqlite3, bz2, lzma, readline, uuid).
 PACKAGES = [
@@ -49,10 +62,13 @@ class ChrootError(RuntimeError):
     """The chroot cannot be made, mounted or released; the message names the problem and the fix."""
 
 
-def default_chroot() -> Path:
-    """$SUPERVISOR_SLURM_CHROOT, else /var/cache/slurm-supervisor/trixie (outside any git checkout)."""
-    env = os.environ.get("SUPERVISOR_SLURM_CHROOT")
-    return Path(env).resolve() if env else DEFAULT_CHROOT
+def default_chroot(release: Release = RELEASES["24"]) -> Path:
+    """$SUPERVISOR_SLURM_CHROOT_<choice> (for 24 also $SUPERVISOR_SLURM_CHROOT), else
+    /var/cache/slurm-supervisor/<suite> (outside any git checkout)."""
+    env = os.environ.get(f"SUPERVISOR_SLURM_CHROOT_{release.choice}")
+    if not env and release.choice == "24":
+        env = os.environ.get("SUPERVISOR_SLURM_CHROOT")
+    return Path(env).resolve() if env else CACHE / release.suite
 
 
 def host_os_version() -> str:
@@ -114,9 +130,14 @@ def resolve_inside(root: Path, inner: str) -> Path:
 
 @dataclass
 class Chroot:
-    """One Debian 13 chroot at ``root`` and the host paths to bind-mount into it."""
+    """One Debian chroot of the ``debian`` release at ``root`` and the host paths to bind-mount into it."""
 
-    root: Path = field(default_factory=default_chroot)
+    root: Path = field(default=Path())  # Path(): default_chroot(debian)
+    debian: Release = RELEASES["24"]
+
+    def __post_init__(self) -> None:
+        if self.root == Path():
+            self.root = default_chroot(self.debian)
 
     # ----- paths ----------------------------------------------------------------------------------------------
     @property
@@ -137,15 +158,15 @@ class Chroot:
         inner = inside_path(self.root, name, ["/usr/sbin", "/usr/bin", "/sbin", "/bin"])
         if inner is None:
             raise ChrootError(f"{name} is not installed in {self.root} (fix: `python -m slurm.localcluster up "
-                              "--slurm 24` installs it)")
+                              f"--slurm {self.debian.choice}` installs it)")
         return [str(_host_program("chroot")), str(self.root), inner, *argv]
 
     # ----- creation -------------------------------------------------------------------------------------------
     def ensure(self, binds: Iterable[Path], log: list[str]) -> None:
         """Make the chroot if it is missing, install what is missing in it, and bind-mount ``binds``."""
         if os.geteuid() != 0:
-            raise ChrootError("a Slurm 24.11 chroot needs root (fix: run as root, or on a Debian 13 host use its "
-                              "own packages)")
+            raise ChrootError(f"a Slurm {self.debian.slurm} chroot needs root (fix: run as root, or on a host "
+                              f"whose own packages are Slurm {self.debian.slurm} use them)")
         if not self.complete:
             self._create(log)
         self._mount_all(SYSTEM_BINDS, log)
@@ -160,32 +181,33 @@ class Chroot:
         if self.root.exists() and not self.complete:
             if self.mounts_under(self.root):
                 raise ChrootError(f"{self.root} is incomplete but has mounts inside (fix: `python -m "
-                                  "slurm.localcluster down --slurm 24`, then rerun)")
+                                  f"slurm.localcluster down --slurm {self.debian.choice}`, then rerun)")
             shutil.rmtree(self.root)
         if partial.exists():
             shutil.rmtree(partial)  # an interrupted debootstrap: start over (no mounts inside, checked above)
         debootstrap = _host_program("debootstrap", install="debootstrap")
         partial.parent.mkdir(parents=True, exist_ok=True)
-        log.append(f"creating the Debian 13 chroot {self.root} with debootstrap (about 2 minutes, ~300 MB)")
+        suite = self.debian.suite
+        log.append(f"creating the Debian {suite} chroot {self.root} with debootstrap (about 2 minutes, ~300 MB)")
         res = subprocess.run(
-            [str(debootstrap), "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(partial), MIRROR],
+            [str(debootstrap), "--variant=minbase", f"--include={','.join(PACKAGES)}", suite, str(partial), MIRROR],
             capture_output=True, text=True, stdin=subprocess.DEVNULL,
         )
         if res.returncode != 0:
             tail = (res.stderr or res.stdout).strip().splitlines()[-5:]
-            raise ChrootError(f"debootstrap {SUITE} failed: {' | '.join(tail)} (fix: check that {MIRROR} is "
+            raise ChrootError(f"debootstrap {suite} failed: {' | '.join(tail)} (fix: check that {MIRROR} is "
                               f"reachable; the log is {partial}/debootstrap/debootstrap.log)")
         self._finish(partial)
         partial.rename(self.root)
 
-    @staticmethod
-    def _finish(root: Path) -> None:
+    def _finish(self, root: Path) -> None:
         """Name resolution as on the host (the cluster's nodes are this host), then the completion marker."""
         for name in ("etc/hosts", "etc/resolv.conf"):
             src = Path("/") / name
             if src.exists():
                 shutil.copyfile(src, root / name)
-        (root / MARKER).write_text(f"Debian {SUITE} chroot made by slurm.localcluster for Slurm 24.11\n")
+        (root / MARKER).write_text(f"Debian {self.debian.suite} chroot made by slurm.localcluster for Slurm "
+                                   f"{self.debian.slurm}\n")  # fmt: skip
 
     def _install_missing(self, log: list[str]) -> None:
         missing = [n for n in SBIN_PROGRAMS + ["sbatch", "srun", "scontrol"] if self.program(n) is None]
@@ -287,7 +309,7 @@ class Chroot:
                 continue
             text = (
                 "#!/bin/sh\n"
-                f"# written by slurm.localcluster: {name} of the Slurm 24.11 chroot {self.root}\n"
+                f"# written by slurm.localcluster: {name} of the Slurm {self.debian.slurm} chroot {self.root}\n"
                 f'if [ -e /{MARKER} ]; then exec {inner} "$@"; fi\n'
                 f'exec {chroot_bin} {self.root} /bin/sh -c \'cd "$1" 2>/dev/null || cd /; shift; exec "$@"\' '
                 f'sh "$PWD" {inner} "$@"\n'

@@ -230,8 +230,9 @@ def render_slurmdbd_conf(spec: ClusterSpec, db_password: str) -> str:
     ) + "\n"
 
 
-# Which Slurm a cluster runs: the host's packages, or Debian 13's 24.11 (a chroot on hosts other than Debian 13).
-SLURM_CHOICES = ("system", "24")
+# Which Slurm a cluster runs: the host's packages, Debian 13's 24.11 or sid's 26.05 (a chroot where the host's own
+# packages are another version: chroot.RELEASES).
+SLURM_CHOICES = ("system", "24", "26")
 
 
 
@@ -241,12 +242,12 @@ def repo_root() -> Path:
 
 
 def default_slurm() -> str:
-    """$SUPERVISOR_CLUSTER_SLURM (``system`` or ``24``), else ``system``."""
+    """$SUPERVISOR_CLUSTER_SLURM (``system``, ``24`` or ``26``), else ``system``."""
     return os.environ.get("SUPERVISOR_CLUSTER_SLURM") or "system"
 
 
 def default_root(slurm: str = "system") -> Path:
-    """$SUPERVISOR_CLUSTER_DIR, else ``<repo root>/.cluster`` (``.cluster-24`` for the Slurm 24.11 cluster)."""
+    """$SUPERVISOR_CLUSTER_DIR, else ``<repo root>/.cluster`` (``.cluster-24`` / ``.cluster-26`` for the chroot clusters)."""
     env = os.environ.get("SUPERVISOR_CLUSTER_DIR")
     if env:
         return Path(env).resolve()

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from slurm.env import is_srun_step
+
 PROC = Path("/proc")
 HELPER_ENV = "SUPERVISOR_HELPER_STEP"  # set in the environment of the supervisor's own job steps (preflight)
 
@@ -75,7 +77,9 @@ def find_ranks(job: str, node: str, own_step: str | None = None) -> dict[int, in
         if HELPER_ENV.encode() in env:  # the supervisor's own short steps (the preflight), not training ranks
             continue
         step, procid = env.get(b"SLURM_STEP_ID"), env.get(b"SLURM_PROCID")
-        if step is None or procid is None or not procid.isdigit() or step.decode() == (own_step or ""):
+        # not the batch script (26.05 gives it SLURM_STEP_ID=-5 and SLURM_PROCID=0: the supervisor would be rank 0)
+        step_text = None if step is None else step.decode(errors="replace")
+        if procid is None or not procid.isdigit() or not is_srun_step(step_text) or step_text == (own_step or ""):
             continue
         global_rank = env.get(b"RANK", b"")
         if b"TORCHELASTIC_RUN_ID" in env and global_rank.isdigit():

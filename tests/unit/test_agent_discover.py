@@ -23,8 +23,10 @@ def _task(job: str, node: str, procid: int, step: str = "1", **extra: str) -> su
 
 def test_slotless_ranks_are_found_and_their_stop_is_seen(tmp_path):
     job = f"9{os.getpid()}"
+    # first (the lower pid, which a rank found twice keeps): 26.05's batch script, SLURM_STEP_ID=-5 and SLURM_PROCID=0
+    batch = _task(job, "nodeA", 0, step="-5")
     procs = [_task(job, "nodeA", 0), _task(job, "nodeA", 1), _task(job, "nodeB", 2), _task(job, "nodeA", 5, step="0"),
-             _task(job, "nodeA", 3, step="2", SUPERVISOR_HELPER_STEP="preflight")]  # the supervisor's own step
+             _task(job, "nodeA", 3, step="2", SUPERVISOR_HELPER_STEP="preflight"), batch]  # preflight: the supervisor's
     try:
         deadline = time.monotonic() + 20
         found: dict[int, int] = {}
@@ -33,7 +35,7 @@ def test_slotless_ranks_are_found_and_their_stop_is_seen(tmp_path):
             if len(found) == 2:
                 break
             time.sleep(0.2)
-        # not nodeB's, not the agents' own step nor the preflight's, no children
+        # not nodeB's, not the agents' own step nor the preflight's nor the batch script, no children
         assert found == {0: procs[0].pid, 1: procs[1].pid}
         slots = RankSlots(tmp_path)
         slots.adopt(found)

@@ -428,6 +428,27 @@ def test_get_client_defaults_to_cli_and_satisfies_the_protocol() -> None:
     assert isinstance(c, SlurmClient)
 
 
+def test_pyslurm_is_used_only_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site where pyslurm imports and matches still gets the tested CLI backend unless it opts in."""
+    from slurm import pyslurm_backend
+
+    class Usable:
+        backend_name = "pyslurm"
+
+        def __init__(self, cli: object) -> None:
+            self.cli = cli
+
+    monkeypatch.setattr(pyslurm_backend, "PyslurmClient", Usable)
+    monkeypatch.delenv("SUPERVISOR_SLURM_BACKEND", raising=False)
+    assert get_client().backend_name == "cli"
+    for chosen in ("pyslurm", "auto"):
+        monkeypatch.setenv("SUPERVISOR_SLURM_BACKEND", chosen)
+        assert get_client().backend_name == "pyslurm"
+    monkeypatch.setenv("SUPERVISOR_SLURM_BACKEND", "libslurm")
+    with pytest.raises(UsageError, match="SUPERVISOR_SLURM_BACKEND=.libslurm."):
+        get_client()
+
+
 def test_get_client_pyslurm_without_pyslurm_is_a_clear_error() -> None:
     try:
         import pyslurm  # type: ignore[import-not-found]  # noqa: F401

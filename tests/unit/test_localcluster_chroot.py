@@ -1,5 +1,5 @@
-"""Pure parts of the Slurm 24.11 chroot tooling (slurm/localcluster/chroot.py); the chroot itself is exercised by
-`make test-slurm24`."""
+"""Pure parts of the Slurm 24.11 / 26.05 chroot tooling (slurm/localcluster/chroot.py); the chroots themselves are
+exercised by `make test-slurm24` and `make test-slurm26`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import pytest
 from slurm.localcluster import ClusterError, LocalCluster, default_root
 from slurm.localcluster.chroot import (
     MARKER,
+    RELEASES,
     Chroot,
+    ChrootError,
     cluster_binds,
     inside_path,
     interpreter_binds,
@@ -95,6 +97,27 @@ def test_slurm_choice_is_checked_and_picks_its_own_root(monkeypatch: pytest.Monk
     with pytest.raises(ClusterError, match="--slurm '23' is not supported"):
         LocalCluster("/nonexistent", slurm="23")
     assert LocalCluster("/nonexistent", slurm="system").chroot is None
+
+
+def test_each_newer_slurm_has_its_own_chroot_and_names_itself_in_fixes(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:  # fmt: skip
+    """24.11 (trixie) and 26.05 (sid) side by side: two chroots, two cluster roots, and a fix that names the right
+    --slurm (a wrong one would reinstall the other release)."""
+    monkeypatch.delenv("SUPERVISOR_CLUSTER_DIR", raising=False)
+    for name in ("SUPERVISOR_SLURM_CHROOT", "SUPERVISOR_SLURM_CHROOT_24", "SUPERVISOR_SLURM_CHROOT_26"):
+        monkeypatch.delenv(name, raising=False)
+    assert Chroot().root.name == "trixie" and Chroot(debian=RELEASES["26"]).root.name == "sid"
+    assert default_root("26").name == ".cluster-26"
+    monkeypatch.setenv("SUPERVISOR_SLURM_CHROOT", str(tmp_path / "old"))  # the 24.11 variable, as before
+    monkeypatch.setenv("SUPERVISOR_SLURM_CHROOT_26", str(tmp_path / "new"))
+    assert Chroot().root == tmp_path / "old" and Chroot(debian=RELEASES["26"]).root == tmp_path / "new"
+    with pytest.raises(ChrootError, match="--slurm 26"):
+        Chroot(fake_rootfs(tmp_path), RELEASES["26"]).command("munged", [])
+    cluster = LocalCluster(tmp_path / "c", slurm="26")
+    if cluster.chroot is not None:  # (a Debian 14 host runs its own 26.05)
+        assert cluster.chroot.debian.slurm == "26.05"
+        with pytest.raises(ClusterError, match="--slurm 26"):
+            LocalCluster(tmp_path / "c", slurm="26", accounting=True)
 
 
 def test_cli_base_port_follows_the_env_var_the_tests_and_demo_read(monkeypatch: pytest.MonkeyPatch) -> None:

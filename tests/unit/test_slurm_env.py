@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm.env import SlurmEnv, parse_tasks_per_node
+from slurm.env import SlurmEnv, is_srun_step, parse_tasks_per_node
 from slurm.errors import SlurmConfigError, SlurmEnvError
 from supervisor.errors import exit_code_of
 
@@ -32,6 +32,17 @@ def test_batch_step_of_a_first_run() -> None:
     assert env.cluster_name == "localcluster"
     assert env.partition == "batch"
     assert env.job_name == "engA-capture"
+
+
+def test_the_batch_script_of_slurm_26_05_is_the_batch_step_though_it_has_a_step_id() -> None:
+    """26.05 exports SLURM_STEP_ID=-5 (SLURM_BATCH_SCRIPT) in the batch script: read as a task's step, the
+    supervisor found no batch host (no bind address: every run crashed) and the agents took it for rank 0."""
+    env = SlurmEnv.from_environ(_env_file("../26.05/env_batch_step.txt"))
+    assert env.step_id == "-5" and env.procid == 0
+    assert env.in_batch_step and env.batch_host == "node1"
+    assert env.nodelist == ("node1", "node2") and env.tasks_per_node == (2, 2) and env.end_time == 1828123500
+    assert not is_srun_step(env.step_id) and not is_srun_step("4294967291") and not is_srun_step("-4")
+    assert is_srun_step("0") and is_srun_step("12") and not is_srun_step(None) and not is_srun_step("²")
 
 
 def test_batch_step_after_a_requeue() -> None:
