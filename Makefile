@@ -21,9 +21,12 @@ lint: setup
 	$(BIN)/mypy
 
 # The whole suite: lint, unit and property tests, and integration tests against the real local Slurm
-# (the session fixture installs the Debian packages if missing and brings the cluster up).
+# (the session fixture installs the Debian packages if missing and brings the cluster up); then the
+# Slurm-facing rows of the fault matrix and node loss on Slurm 26.05 (SLURM26_CI_TESTS: the part that fits CI's
+# hour on 2 cores; `make test-slurm26` runs the whole fault matrix there).
 test: lint
 	$(BIN)/pytest -q -ra $(PYTEST_ARGS)
+	$(MAKE) test-slurm26 SLURM26_TESTS="$(SLURM26_CI_TESTS)"
 
 test-unit: setup
 	$(BIN)/pytest -q -m 'not slurm' $(PYTEST_ARGS)
@@ -48,6 +51,7 @@ SLURM26_PORT  ?= 17017
 SLURM26_TESTS ?= tests/integration/test_fault_matrix_ranks.py tests/integration/test_fault_matrix_crashes.py \
                  tests/integration/test_fault_matrix_slurm.py tests/integration/test_fault_matrix_checkpoints.py \
                  tests/integration/test_node_loss.py
+SLURM26_CI_TESTS ?= tests/integration/test_fault_matrix_slurm.py tests/integration/test_node_loss.py
 test-slurm26: setup
 	$(BIN)/python -m slurm.localcluster up --slurm 26 --base-port $(SLURM26_PORT) --timeout 120
 	SUPERVISOR_CLUSTER_SLURM=26 SUPERVISOR_CLUSTER_BASE_PORT=$(SLURM26_PORT) \
