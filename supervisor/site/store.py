@@ -1,0 +1,107 @@
+"""The site's node ledger on disk: an embedded SQLite database (WAL) in the service's directory (issue 24).
+
+What it keeps is what the rules need (``decisions/lemon.py``, ``decisions/site_trust.py``): every node verdict a
+campaign posted, the jobs the campaigns ran (who, where, from when to when: the nodes' exposure in node-hours),
+and the operators' forgiveness of a node after a repair. SQLite because the service is one process on an admin
+node and the stdlib carries it; WAL so readers (the fleet page, ``site nodes``) never block the writer.
+
+The directory is 0700 and the database 0600 (it names users, jobs and nodes). A file that is not a readable
+SQLite database raises ``SiteStoreError`` naming it and the fix; nothing is overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from supervisor.decisions.lemon import NodeFailure
+from supervisor.decisions.site_trust import SiteVerdict
+from supervisor.errors import SupervisorError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS verdicts (
+    id INTEGER PRIMARY KEY, t REAL NOT NULL, node TEXT NOT NULL, user TEXT NOT NULL, source TEXT NOT NULL,
+    klass TEXT NOT NULL, confidence REAL NOT NULL, evidence TEXT NOT NULL, job TEXT NOT NULL, campaign TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS verdicts_t ON verdicts (t);
+CREATE TABLE IF NOT EXISTS jobs (
+    job TEXT NOT NULL, node TEXT NOT NULL, user TEXT NOT NULL, campaign TEXT NOT NULL, start REAL NOT NULL,
+    end REAL, PRIMARY KEY (job, node, start));
+CREATE TABLE IF NOT EXISTS forgiven (node TEXT PRIMARY KEY, t REAL NOT NULL, by TEXT NOT NULL);
+"""
+
+
+class SiteStoreError(SupervisorError):
+    """The site database cannot be opened or read."""
+
+
+class SiteStore:
+    def __init__(self, directory: Path | str) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / "site.db"
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.directory, 0o700)
+            if not self.path.exists():
+                os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+            self.db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as err:
+            raise SiteStoreError(f"{self.path} is not a readable site database ({err})",
+                                 "point --dir at the service's directory, or move the file away to start a new "
+                                 "ledger") from None  # fmt: skip
+        except OSError as err:
+            raise SiteStoreError(f"cannot open the site directory {self.directory} ({err.strerror})",
+                                 "create it, or give the service a directory it can write") from None  # fmt: skip
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- writing ------------------------------------------------------------------------------------------------
+    def add_verdict(self, v: SiteVerdict, *, confidence: float, evidence: Sequence[str], job: str) -> int:
+        cur = self.db.execute(
+            "INSERT INTO verdicts (t, node, user, source, klass, confidence, evidence, job, campaign) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (v.t, v.node, v.user, v.source, v.klass, confidence, json.dumps(list(evidence)), job, v.campaign))
+        return int(cur.lastrowid or 0)
+
+    def job_started(self, job: str, nodes: Iterable[str], *, user: str, campaign: str, t: float) -> None:
+        self.db.executemany("INSERT OR IGNORE INTO jobs (job, node, user, campaign, start) VALUES (?, ?, ?, ?, ?)",
+                            [(job, n, user, campaign, t) for n in nodes])  # fmt: skip
+
+    def job_ended(self, job: str, t: float) -> None:
+        self.db.execute("UPDATE jobs SET end = ? WHERE job = ? AND end IS NULL", (t, job))
+
+    def forgive(self, node: str, t: float, by: str) -> None:
+        self.db.execute("INSERT INTO forgiven (node, t, by) VALUES (?, ?, ?) "
+                        "ON CONFLICT (node) DO UPDATE SET t = excluded.t, by = excluded.by", (node, t, by))  # fmt: skip
+
+    # -- reading ------------------------------------------------------------------------------------------------
+    def verdicts(self, since: float = float("-inf")) -> list[SiteVerdict]:
+        rows = self.db.execute("SELECT node, user, source, klass, campaign, t FROM verdicts WHERE t >= ? ORDER BY t",
+                               (since,)).fetchall()  # fmt: skip
+        return [SiteVerdict(node=r[0], user=r[1], source=r[2], klass=r[3], campaign=r[4], t=r[5]) for r in rows]
+
+    def failures(self, since: float, until: float) -> list[NodeFailure]:
+        """Every verdict in [since, until] as a failure of its node (the lemon rule's input), forgiven ones out."""
+        forgiven = self.forgiven_at()
+        rows = self.db.execute("SELECT node, t, klass, user, job FROM verdicts WHERE t BETWEEN ? AND ? ORDER BY t",
+                               (since, until)).fetchall()  # fmt: skip
+        return [NodeFailure(*r) for r in rows if r[1] >= forgiven.get(r[0], float("-inf"))]
+
+    def exposure_h(self, since: float, until: float) -> dict[str, float]:
+        """Node-hours in jobs within [since, until] per node (a job still running counts until ``until``); a node
+        no job ran on in the window is absent (its exposure is not known to be zero: it may be new or down)."""
+        out: dict[str, float] = {}
+        for node, start, end in self.db.execute("SELECT node, start, end FROM jobs WHERE start <= ? AND "
+                                                "(end IS NULL OR end >= ?)", (until, since)):  # fmt: skip
+            overlap = min(until, end if end is not None else until) - max(since, start)
+            if overlap > 0:
+                out[node] = out.get(node, 0.0) + overlap / 3600.0
+        return out
+
+    def forgiven_at(self) -> dict[str, float]:
+        return {node: t for node, t in self.db.execute("SELECT node, t FROM forgiven")}
