@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     job TEXT NOT NULL, node TEXT NOT NULL, user TEXT NOT NULL, campaign TEXT NOT NULL, start REAL NOT NULL,
     end REAL, PRIMARY KEY (job, node, start));
 CREATE TABLE IF NOT EXISTS forgiven (node TEXT PRIMARY KEY, t REAL NOT NULL, by TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (user TEXT PRIMARY KEY, token TEXT NOT NULL, admin INTEGER NOT NULL, t REAL NOT NULL);
 """
 
 
@@ -79,7 +80,21 @@ class SiteStore:
         self.db.execute("INSERT INTO forgiven (node, t, by) VALUES (?, ?, ?) "
                         "ON CONFLICT (node) DO UPDATE SET t = excluded.t, by = excluded.by", (node, t, by))  # fmt: skip
 
+    def set_token(self, user: str, token: str, *, admin: bool, t: float) -> None:
+        """Issue (or replace: the old one stops working at once) ``user``'s token."""
+        self.db.execute("INSERT INTO tokens (user, token, admin, t) VALUES (?, ?, ?, ?) ON CONFLICT (user) DO UPDATE "
+                        "SET token = excluded.token, admin = excluded.admin, t = excluded.t",
+                        (user, token, int(admin), t))  # fmt: skip
+
     # -- reading ------------------------------------------------------------------------------------------------
+    def token_of(self, user: str) -> str | None:
+        row = self.db.execute("SELECT token FROM tokens WHERE user = ?", (user,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def is_admin(self, user: str) -> bool:
+        row = self.db.execute("SELECT admin FROM tokens WHERE user = ?", (user,)).fetchone()
+        return bool(row and row[0])
+
     def verdicts(self, since: float = float("-inf")) -> list[SiteVerdict]:
         rows = self.db.execute("SELECT node, user, source, klass, campaign, t FROM verdicts WHERE t >= ? ORDER BY t",
                                (since,)).fetchall()  # fmt: skip
