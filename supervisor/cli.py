@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("supervisor.commands.cancel", "stop a campaign for good (optionally checkpointing first); never requeued"),
     "nodes": ("supervisor.commands.nodes", "show the suspect-node ledger (strikes, exclusions) of a campaign"),
     "healthcheck": ("supervisor.commands.healthcheck", "check this node's health (GPUs, Xids, filesystems, memory); exit 8 when unfit; --drain for Slurm"),
+    "site": ("supervisor.commands.site", "the site-wide node ledger: serve it, issue tokens, list nodes, forgive a node"),
     "doctor": ("supervisor.commands.doctor", "check this machine and Slurm's configuration for what the supervisor relies on"),
 }
 

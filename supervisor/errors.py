@@ -38,6 +38,12 @@ class CampaignError(SupervisorError):
     exit_code = 7
 
 
+class SiteError(SupervisorError):
+    """The site service: unreachable, it refused a request, or its database is unreadable."""
+
+    exit_code = 9
+
+
 class HealthCheckFailed(SupervisorError):
     """A node health check found a problem."""
 
@@ -77,5 +83,6 @@ EXIT_CODES: dict[int, str] = {
     6: "checkpoint error: none valid, or a save/verify failed",
     7: "campaign directory missing or unreadable",
     8: "health check failed",
+    9: "site service: unreachable, refused the request, or its database unreadable",
     130: "interrupted (Ctrl-C)",
 }

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from supervisor.errors import SupervisorError
+from supervisor.errors import SiteError
 
 WINDOW_S = 60.0
 HEADERS = ("X-Site-User", "X-Site-Time", "X-Site-Nonce", "X-Site-Signature")
@@ -33,7 +33,7 @@ _NONCE = re.compile(r"[0-9a-f]{32}")
 _SIG = re.compile(r"[0-9a-f]{64}")
 
 
-class SiteAuthError(SupervisorError):
+class SiteAuthError(SiteError):
     """A request to the site service is not authentic (forged, altered, replayed or malformed)."""
 
 

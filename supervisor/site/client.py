@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.errors import ConfigError, SupervisorError
+from supervisor.errors import ConfigError, SiteError, SupervisorError
 from supervisor.site.auth import sign, valid_user
 
 
-class SiteUnavailable(SupervisorError):
+class SiteUnavailable(SiteError):
     """The site service could not be asked, or refused the request."""
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from supervisor.decisions.lemon import NodeFailure
 from supervisor.decisions.site_trust import SiteVerdict
-from supervisor.errors import SupervisorError
+from supervisor.errors import SiteError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS verdicts (
@@ -34,7 +34,7 @@ CREATE TABLE IF NOT EXISTS tokens (user TEXT PRIMARY KEY, token TEXT NOT NULL, a
 """
 
 
-class SiteStoreError(SupervisorError):
+class SiteStoreError(SiteError):
     """The site database cannot be opened or read."""
 
 

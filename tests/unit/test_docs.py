@@ -3,6 +3,7 @@ fail when the two drift apart (the way submitit checks its documentation)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 import shlex
@@ -102,7 +103,11 @@ def test_readme_names_only_existing_subcommands_and_flags() -> None:
         sub = argv[1]
         assert sub in cli.COMMANDS, f"README uses unknown subcommand {sub!r}"
         own = argv[2: argv.index("--")] if "--" in argv else argv[2:]
-        flags = {s for a in subparsers[sub]._actions for s in a.option_strings}
+        target = subparsers[sub]
+        nested = [a for a in target._actions if isinstance(a, argparse._SubParsersAction)]
+        if nested and own and own[0] in nested[0].choices:  # `supervise site serve --dir ...`: serve's own flags
+            target = nested[0].choices[own[0]]
+        flags = {s for a in target._actions for s in a.option_strings}
         module = cli._module_of(sub)
         passes_through = hasattr(module, "parse_argv")  # submit/run also take sbatch's/srun's own flags
         for word in own:

@@ -1,0 +1,139 @@
+"""``supervise site serve|token|nodes|forgive``: the site-wide node ledger's service and its operators' commands.
+
+    supervise site serve --dir DIR [--listen HOST:PORT]      the service (one per site, on an admin or login node)
+    supervise site token --dir DIR --user NAME [--admin]      issue NAME's token into a 0600 file
+    supervise site nodes --url URL --token-file F [--json]    every node's lemon score and evidence
+    supervise site forgive NODE --url URL --token-file F      an operator returns a repaired node
+
+``serve`` writes the operators' token to ``DIR/token`` (0600) at its first start. Rules and API: docs/site.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+HELP = "the site-wide node ledger: serve it, issue tokens, list nodes, forgive a repaired node"
+ADMIN = "site-admin"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="site_command", metavar="SITE_COMMAND", parser_class=type(parser))
+    sub.required = True
+    serve = sub.add_parser("serve", help="run the service", description="run the site service")
+    serve.add_argument("--dir", required=True, help="the service's directory (database, operators' token)")
+    serve.add_argument("--listen", default="127.0.0.1:8787", metavar="HOST:PORT", help="default 127.0.0.1:8787")
+    token = sub.add_parser("token", help="issue a user's token", description="issue a user's token (replaces theirs)")
+    token.add_argument("--dir", required=True, help="the service's directory")
+    token.add_argument("--user", required=True, help="the user name the token signs for")
+    token.add_argument("--admin", action="store_true", help="an operator's token (may forgive nodes)")
+    token.add_argument("--out", help="the token file to write (default: ./USER.site-token)")
+    for name, text in (("nodes", "every node's lemon score"), ("forgive", "return a repaired node (operators)")):
+        p = sub.add_parser(name, help=text, description=text)
+        if name == "forgive":
+            p.add_argument("node", metavar="NODE")
+        p.add_argument("--url", required=True, help="the service, e.g. http://admin1:8787")
+        p.add_argument("--token-file", required=True, help="USER:TOKEN, as `supervise site token` wrote it")
+        if name == "nodes":
+            p.add_argument("--json", action="store_true", help="print the scores as JSON")
+
+
+def _listen(text: str) -> tuple[str, int]:
+    from supervisor.errors import UsageError
+
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--listen {text!r} is not HOST:PORT", "e.g. --listen 0.0.0.0:8787")
+    return host, int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"serve": serve, "token": token, "nodes": nodes, "forgive": forgive}[args.site_command](args)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from supervisor.site.auth import new_token
+    from supervisor.site.client import Credentials, write_token_file
+    from supervisor.site.server import SiteApi, make_server
+    from supervisor.site.store import SiteStore
+
+    host, port = _listen(args.listen)
+    store = SiteStore(args.dir)
+    admin_file = Path(args.dir) / "token"
+    if store.token_of(ADMIN) is None or not admin_file.exists():
+        secret = new_token()
+        store.set_token(ADMIN, secret, admin=True, t=time.time())
+        write_token_file(admin_file, Credentials(ADMIN, secret))
+    try:
+        server = make_server(SiteApi(store), host, port)
+    except OSError as err:
+        from supervisor.errors import SiteError
+
+        raise SiteError(f"cannot listen on {host}:{port} ({err.strerror})", "pick another --listen port") from None
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    print(f"site service on http://{host}:{server.server_address[1]} (operators' token: {admin_file})", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        store.close()
+    return 0
+
+
+def token(args: argparse.Namespace) -> int:
+    from supervisor.errors import UsageError
+    from supervisor.site.auth import SiteAuthError, new_token, valid_user
+    from supervisor.site.client import Credentials, write_token_file
+    from supervisor.site.store import SiteStore
+
+    try:
+        user = valid_user(args.user)
+    except SiteAuthError as err:
+        raise UsageError(f"--user: {err.problem}", err.fix) from None
+    out = Path(args.out or f"{user}.site-token")
+    secret = new_token()
+    store = SiteStore(args.dir)
+    store.set_token(user, secret, admin=args.admin, t=time.time())
+    store.close()
+    write_token_file(out, Credentials(user, secret))
+    print(f"wrote {out} ({user}'s token{', an operator' if args.admin else ''}; any earlier one no longer works): "
+          f"give it to {user}, who names it in [site] token_file")  # fmt: skip
+    return 0
+
+
+def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from supervisor.site.client import SiteClient, read_token_file
+
+    return SiteClient(args.url, read_token_file(args.token_file))
+
+
+def nodes(args: argparse.Namespace) -> int:
+    rows = _client(args).request("GET", "/v1/nodes").get("nodes") or []
+    if args.json:
+        print(json.dumps({"nodes": rows}, indent=2))
+        return 0
+    if not rows:
+        print("no node has a verdict or a job in the window")
+        return 0
+    print(f"{'NODE':<16} {'FAILURES':>8} {'USERS':>5} {'P':>9} {'LEMON':>5}  WHY")
+    for r in rows:
+        p = "-" if r.get("p_value") is None else f"{r['p_value']:.2g}"
+        print(f"{r['node']:<16} {r['failures']:>8} {r['users']:>5} {p:>9} {'yes' if r['lemon'] else 'no':>5}  "
+              f"{r['why']}")
+    return 0
+
+
+def forgive(args: argparse.Namespace) -> int:
+    from slurm.hostlist import validate_node_name
+
+    node = validate_node_name(args.node)
+    _client(args).request("POST", "/v1/forgive", {"node": node})
+    print(f"forgave {node}: verdicts before now no longer count against it")
+    return 0
