@@ -101,6 +101,15 @@ class AlertConfig:
     queue_size: int = 100  # alerts waiting for the sender thread; more are dropped (and logged)
 
 
+@dataclasses.dataclass(frozen=True)
+class SiteConfig:
+    # The site-wide node ledger (docs/site.md): before each launch the campaign asks it which nodes to leave out,
+    # and posts its own node verdicts to it. Off unless url is set; the service down never stops a campaign.
+    url: str = ""  # e.g. "http://admin1:8787"
+    token_file: str = ""  # USER:TOKEN, 0600, as `supervise site token` wrote it
+    timeout_s: float = 5.0  # per request
+
+
 # The delegated sections' parsers: table -> typed value.
 _PARSERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "detect": DetectConfig.from_mapping, "policy": PolicyConfig.from_mapping, "ledger": LedgerConfig.from_mapping,
@@ -118,6 +127,7 @@ class Config:
     submit: SubmitConfig = SubmitConfig()
     run: RunConfig = RunConfig()
     alerts: AlertConfig = AlertConfig()
+    site: SiteConfig = SiteConfig()
     detect: DetectConfig = DetectConfig()
     policy: PolicyConfig = PolicyConfig()
     ledger: LedgerConfig = LedgerConfig()
@@ -133,7 +143,7 @@ class Config:
         return {**own, **{name: dict(self.tables.get(name, {})) for name in _DELEGATED}}
 
 
-_SECTIONS = {"submit": SubmitConfig, "run": RunConfig, "alerts": AlertConfig}
+_SECTIONS = {"submit": SubmitConfig, "run": RunConfig, "alerts": AlertConfig, "site": SiteConfig}
 
 
 def _same_type(value: Any, default: Any) -> bool:
@@ -310,6 +320,13 @@ def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:
     if 0 < config.run.health_interval_s < 1:
         raise ConfigError(f"{source}: run.health_interval_s = {config.run.health_interval_s!r} is out of range "
                           "(allowed: 0 (off) or 1 <= value <= 86400)", "a check every 30 s is the default")
+    site = config.site
+    if site.url and (not site.url.startswith(("http://", "https://")) or not site.token_file):
+        raise ConfigError(f"{source}: [site] url = {site.url!r} needs an http:// or https:// URL and a token_file",
+                          'e.g. url = "http://admin1:8787" and token_file = "~/alice.site-token"')
+    if not 0 < site.timeout_s <= 60:
+        raise ConfigError(f"{source}: site.timeout_s = {site.timeout_s!r} is out of range (0 < t <= 60)",
+                          "the default is 5")
     if config.submit.signal_lead_s < 1:
         raise ConfigError(f"{source}: submit.signal_lead_s must be >= 1", "give the run time to checkpoint, e.g. 120")
     return config

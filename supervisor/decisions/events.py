@@ -82,6 +82,7 @@ HEALTH = "health"
 NODE_LOSS_VERDICT = "node_loss_verdict"
 FAILSAFE = "failsafe"
 REQUEUE_EXPEDITED = "requeue_expedited"
+SITE = "site"
 JOURNAL_RESUMED = "journal_resumed"  # written by supervisor.journal itself; readers drop it
 
 EVENT_TYPES: tuple[str, ...] = (
@@ -121,6 +122,7 @@ EVENT_TYPES: tuple[str, ...] = (
     FAILSAFE,
     REQUEUE_EXPEDITED,
     ENV_CHANGED,
+    SITE,
 )
 # Written by ``supervisor.journal`` itself (never by the supervisor) and dropped by every reader.
 STORAGE_EVENT_TYPES: tuple[str, ...] = (JOURNAL_RESUMED,)
@@ -239,6 +241,14 @@ def attempt_ended(
 def campaign_ended(t: float, state: str, reason: str = "") -> Event:
     _check_in(state, CAMPAIGN_STATES, "campaign state")
     return {"type": CAMPAIGN_ENDED, "t": t, "state": state, "reason": reason}
+
+
+def site(t: float, what: str, detail: str, nodes: Sequence[str] = ()) -> Event:
+    """The site-wide node ledger (docs/site.md): ``what`` is ``excluded`` (the nodes the site holds as bad, left
+    out of this launch), ``unavailable`` (it could not be asked or told: the campaign goes on with its own
+    ledger; once per outage), ``reachable`` (again; what waited was sent), ``refused`` (it answered and refused
+    one request, which is dropped) or ``off`` (its settings could not be used)."""
+    return {"type": SITE, "t": t, "what": what, "detail": detail[:500], "nodes": sorted(nodes)[:256]}
 
 
 def node_forgiven(t: float, node: str, by: str = "operator") -> Event:

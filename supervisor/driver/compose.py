@@ -57,6 +57,7 @@ from supervisor.driver.progress import ProgressLog
 from supervisor.driver.recorder import Recorder
 from supervisor.driver.requeue import JobActions
 from supervisor.driver.signals import SignalInbox
+from supervisor.driver.site_link import SiteLink
 from supervisor.driver.stall_probe import StallProbe
 from supervisor.driver.straggler_swap import SwapJudge
 from supervisor.driver.time_limit_watch import JobDeadline, TimeLimitClock
@@ -216,6 +217,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
             memory_flush=memory_flush, tasks_per_node=layout.tasks_per_node,
         ),
         no_kill=has_option(spec.sbatch_flags, "--no-kill", "-k"),
+        site=SiteLink.from_config(ctx, config.site, str(paths.root), job_id),
     )  # fmt: skip
 
 

@@ -38,6 +38,7 @@ PREFLIGHT = "preflight"  # the check before a launch (health reports, the collec
 ACTION = "action"  # followed by ":<kind>", e.g. "action:alert"
 EVIDENCE = "evidence"  # gathering the evidence of an ending (Slurm, the ranks, the log, health)
 DECIDE = "decide"  # classify and policy on that evidence (the program's text among it is untrusted)
+SITE = "site"  # the site-wide node ledger (asking it, telling it)
 
 
 class Guard:

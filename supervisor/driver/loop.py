@@ -37,6 +37,7 @@ from supervisor.driver.guard import (
     DETECT,
     EVIDENCE,
     PREFLIGHT,
+    SITE,
     SLURM_QUERY,
     GuardedChannel,
 )
@@ -49,6 +50,7 @@ from supervisor.driver.notify import Notifier
 from supervisor.driver.preempt_watch import PreemptionPoller
 from supervisor.driver.progress import ProgressLog
 from supervisor.driver.requeue import JobActions
+from supervisor.driver.site_link import SiteLink
 from supervisor.driver.watch import Watcher
 from supervisor.paths import CampaignPaths
 
@@ -84,6 +86,7 @@ class Parts:
     env_check: EnvCheck  # the relaunch's environment against its checkpoint's
     memory: MemoryResume  # the memory tier's restore pick before a relaunch
     no_kill: bool  # the job keeps running when one of its nodes fails (``--no-kill``, set for spare nodes)
+    site: SiteLink  # the site-wide node ledger (does nothing without ``[site] url``)
 
     def close(self) -> None:
         """End the attempt's side parts: pollers and probes, the agents' step (quickly after a node loss: its
@@ -107,13 +110,18 @@ class Supervisor:
         p.channel.write_address_file()
         p.agents.spawn(p.layout.nodes)
         p.agents.wait_until_reported()
-        return self.supervise()
+        p.ctx.guard.call(SITE, p.site.job_started, p.layout.nodes, default=None)
+        try:
+            return self.supervise()
+        finally:
+            p.ctx.guard.call(SITE, p.site.job_ended, p.layout.nodes, default=None)
 
     def supervise(self) -> int:
         """Launch, watch, decide, act; until a decision ends this attempt."""
         p = self.p
         excluded = placement.ledger_exclusions(p.layout, p.state.ledger.excluded_nodes(p.ctx.clock()))
         while True:
+            excluded = self.with_site_exclusions(excluded)
             picked = p.ctx.guard.call(CHECKPOINT_SCAN, p.checkpoints.pick_resume, default=None)
             checked = p.ctx.guard.call(PREFLIGHT, p.prelaunch.check, p.layout.nodes, excluded, p.layout.train_nodes,
                                        p.trainer.launches + 1, default=prelaunch.Checked(excluded))  # fmt: skip
@@ -142,6 +150,7 @@ class Supervisor:
             p.ctx.record({**interruption.to_event(p.ctx.clock()), "launch": launch.number,
                           "last_step": last_step(found), **({"torchrun_restarts": restarts} if restarts else {})})
             p.prelaunch.after(interruption.cls, interruption.blamed_nodes)  # a node it could have hurt: measured again
+            p.ctx.guard.call(SITE, p.site.verdict, interruption, default=None)
             outcome = p.actuators.carry_out(Situation(launch, interruption, decision, found, history))
             self.final_progress(launch)  # a checkpoint saved on the way out (preemption, time limit, cancel)
             if interruption.cls == ev.NUMERICAL:  # the launch is gone now: no checkpoint can appear after this
@@ -161,6 +170,16 @@ class Supervisor:
             self.rank_shift += placement.rank_shift_after(interruption)
             if any(a.params.get("rollback") for a in decision.actions):
                 self.diverged_reached = last_step(found)
+
+    def with_site_exclusions(self, excluded: tuple[str, ...]) -> tuple[str, ...]:
+        """``excluded`` and the allocation's nodes the site ledger holds as bad, when enough nodes remain for the
+        training without them (as for the campaign's own ledger); the site's failures never stop the loop."""
+        p = self.p
+        held = p.ctx.guard.call(SITE, p.site.excluded, p.layout.nodes, default=()) or ()
+        extra = [n for n in held if n not in excluded and n not in p.nodeloss.lost]
+        if not extra or len(p.layout.nodes) - len(set(excluded) | set(extra)) < p.layout.train_nodes:
+            return excluded
+        return tuple(sorted(set(excluded) | set(extra)))
 
     def launch(self, picked: tuple[str | None, int | None] | None, excluded: tuple[str, ...]) -> Launch:
         """The next launch, from ``picked``, the newest valid checkpoint (or a fresh start; None: unknown, the scan

@@ -24,6 +24,10 @@ class SiteUnavailable(SiteError):
     """The site service could not be asked, or refused the request."""
 
 
+class SiteRefused(SiteUnavailable):
+    """The service answered and refused this request (4xx): sending it again would not help."""
+
+
 @dataclass(frozen=True)
 class Credentials:
     user: str
@@ -70,8 +74,9 @@ class SiteClient:
                 why = json.loads(err.read(4096)).get("error", "")
             except (ValueError, AttributeError):
                 why = ""
-            raise SiteUnavailable(f"the site service refused {method} {path}: {err.code} {why}".rstrip(),
-                                  "see the service's answer; a campaign goes on with its own ledger") from None  # fmt: skip
+            kind = SiteRefused if 400 <= err.code < 500 else SiteUnavailable
+            raise kind(f"the site service refused {method} {path}: {err.code} {why}".rstrip(),
+                       "see the service's answer; a campaign goes on with its own ledger") from None  # fmt: skip
         except (OSError, ValueError) as err:
             raise SiteUnavailable(f"the site service at {self.url} cannot be asked ({err})",
                                   "start it (`supervise site serve`) or check [site] url; a campaign goes on with "

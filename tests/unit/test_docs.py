@@ -62,7 +62,7 @@ def test_the_documented_config_is_valid() -> None:
 
 
 @pytest.mark.parametrize(("section", "cls"), [("submit", config.SubmitConfig), ("run", config.RunConfig),
-                                              ("alerts", config.AlertConfig)])  # fmt: skip
+                                              ("alerts", config.AlertConfig), ("site", config.SiteConfig)])  # fmt: skip
 def test_every_key_of_a_section_is_documented_with_its_default(section: str, cls: type) -> None:
     doc = _documented_config()[section]
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}

@@ -1,0 +1,25 @@
+"""Which kind of evidence a campaign's node verdict rests on, for the site ledger (``decisions/site_trust.py``).
+
+From the interruption's witnesses (``decisions/interruption.py``: who saw the evidence that blames the nodes):
+
+* ``slurm``: slurmctld saw it (the node DOWN, NOT_RESPONDING, a node-failure reason): no user controls that;
+* ``node``: the node agent read it from the node itself for a hardware fault (its health check: NVML, the
+  kernel's Xid lines, ECC counters) — the project's code, not the program's;
+* ``program``: everything else — the program's printed text (an Xid line a program printed is still text), its
+  exits, and what the agent inferred from the program's behaviour (heartbeats that stopped, its own silence: a
+  program can kill the agent it shares a user with).
+"""
+
+from __future__ import annotations
+
+from supervisor.decisions import events as ev
+from supervisor.decisions.interruption import AGENT, SLURM, Interruption
+
+
+def verdict_source(interruption: Interruption) -> str:
+    witnesses = set(interruption.witnesses)
+    if SLURM in witnesses and interruption.cls in (ev.NODE_FAILURE, ev.HARDWARE):
+        return "slurm"
+    if AGENT in witnesses and interruption.cls == ev.HARDWARE:
+        return "node"
+    return "program"

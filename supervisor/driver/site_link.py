@@ -1,0 +1,115 @@
+"""The campaign's side of the site-wide node ledger (docs/site.md): ask it before each launch, tell it each node
+verdict and each Slurm run's nodes. Polls and acts only; what counts for whom is the service's rule
+(``decisions/site_trust.py``) and which evidence a verdict rests on is ``decisions/site_source.py``.
+
+The service being down never stops a campaign: an ask that fails keeps the site's last answer (its word, not a
+guess) and journals ``site unavailable`` once per outage; what could not be told waits in order and goes out with
+the next request that gets through (``site reachable``). Without ``[site] url`` every call does nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from supervisor.decisions import events as ev
+from supervisor.decisions.classify import NO_BLAME
+from supervisor.decisions.interruption import Interruption
+from supervisor.decisions.site_source import verdict_source
+from supervisor.driver.context import Context
+from supervisor.errors import SupervisorError
+
+PENDING_MAX = 1000  # requests kept while the service is away (the oldest dropped beyond it)
+
+
+class SiteLink:
+    def __init__(self, ctx: Context, client: Any, campaign: str, job_id: str) -> None:
+        """``client``: a ``site.client.SiteClient``, or None (no site configured)."""
+        self.ctx, self.client, self.campaign, self.job_id = ctx, client, campaign, job_id
+        self.held: tuple[str, ...] = ()  # the site's last answer
+        self.pending: list[tuple[str, str, dict[str, Any]]] = []
+        self.down = False
+
+    @classmethod
+    def from_config(cls, ctx: Context, site: Any, campaign: str, job_id: str) -> SiteLink:
+        """From ``[site]``; settings that cannot be used (the token file unreadable) are journaled, not fatal."""
+        if not site.url:
+            return cls(ctx, None, campaign, job_id)
+        from supervisor.site.client import SiteClient, read_token_file
+
+        try:
+            client = SiteClient(site.url, read_token_file(Path(site.token_file).expanduser()), site.timeout_s)
+        except SupervisorError as err:
+            ctx.record(ev.site(ctx.clock(), "off", err.one_line()))
+            return cls(ctx, None, campaign, job_id)
+        return cls(ctx, client, campaign, job_id)
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any] | None:
+        from supervisor.site.client import SiteRefused, SiteUnavailable
+
+        try:
+            answer = self.client.request(method, path, body)
+        except SiteRefused as err:  # it answered: not an outage, and this request will never be taken
+            self.ctx.record(ev.site(self.ctx.clock(), "refused", err.one_line()))
+            return {}
+        except SiteUnavailable as err:
+            if not self.down:
+                self.down = True
+                self.ctx.record(ev.site(self.ctx.clock(), "unavailable", err.one_line()))
+            return None
+        if self.down:
+            self.down = False
+            self.ctx.record(ev.site(self.ctx.clock(), "reachable", f"{len(self.pending)} waiting request(s) sent"))
+        return answer if isinstance(answer, dict) else {}
+
+    def _flush(self) -> bool:
+        while self.pending:
+            method, path, body = self.pending[0]
+            if self._call(method, path, body) is None:
+                return False
+            self.pending.pop(0)
+        return True
+
+    def _tell(self, path: str, body: dict[str, Any]) -> None:
+        if self.client is None:
+            return
+        self.pending.append(("POST", path, body))
+        del self.pending[:-PENDING_MAX]
+        self._flush()
+
+    def excluded(self, nodes: Sequence[str]) -> tuple[str, ...]:
+        """Of ``nodes``, those the site holds as bad for this campaign's user (its last answer if it cannot be
+        asked now); journaled when there are any."""
+        if self.client is None:
+            return ()
+        self._flush()
+        answer = self._call("GET", "/v1/excluded", None)
+        if answer is not None:
+            rows = answer.get("nodes")
+            if isinstance(rows, list):
+                self.held = tuple(sorted({r["node"] for r in rows if isinstance(r, dict) and isinstance(r.get("node"),
+                                                                                                       str)}))  # fmt: skip
+        here = tuple(n for n in nodes if n in self.held)
+        if here:
+            self.ctx.record(ev.site(self.ctx.clock(), "excluded", "the site ledger holds them as bad", here))
+        return here
+
+    def verdict(self, interruption: Interruption) -> None:
+        """Tell the site about each node this interruption blames."""
+        if interruption.cls in NO_BLAME or not interruption.blamed_nodes:
+            return
+        source = verdict_source(interruption)
+        for node in interruption.blamed_nodes:
+            self._tell("/v1/verdicts", {"node": node, "source": source, "klass": interruption.cls,
+                                        "confidence": max(0.0, min(1.0, float(interruption.confidence))),
+                                        "evidence": [line[:1000] for line in interruption.evidence[:20]],
+                                        "job": self.job_id, "campaign": self.campaign[:256]})  # fmt: skip
+
+    def job_started(self, nodes: Sequence[str]) -> None:
+        self._tell("/v1/jobs", {"job": self.job_id, "nodes": list(nodes), "campaign": self.campaign[:256],
+                                "event": "start"})  # fmt: skip
+
+    def job_ended(self, nodes: Sequence[str]) -> None:
+        self._tell("/v1/jobs", {"job": self.job_id, "nodes": list(nodes), "campaign": self.campaign[:256],
+                                "event": "end"})  # fmt: skip

@@ -1,0 +1,100 @@
+"""The campaign's side of the site ledger (supervisor/driver/site_link.py) with an in-process fake service: asked
+before each launch, told each blaming verdict with its evidence's source; an outage keeps the site's last answer,
+is journaled once, and what waited goes out in order once the service is back; a refused request is dropped; and
+the loop leaves the site's nodes out only when enough nodes remain (supervisor/driver/loop.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from supervisor.config import SiteConfig
+from supervisor.decisions import events as ev
+from supervisor.decisions.interruption import AGENT, PROGRAM, Interruption
+from supervisor.decisions.placement import TrainingLayout
+from supervisor.driver.context import Context
+from supervisor.driver.loop import Supervisor
+from supervisor.driver.site_link import SiteLink
+from supervisor.site.client import SiteRefused, SiteUnavailable
+
+
+class FakeSite:
+    def __init__(self) -> None:
+        self.up, self.held, self.got, self.refuse = True, ["node2"], [], False
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        if not self.up:
+            raise SiteUnavailable("the site service at http://x cannot be asked (refused)", "start it")
+        if self.refuse and method == "POST":
+            raise SiteRefused("the site service refused POST /v1/verdicts: 400 field 'node'", "see")
+        if method == "GET":
+            return {"nodes": [{"node": n, "why": "x"} for n in self.held]}
+        self.got.append((path, body))
+        return {}
+
+
+def link() -> tuple[SiteLink, FakeSite, list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+    site = FakeSite()
+    return SiteLink(Context.of(events.append, clock=lambda: 100.0), site, "/c/llm", "77"), site, events
+
+
+def hardware(node: str, witness: str) -> Interruption:
+    return Interruption(ev.HARDWARE, (node,), 0.9, ("Xid 79",), witnesses=(witness,))
+
+
+def test_asked_before_a_launch_and_told_each_blame_with_its_source() -> None:
+    s, site, events = link()
+    assert s.excluded(("node1", "node2", "node3")) == ("node2",)
+    assert events[-1]["what"] == "excluded" and events[-1]["nodes"] == ["node2"]
+    s.verdict(hardware("node3", AGENT))
+    s.verdict(hardware("node1", PROGRAM))
+    s.verdict(Interruption(ev.PREEMPTION, (), 1.0, ("preempted",)))  # nobody's fault: nothing told
+    assert [(b["node"], b["source"], b["job"]) for _, b in site.got] == [("node3", "node", "77"),
+                                                                        ("node1", "program", "77")]  # fmt: skip
+
+
+def test_an_outage_keeps_the_last_answer_is_journaled_once_and_catches_up_in_order() -> None:
+    s, site, events = link()
+    s.excluded(("node1", "node2"))
+    site.up = False
+    assert s.excluded(("node1", "node2")) == ("node2",)  # the site's last word, not a guess
+    s.job_started(("node1", "node2"))
+    s.verdict(hardware("node1", AGENT))
+    assert [e["what"] for e in events if e["what"] != "excluded"] == ["unavailable"]
+    site.up = True
+    s.excluded(("node1", "node2"))
+    assert [p for p, _ in site.got] == ["/v1/jobs", "/v1/verdicts"]
+    assert [e["what"] for e in events if e["what"] != "excluded"] == ["unavailable", "reachable"]
+
+
+def test_a_refused_request_is_dropped_not_retried_forever() -> None:
+    s, site, events = link()
+    site.refuse = True
+    s.verdict(hardware("node1", AGENT))
+    site.refuse = False
+    s.verdict(hardware("node3", AGENT))
+    assert [b["node"] for _, b in site.got] == ["node3"] and events[0]["what"] == "refused"
+
+
+def test_no_site_configured_does_nothing_and_bad_settings_are_journaled_not_fatal(tmp_path) -> None:
+    events: list[dict[str, Any]] = []
+    ctx = Context.of(events.append, clock=lambda: 1.0)
+    assert SiteLink.from_config(ctx, SiteConfig(), "/c", "1").excluded(("node1",)) == () and events == []
+    off = SiteLink.from_config(ctx, SiteConfig(url="http://x:1", token_file=str(tmp_path / "missing")), "/c", "1")
+    assert off.client is None and events[0]["what"] == "off" and "cannot read the site token file" in events[0]["detail"]
+
+
+def supervisor_with(held: list[str], nodes: tuple[str, ...], train: int) -> Supervisor:
+    s, site, _ = link()
+    site.held = held
+    layout = TrainingLayout(nodes=nodes, tasks_per_node=1, spare_nodes=len(nodes) - train)
+    parts = SimpleNamespace(site=s, layout=layout, nodeloss=SimpleNamespace(lost=set()), ctx=s.ctx)
+    return Supervisor(parts)  # type: ignore[arg-type]
+
+
+def test_the_loop_leaves_the_sites_nodes_out_only_when_enough_remain() -> None:
+    assert supervisor_with(["node2"], ("node1", "node2", "node3"), 2).with_site_exclusions(()) == ("node2",)
+    assert supervisor_with(["node2", "node3"], ("node1", "node2", "node3"), 2).with_site_exclusions(()) == ()
+    assert supervisor_with(["node3"], ("node1", "node2", "node3"), 1).with_site_exclusions(("node1",)) == (
+        "node1", "node3")  # fmt: skip
