@@ -244,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         if problem:  # said now, not discovered at the first relaunch
             print(f"supervise: note: {problem}: only checkpoints this campaign signs will be resumed (fix: "
                   f"{adopt_fix(run_cfg['checkpoint_dir'])})", file=sys.stderr)
+    flags = with_site_exclusions(flags, spec.config.get("site", {}))
     sbatch_argv = ["sbatch", "--parsable", *flags, str(CampaignPaths(root).batch_script)]
     if args.dry_run:
         print(script, end="")
@@ -254,6 +255,36 @@ def run(args: argparse.Namespace) -> int:
     print(f"job {job_id}")
     print(f"campaign {paths.root}")
     return 0
+
+
+def with_site_exclusions(flags: list[str], site: dict) -> list[str]:  # type: ignore[type-arg]
+    """``flags`` plus ``--exclude`` of the nodes the site ledger holds as bad for this user (``[site]``, docs/site.md),
+    so the job is not even started on them. A site that cannot be asked, or the user's own ``--exclude``, leaves
+    the flags as they are, with a note (the supervisor asks again before each launch)."""
+    if not site.get("url"):
+        return flags
+    from slurm.hostlist import compress
+    from slurm.sbatch import has_option
+    from supervisor.config import SiteConfig
+    from supervisor.errors import SupervisorError
+    from supervisor.site.client import SiteClient, read_token_file
+
+    cfg = SiteConfig(**{k: v for k, v in site.items() if k in ("url", "token_file", "timeout_s")})
+    try:
+        held = [node for node, _ in SiteClient(cfg.url, read_token_file(Path(cfg.token_file).expanduser()),
+                                               cfg.timeout_s).excluded()]  # fmt: skip
+    except SupervisorError as err:
+        print(f"supervise: note: {err.one_line()}; submitting without the site's exclusions (each launch asks "
+              "again)", file=sys.stderr)  # fmt: skip
+        return flags
+    if not held:
+        return flags
+    if has_option(flags, "--exclude", "-x"):
+        print(f"supervise: note: the site ledger holds {compress(held)} as bad; your own --exclude is kept as it is "
+              "(add them to it to keep the job off them; each launch leaves them out anyway)", file=sys.stderr)
+        return flags
+    print(f"supervise: the site ledger holds {compress(held)} as bad: submitted with --exclude", file=sys.stderr)
+    return [*flags, f"--exclude={compress(held)}"]
 
 
 def _submit(paths, flags: Sequence[str]) -> str:  # type: ignore[no-untyped-def]

@@ -142,3 +142,30 @@ def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
     path.write_text("alice\n")
     with pytest.raises(ConfigError, match="not USER:TOKEN"):
         read_token_file(path)
+
+
+def test_submit_leaves_out_what_the_site_holds_and_never_fails_for_it(tmp_path: Path, capsys) -> None:
+    """`supervise submit` with [site]: --exclude of the held nodes; the user's own --exclude kept (with a note);
+    a site that cannot be asked: the flags as they were, with a note (supervisor/commands/submit.py)."""
+    from supervisor.commands.submit import with_site_exclusions
+
+    a = api(tmp_path)
+    call(a, "alice", "POST", "/v1/verdicts", verdict(node="node3"))
+    call(a, "alice", "POST", "/v1/verdicts", verdict(node="node4"))
+    port = free_port()
+    server = make_server(a, "127.0.0.1", port)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    a.clock = a.verifier.clock = time.time
+    token_file = tmp_path / "bob.token"
+    write_token_file(token_file, Credentials("bob", TOKENS["bob"]))
+    site = {"url": f"http://127.0.0.1:{port}", "token_file": str(token_file)}
+    try:
+        assert with_site_exclusions(["-N", "2"], site) == ["-N", "2", "--exclude=node[3-4]"]
+        assert with_site_exclusions(["-x", "node9"], site) == ["-x", "node9"]
+        assert "your own --exclude is kept" in capsys.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert with_site_exclusions(["-N", "2"], site) == ["-N", "2"]
+    assert "submitting without the site's exclusions" in capsys.readouterr().err
+    assert with_site_exclusions(["-N", "2"], {}) == ["-N", "2"]
