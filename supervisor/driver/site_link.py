@@ -83,8 +83,8 @@ class SiteLink:
         asked now); journaled when there are any."""
         if self.client is None:
             return ()
-        self._flush()
-        answer = self._call("GET", "/v1/excluded", None)
+        # what waited first (in order); a site that did not take it is not asked again now (one timeout, not two)
+        answer = self._call("GET", "/v1/excluded", None) if self._flush() else None
         if answer is not None:
             rows = answer.get("nodes")
             if isinstance(rows, list):
