@@ -24,9 +24,11 @@ class OneLineError(Exception):
         self.fix = fix
 
     def one_line(self) -> str:
-        text = f"supervise: error: {self.problem}"
-        if self.fix:
-            text += f" (fix: {self.fix})"
+        return f"supervise: error: {self.plain()}"
+
+    def plain(self) -> str:
+        """The problem and the fix without the command's prefix (for a journal line, an API answer)."""
+        text = self.problem + (f" (fix: {self.fix})" if self.fix else "")
         return text.replace("\n", " ")
 
 

@@ -274,7 +274,7 @@ def with_site_exclusions(flags: list[str], site: dict) -> list[str]:  # type: ig
         held = [node for node, _ in SiteClient(cfg.url, read_token_file(Path(cfg.token_file).expanduser()),
                                                cfg.timeout_s).excluded()]  # fmt: skip
     except SupervisorError as err:
-        print(f"supervise: note: {err.one_line()}; submitting without the site's exclusions (each launch asks "
+        print(f"supervise: note: {err.plain()}; submitting without the site's exclusions (each launch asks "
               "again)", file=sys.stderr)  # fmt: skip
         return flags
     if not held:

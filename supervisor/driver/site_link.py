@@ -41,7 +41,7 @@ class SiteLink:
         try:
             client = SiteClient(site.url, read_token_file(Path(site.token_file).expanduser()), site.timeout_s)
         except SupervisorError as err:
-            ctx.record(ev.site(ctx.clock(), "off", err.one_line()))
+            ctx.record(ev.site(ctx.clock(), "off", err.plain()))
             return cls(ctx, None, campaign, job_id)
         return cls(ctx, client, campaign, job_id)
 
@@ -51,12 +51,12 @@ class SiteLink:
         try:
             answer = self.client.request(method, path, body)
         except SiteRefused as err:  # it answered: not an outage, and this request will never be taken
-            self.ctx.record(ev.site(self.ctx.clock(), "refused", err.one_line()))
+            self.ctx.record(ev.site(self.ctx.clock(), "refused", err.plain()))
             return {}
         except SiteUnavailable as err:
             if not self.down:
                 self.down = True
-                self.ctx.record(ev.site(self.ctx.clock(), "unavailable", err.one_line()))
+                self.ctx.record(ev.site(self.ctx.clock(), "unavailable", err.plain()))
             return None
         if self.down:
             self.down = False

@@ -65,7 +65,7 @@ class SiteApi:
             try:
                 user = self.verifier.verify(headers, method, path, raw)
             except SiteAuthError as err:
-                return 401, {"error": err.one_line()}
+                return 401, {"error": err.plain()}
             try:
                 body = self._body(raw) if method == "POST" else {}
                 return self._route(method, path, user, body)

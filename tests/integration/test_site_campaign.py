@@ -1,0 +1,76 @@
+"""A campaign started with README's usage and a `[site]` table, on the real local Slurm, against a real `supervise
+site serve` (docs/site.md): another user's hardware verdict read from a node keeps this campaign's job off that
+node from its submission, and a verdict that arrives while it trains keeps its next launch off that node (the
+spare takes over), with its own ledger empty; its Slurm run is told to the site (node-hours, the lemon rule's
+exposure); and a site stopped mid-campaign does not stop the campaign."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from campaign_tools import REPO, cancel, launches, rank_pid, submit, supervise, wait_for
+
+from supervisor.site.client import SiteClient, read_token_file
+
+pytestmark = pytest.mark.slurm
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_another_users_node_evidence_keeps_the_campaign_off_the_node(tmp_path: Path) -> None:
+    site, port = tmp_path / "site", free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "site", "serve", "--dir", str(site), "--listen",
+                               f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    camp = None
+    try:
+        assert server.stdout is not None and "site service on" in server.stdout.readline()
+        for user in ("alice", "bob"):
+            supervise("site", "token", "--dir", str(site), "--user", user, "--out", str(tmp_path / f"{user}.token"))
+        alice = SiteClient(url, read_token_file(tmp_path / "alice.token"))
+        alice.post_verdict(node="node2", source="node", klass="hardware", confidence=0.95,
+                           evidence=["Xid 79 on GPU 0 (read by alice's node agent)"], job="1", campaign="alice-llm")
+        # bob's campaign: 2 training nodes and a spare. The site's answer at submit keeps the job off node2
+        camp = submit(tmp_path, steps=60, step_time=0.2, nodes=2,
+                      config=f'spare_nodes = 1\n[site]\nurl = "{url}"\ntoken_file = "{tmp_path / "bob.token"}"\n')
+        allocation = wait_for("the allocation", lambda: camp.of_type("attempt_started"), 180)[0]["nodes"]
+        assert "node2" not in allocation, allocation
+        first = wait_for("the first launch", lambda: launches(camp), 120)[0]
+        # then a node of the running training gets a verdict from another user's campaign, read from the node:
+        # the next launch (after a killed rank, nobody's fault) runs on the spare instead, bob's ledger still empty
+        suspect = first["nodes"][1]
+        alice.post_verdict(node=suspect, source="node", klass="hardware", confidence=0.95,
+                           evidence=["ECC uncorrectable count rose (alice's node agent)"], job="2", campaign="alice-llm")
+        pid = wait_for("rank 0 at step 5", lambda: rank_pid(camp, 0, 5), 120)
+        os.kill(pid, signal.SIGKILL)
+        relaunch = wait_for("the relaunch", lambda: launches(camp)[1:], 120)[0]
+        assert suspect in relaunch["excluded"] and suspect not in relaunch["nodes"], relaunch
+        told = [e for e in camp.of_type("site") if e["what"] == "excluded"]
+        assert told and told[-1]["nodes"] == [suspect], camp.of_type("site")
+        blamed = {n for e in camp.of_type("interruption") for n in e.get("blamed_nodes", [])}
+        assert suspect not in blamed  # bob's own ledger: the site's word alone kept the node out
+        listed = supervise("site", "nodes", "--url", url, "--token-file", str(tmp_path / "bob.token"), "--json")
+        exposed = {r["node"] for r in json.loads(listed.stdout)["nodes"] if r["exposure_h"] is not None}
+        assert set(allocation) <= exposed  # bob's Slurm run was told to the site (node-hours)
+        server.send_signal(signal.SIGTERM)  # the site goes away mid-campaign
+        assert server.wait(timeout=30) == 0
+        ended = wait_for("the campaign to complete", camp.ended, 180)
+        assert ended["state"] == "completed", ended
+        assert [e for e in camp.of_type("site") if e["what"] == "unavailable"]  # journaled, then went on
+    finally:
+        if server.poll() is None:
+            server.kill()
+        if camp is not None:
+            cancel(camp.job_id)
