@@ -342,7 +342,8 @@ def _nodes_from_sinfo_group(group: Mapping[str, Any]) -> list[NodeInfo]:
             state=base,
             flags=flags,
             reason=text(reason.get("description")),
-            reason_user=text(reason.get("user")),
+            # 26.05 (data_parser v0.0.45) moved the user out of the reason, to the group's reason_set_by_user
+            reason_user=text(reason.get("user")) or text(group.get("reason_set_by_user")),
             reason_time=timestamp(reason.get("time")),
             partitions=(partition,) if partition else (),
             source="sinfo-json",

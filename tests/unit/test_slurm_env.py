@@ -39,8 +39,8 @@ def test_the_batch_script_of_slurm_26_05_is_the_batch_step_though_it_has_a_step_
     supervisor found no batch host (no bind address: every run crashed) and the agents took it for rank 0."""
     env = SlurmEnv.from_environ(_env_file("../26.05/env_batch_step.txt"))
     assert env.step_id == "-5" and env.procid == 0
-    assert env.in_batch_step and env.batch_host == "node1"
-    assert env.nodelist == ("node1", "node2") and env.tasks_per_node == (2, 2) and env.end_time == 1828123500
+    assert env.in_batch_step and env.batch_host == "node2"
+    assert env.nodelist == ("node2", "node3") and env.tasks_per_node == (2, 2) and env.end_time == 1828125779
     assert not is_srun_step(env.step_id) and not is_srun_step("4294967291") and not is_srun_step("-4")
     assert is_srun_step("0") and is_srun_step("12") and not is_srun_step(None) and not is_srun_step("²")
 
