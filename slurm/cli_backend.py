@@ -372,12 +372,19 @@ class CliSlurmClient:
     def drain(self, nodes: Iterable[str], reason: str) -> None:
         """Drain nodes (running jobs finish, no new ones start). Needs operator rights."""
         self.commands.run(
-            ["scontrol", "update", f"NodeName={node_hostlist(nodes)}", "State=DRAIN", f"Reason={_validate_reason(reason)}"]
+            ["scontrol", "update", f"NodeName={_specific_nodes(nodes)}", "State=DRAIN", f"Reason={_validate_reason(reason)}"]
         )
 
     def resume(self, nodes: Iterable[str]) -> None:
         """Return drained/down nodes to service. Needs operator rights."""
-        self.commands.run(["scontrol", "update", f"NodeName={node_hostlist(nodes)}", "State=RESUME"])
+        self.commands.run(["scontrol", "update", f"NodeName={_specific_nodes(nodes)}", "State=RESUME"])
+
+    def reboot(self, nodes: Iterable[str], reason: str) -> None:
+        """Reboot the nodes once their jobs end (ASAP: no new job starts meanwhile), then return them to service
+        (``nextstate=RESUME``; the node's HealthCheckProgram drains it again if it is still unfit). Needs operator
+        rights and Slurm's RebootProgram."""
+        self.commands.run(["scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={_validate_reason(reason)}",
+                           _specific_nodes(nodes)], idempotent=False)  # fmt: skip
 
 
 def _json_unsupported(message: str) -> bool:
@@ -394,6 +401,16 @@ def _pick_job(jobs: list[JobInfo], jid: str) -> JobInfo | None:
         if jid in (job.job_id, job.raw_job_id):
             return job
     return None
+
+
+def _specific_nodes(nodes: Iterable[str]) -> str:
+    """The hostlist of ``nodes`` for a node action; ``ALL`` is scontrol's word for every node of the cluster (in
+    ``update NodeName=`` and ``reboot``), never a node's name here."""
+    names = list(nodes)
+    if any(n.upper() == "ALL" for n in names):
+        raise SlurmUsageError("refusing a node action on a node named ALL: scontrol reads it as every node",
+                              "name the nodes one by one")  # fmt: skip
+    return node_hostlist(names)
 
 
 def _validate_reason(reason: str) -> str:

@@ -100,6 +100,10 @@ class SlurmClient(Protocol):
 
     def drain(self, nodes: Iterable[str], reason: str) -> None: ...
 
+    def reboot(self, nodes: Iterable[str], reason: str) -> None:
+        """Reboot once idle (ASAP: drained meanwhile), then back to service (nextstate=RESUME)."""
+        ...
+
     def resume(self, nodes: Iterable[str]) -> None: ...
 
 

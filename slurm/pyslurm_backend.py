@@ -198,6 +198,9 @@ class PyslurmClient:
     def switches(self) -> dict[str, str]:
         return self.cli.switches()
 
+    def reboot(self, nodes: Iterable[str], reason: str) -> None:
+        self.cli.reboot(nodes, reason)
+
     def drain(self, nodes: Iterable[str], reason: str) -> None:
         self.cli.drain(nodes, reason)
 

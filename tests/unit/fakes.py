@@ -297,6 +297,9 @@ class FakeSlurm:
     def resume(self, nodes: Any) -> None:
         self.calls.append(("resume", sorted(nodes)))
 
+    def reboot(self, nodes: Any, reason: str) -> None:
+        self.calls.append(("reboot", sorted(nodes), reason))
+
 
 class FakeInbox:
     """The batch step's signals: ``deliver`` queues one for the loop's next look."""

@@ -378,6 +378,8 @@ def test_submit_rejects_a_script_without_shebang_and_bad_output() -> None:
         (lambda c: c.drain(["node2"], "supervise: hang (job 5)"),
          ["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=supervise: hang (job 5)"]),
         (lambda c: c.resume(["node2", "node1"]), ["scontrol", "update", "NodeName=node[1-2]", "State=RESUME"]),
+        (lambda c: c.reboot(["node3"], "supervise-site: Xid 79"),
+         ["scontrol", "reboot", "ASAP", "nextstate=RESUME", "reason=supervise-site: Xid 79", "node3"]),
     ],
 )  # fmt: skip
 def test_action_argv(call, argv: list[str]) -> None:  # type: ignore[no-untyped-def]
@@ -396,6 +398,11 @@ def test_action_argv(call, argv: list[str]) -> None:  # type: ignore[no-untyped-
         (lambda c: c.signal_step("5.0 6", "TERM"), InvalidJobId),
         (lambda c: c.drain(["node1", "-x"], "r"), InvalidNodeName),
         (lambda c: c.drain(["node1"], "two\nlines"), UsageError),
+        (lambda c: c.reboot(["node1", "-x"], "r"), InvalidNodeName),
+        (lambda c: c.reboot(["ALL"], "r"), UsageError),  # scontrol reboot's word for every node, never a node
+        (lambda c: c.reboot(["all"], "r"), UsageError),
+        (lambda c: c.drain(["node1", "ALL"], "r"), UsageError),
+        (lambda c: c.resume(["All"]), UsageError),
         (lambda c: c.drain([], "r"), UsageError),
         (lambda c: c.signal("5", "NOPE"), UsageError),
         (lambda c: c.signal("5", "USR1", target="all"), UsageError),
