@@ -1,6 +1,6 @@
 """``supervise site serve|token|nodes|forgive``: the site-wide node ledger's service and its operators' commands.
 
-    supervise site serve --dir DIR [--listen HOST:PORT]      the service (one per site, on an admin or login node)
+    supervise site serve --dir DIR [--listen HOST:PORT] [--repair]   the service (one per site, on an admin node)
     supervise site token --dir DIR --user NAME [--admin]      issue NAME's token into a 0600 file
     supervise site nodes --url URL --token-file F [--json]    every node's lemon score and evidence
     supervise site forgive NODE --url URL --token-file F      an operator returns a repaired node
@@ -25,6 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve = sub.add_parser("serve", help="run the service", description="run the site service")
     serve.add_argument("--dir", required=True, help="the service's directory (database, operators' token)")
     serve.add_argument("--listen", default="127.0.0.1:8787", metavar="HOST:PORT", help="default 127.0.0.1:8787")
+    serve.add_argument("--repair", action="store_true",
+                       help="drain, reboot and resume nodes through scontrol (operator rights; docs/site.md)")
+    serve.add_argument("--repair-every", type=float, default=60.0, metavar="S", help="seconds between rounds")
+    serve.add_argument("--repair-max-share", type=float, default=0.1, metavar="F",
+                       help="never hold more than this share of the nodes drained (default 0.1)")
     token = sub.add_parser("token", help="issue a user's token", description="issue a user's token (replaces theirs)")
     token.add_argument("--dir", required=True, help="the service's directory")
     token.add_argument("--user", required=True, help="the user name the token signs for")
@@ -63,27 +68,44 @@ def serve(args: argparse.Namespace) -> int:
     from supervisor.site.store import SiteStore
 
     host, port = _listen(args.listen)
+    if args.repair and not (args.repair_every >= 1 and 0 < args.repair_max_share <= 1):
+        from supervisor.errors import UsageError
+
+        raise UsageError("--repair-every must be >= 1 and --repair-max-share in (0, 1]", "e.g. --repair-every 60")
     store = SiteStore(args.dir)
     admin_file = Path(args.dir) / "token"
     if store.token_of(ADMIN) is None or not admin_file.exists():
         secret = new_token()
         store.set_token(ADMIN, secret, admin=True, t=time.time())
         write_token_file(admin_file, Credentials(ADMIN, secret))
+    api = SiteApi(store)
     try:
-        server = make_server(SiteApi(store), host, port)
+        server = make_server(api, host, port)
     except OSError as err:
         from supervisor.errors import SiteError
 
         raise SiteError(f"cannot listen on {host}:{port} ({err.strerror})", "pick another --listen port") from None
+    stop = threading.Event()
+    if args.repair:
+        from slurm.client import get_client
+        from supervisor.decisions.repair import RepairConfig
+        from supervisor.site.repair_loop import RepairLoop, serve_repairs
+
+        loop = RepairLoop(store, get_client(), api.lock, config=RepairConfig(args.repair_max_share))
+        threading.Thread(target=serve_repairs, args=(loop, args.repair_every, stop, lambda line: print(line,
+                         flush=True)), daemon=True).start()  # fmt: skip
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    print(f"site service on http://{host}:{server.server_address[1]} (operators' token: {admin_file})", flush=True)
+    print(f"site service on http://{host}:{server.server_address[1]} (operators' token: {admin_file}"
+          f"{'; repair loop on' if args.repair else ''})", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        stop.set()
         server.server_close()
-        store.close()
+        with api.lock:
+            store.close()
     return 0
 
 

@@ -30,6 +30,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     job TEXT NOT NULL, node TEXT NOT NULL, user TEXT NOT NULL, campaign TEXT NOT NULL, start REAL NOT NULL,
     end REAL, PRIMARY KEY (job, node, start));
 CREATE TABLE IF NOT EXISTS forgiven (node TEXT PRIMARY KEY, t REAL NOT NULL, by TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS repairs (
+    id INTEGER PRIMARY KEY, t REAL NOT NULL, node TEXT NOT NULL, kind TEXT NOT NULL, reason TEXT NOT NULL,
+    error TEXT);
 CREATE TABLE IF NOT EXISTS tokens (user TEXT PRIMARY KEY, token TEXT NOT NULL, admin INTEGER NOT NULL, t REAL NOT NULL);
 """
 
@@ -86,7 +89,17 @@ class SiteStore:
                         "SET token = excluded.token, admin = excluded.admin, t = excluded.t",
                         (user, token, int(admin), t))  # fmt: skip
 
+    def add_repair(self, t: float, node: str, kind: str, reason: str, error: str | None = None) -> None:
+        """One step of the repair loop (drain, reboot, resume, forgive, wait), and why it failed if it did."""
+        self.db.execute("INSERT INTO repairs (t, node, kind, reason, error) VALUES (?, ?, ?, ?, ?)",
+                        (t, node, kind, reason[:500], None if error is None else error[:500]))  # fmt: skip
+
     # -- reading ------------------------------------------------------------------------------------------------
+    def repairs(self, since: float = float("-inf")) -> list[dict[str, object]]:
+        rows = self.db.execute("SELECT t, node, kind, reason, error FROM repairs WHERE t >= ? ORDER BY id",
+                               (since,)).fetchall()  # fmt: skip
+        return [dict(zip(("t", "node", "kind", "reason", "error"), r, strict=True)) for r in rows]
+
     def token_of(self, user: str) -> str | None:
         row = self.db.execute("SELECT token FROM tokens WHERE user = ?", (user,)).fetchone()
         return None if row is None else str(row[0])
@@ -99,6 +112,19 @@ class SiteStore:
         rows = self.db.execute("SELECT node, user, source, klass, campaign, t FROM verdicts WHERE t >= ? ORDER BY t",
                                (since,)).fetchall()  # fmt: skip
         return [SiteVerdict(node=r[0], user=r[1], source=r[2], klass=r[3], campaign=r[4], t=r[5]) for r in rows]
+
+    def verdict_rows(self, since: float) -> list[tuple[SiteVerdict, list[str]]]:
+        """Verdicts since ``since`` with their evidence lines, oldest first."""
+        rows = self.db.execute("SELECT node, user, source, klass, campaign, t, evidence FROM verdicts WHERE t >= ? "
+                               "ORDER BY t", (since,)).fetchall()  # fmt: skip
+        out = []
+        for r in rows:
+            try:
+                evidence = [str(e) for e in json.loads(r[6])]
+            except (ValueError, TypeError):
+                evidence = []
+            out.append((SiteVerdict(node=r[0], user=r[1], source=r[2], klass=r[3], campaign=r[4], t=r[5]), evidence))
+        return out
 
     def failures(self, since: float, until: float) -> list[NodeFailure]:
         """Every verdict in [since, until] as a failure of its node (the lemon rule's input), forgiven ones out."""
