@@ -74,9 +74,12 @@ class SiteClient:
                 why = json.loads(err.read(4096)).get("error", "")
             except (ValueError, AttributeError):
                 why = ""
+            if 400 <= err.code < 500 and why:  # the service's answer names the problem (and mostly its fix)
+                fix = "" if "(fix:" in why else "check that [site] url names the site service, of this same version"
+                raise SiteRefused(f"the site service refused {method} {path} ({err.code}): {why}", fix) from None
             kind = SiteRefused if 400 <= err.code < 500 else SiteUnavailable
-            raise kind(f"the site service refused {method} {path}: {err.code} {why}".rstrip(),
-                       "see the service's answer; a campaign goes on with its own ledger") from None  # fmt: skip
+            raise kind(f"the site service refused {method} {path}: {err.code}",
+                       "see the service's log; a campaign goes on with its own ledger") from None  # fmt: skip
         except (OSError, ValueError) as err:
             raise SiteUnavailable(f"the site service at {self.url} cannot be asked ({err})",
                                   "start it (`supervise site serve`) or check [site] url; a campaign goes on with "
