@@ -9,34 +9,23 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from campaign_tools import REPO, cancel, launches, rank_pid, submit, supervise, wait_for
+from site_tools import start_site
 
 from supervisor.site.client import SiteClient, read_token_file
 
 pytestmark = pytest.mark.slurm
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_another_users_node_evidence_keeps_the_campaign_off_the_node(tmp_path: Path) -> None:
-    site, port = tmp_path / "site", free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "site", "serve", "--dir", str(site), "--listen",
-                               f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    site = tmp_path / "site"
+    url, server, first = start_site(site, REPO)
     camp = None
     try:
-        assert server.stdout is not None and "site service on" in server.stdout.readline()
+        assert "site service on" in first
         for user in ("alice", "bob"):
             supervise("site", "token", "--dir", str(site), "--user", user, "--out", str(tmp_path / f"{user}.token"))
         alice = SiteClient(url, read_token_file(tmp_path / "alice.token"))

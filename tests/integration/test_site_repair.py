@@ -5,26 +5,18 @@ a person; an operator's `supervise site forgive` returns it to service; a printe
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from campaign_tools import REPO, supervise, wait_for
+from site_tools import start_site
 
 from supervisor.site.client import SiteClient, read_token_file
 
 pytestmark = pytest.mark.slurm
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def node_line(node: str) -> str:
@@ -39,14 +31,10 @@ def repairs(site: Path) -> list[tuple[str, str, str | None]]:
 
 def test_the_repair_loop_drains_records_a_refused_reboot_and_resumes_after_forgiveness(tmp_path: Path,
                                                                                         slurm_cluster) -> None:  # fmt: skip
-    site, port = tmp_path / "site", free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "site", "serve", "--dir", str(site), "--listen",
-                               f"127.0.0.1:{port}", "--repair", "--repair-every", "1", "--repair-max-share", "0.5"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    site = tmp_path / "site"
+    url, server, first = start_site(site, REPO, "--repair", "--repair-every", "1", "--repair-max-share", "0.5")
     try:
-        assert server.stdout is not None and "repair loop on" in server.stdout.readline()
+        assert "repair loop on" in first
         supervise("site", "token", "--dir", str(site), "--user", "alice", "--out", str(tmp_path / "alice.token"))
         alice = SiteClient(url, read_token_file(tmp_path / "alice.token"))
         alice.post_verdict(node="node4", source="program", klass="hardware", confidence=0.9,

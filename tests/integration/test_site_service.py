@@ -6,15 +6,14 @@ and SIGTERM stops the service cleanly; its database outlives it."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from site_tools import start_site
 
 from supervisor.site.client import SiteClient, SiteUnavailable, read_token_file
 
@@ -24,21 +23,11 @@ def supervise(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=60, cwd=cwd)  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_the_site_service_end_to_end(tmp_path: Path) -> None:
-    site, port = tmp_path / "site", free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    server = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "site", "serve", "--dir", str(site),
-                               "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env, cwd=tmp_path)  # fmt: skip
+    site = tmp_path / "site"
+    url, server, first = start_site(site, tmp_path)
     try:
-        assert "site service on" in (server.stdout.readline() if server.stdout else "")
+        assert "site service on" in first
         assert stat.S_IMODE((site / "token").stat().st_mode) == 0o600
         for user in ("alice", "bob"):
             out = supervise("site", "token", "--dir", str(site), "--user", user, cwd=tmp_path)
