@@ -1,9 +1,10 @@
-"""``supervise site serve|token|nodes|forgive``: the site-wide node ledger's service and its operators' commands.
+"""``supervise site serve|token|nodes|forgive|url``: the site-wide node ledger's service and its operators' commands.
 
     supervise site serve --dir DIR [--listen HOST:PORT] [--repair]   the service (one per site, on an admin node)
     supervise site token --dir DIR --user NAME [--admin]      issue NAME's token into a 0600 file
     supervise site nodes --url URL --token-file F [--json]    every node's lemon score and evidence
     supervise site forgive NODE --url URL --token-file F      an operator returns a repaired node
+    supervise site url --url URL --token-file F [--days D]    the fleet page's address with a read-only view key
 
 ``serve`` writes the operators' token to ``DIR/token`` (0600) at its first start. Rules and API: docs/site.md.
 """
@@ -15,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-HELP = "the site-wide node ledger: serve it, issue tokens, list nodes, forgive a repaired node"
+HELP = "the site-wide node ledger: serve it, issue tokens, list nodes, forgive a repaired node, open the fleet page"
 ADMIN = "site-admin"
 
 
@@ -35,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     token.add_argument("--user", required=True, help="the user name the token signs for")
     token.add_argument("--admin", action="store_true", help="an operator's token (may forgive nodes)")
     token.add_argument("--out", help="the token file to write (default: ./USER.site-token)")
-    for name, text in (("nodes", "every node's lemon score"), ("forgive", "return a repaired node (operators)")):
+    for name, text in (("nodes", "every node's lemon score"), ("forgive", "return a repaired node (operators)"),
+                       ("url", "print the fleet page's address with a read-only view key (operators)")):  # fmt: skip
         p = sub.add_parser(name, help=text, description=text)
         if name == "forgive":
             p.add_argument("node", metavar="NODE")
@@ -43,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--token-file", required=True, help="USER:TOKEN, as `supervise site token` wrote it")
         if name == "nodes":
             p.add_argument("--json", action="store_true", help="print the scores as JSON")
+        if name == "url":
+            p.add_argument("--days", type=float, default=7.0, metavar="D",
+                           help="how long the key works (default 7; a Prometheus scrape key: e.g. 365)")
+            p.add_argument("--key-only", action="store_true",
+                           help="print only the key (Prometheus: authorization credentials_file)")
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -55,7 +62,7 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"serve": serve, "token": token, "nodes": nodes, "forgive": forgive}[args.site_command](args)
+    return {"serve": serve, "token": token, "nodes": nodes, "forgive": forgive, "url": url}[args.site_command](args)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -158,4 +165,18 @@ def forgive(args: argparse.Namespace) -> int:
     node = validate_node_name(args.node)
     _client(args).request("POST", "/v1/forgive", {"node": node})
     print(f"forgave {node}: verdicts before now no longer count against it")
+    return 0
+
+
+def url(args: argparse.Namespace) -> int:
+    """No request: the key is made here from the token file (an HMAC the service checks on each read)."""
+    from supervisor.errors import UsageError
+    from supervisor.site.auth import view_key
+    from supervisor.site.client import read_token_file
+
+    if not (0 < args.days <= 3660):
+        raise UsageError(f"--days {args.days:g} is out of range", "give a number of days between 0 and 3660")
+    credentials = read_token_file(args.token_file)
+    key = view_key(credentials.user, credentials.token, time.time() + args.days * 86400)
+    print(key if args.key_only else f"{args.url.rstrip('/')}/#key={key}")
     return 0

@@ -190,10 +190,11 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
         trainer.memory_snapshots = "off"
         memory.enabled = memory_flush.enabled = ring.enabled = False
 
+    site = SiteLink.from_config(ctx, config.site, str(paths.root), job_id, report=state.report)
     watcher = Watcher(ctx, channel=channel, detector=a.detector, checkpoints=checkpoints, agents=agents,
                       interrupts=interrupts, loop_interval_s=run.loop_interval_s, notifier=notifier,
                       observers=(progress, interval, ring, MemoryOff(ctx, channel, memory_tier_off,
-                                                                       enabled=memory_mode != "off")),
+                                                                       enabled=memory_mode != "off"), site),
                       health=health, nodeloss=watch_nodes,
                       stall=StallProbe(ctx, channel, paths.root), swap=swap)  # fmt: skip
     jobs = JobActions(ctx, slurm=a.slurm, channel=channel, inbox=a.inbox, job_id=job_id,
@@ -217,7 +218,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
             memory_flush=memory_flush, tasks_per_node=layout.tasks_per_node,
         ),
         no_kill=has_option(spec.sbatch_flags, "--no-kill", "-k"),
-        site=SiteLink.from_config(ctx, config.site, str(paths.root), job_id),
+        site=site,
     )  # fmt: skip
 
 

@@ -150,7 +150,7 @@ class Supervisor:
             p.ctx.record({**interruption.to_event(p.ctx.clock()), "launch": launch.number,
                           "last_step": last_step(found), **({"torchrun_restarts": restarts} if restarts else {})})
             p.prelaunch.after(interruption.cls, interruption.blamed_nodes)  # a node it could have hurt: measured again
-            p.ctx.guard.call(SITE, p.site.verdict, interruption, default=None)
+            p.ctx.guard.call(SITE, p.site.interrupted, interruption, default=None)
             outcome = p.actuators.carry_out(Situation(launch, interruption, decision, found, history))
             self.final_progress(launch)  # a checkpoint saved on the way out (preemption, time limit, cancel)
             if interruption.cls == ev.NUMERICAL:  # the launch is gone now: no checkpoint can appear after this

@@ -1,5 +1,7 @@
 """The campaign's side of the site-wide node ledger (docs/site.md): ask it before each launch, tell it each node
-verdict and each Slurm run's nodes. Polls and acts only; what counts for whom is the service's rule
+verdict, each interruption (whatever its class: the fleet page's picture over time), each Slurm run's nodes, and
+the campaign's state and goodput (when the run starts and ends, after each interruption, and every
+``STATUS_EVERY_S`` while the site is reachable). Polls and acts only; what counts for whom is the service's rule
 (``decisions/site_trust.py``) and which evidence a verdict rests on is ``decisions/site_source.py``.
 
 The service being down never stops a campaign: an ask that fails keeps the site's last answer (its word, not a
@@ -9,7 +11,7 @@ the next request that gets through (``site reachable``). Without ``[site] url`` 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,32 +20,38 @@ from supervisor.decisions.classify import NO_BLAME
 from supervisor.decisions.interruption import Interruption
 from supervisor.decisions.site_source import verdict_source
 from supervisor.driver.context import Context
+from supervisor.driver.guard import SITE
 from supervisor.errors import SupervisorError
 
 PENDING_MAX = 1000  # requests kept while the service is away (the oldest dropped beyond it)
+STATUS_EVERY_S = 300.0  # the campaign's figures on the fleet page are at most this old while it runs
 
 
 class SiteLink:
-    def __init__(self, ctx: Context, client: Any, campaign: str, job_id: str) -> None:
-        """``client``: a ``site.client.SiteClient``, or None (no site configured)."""
-        self.ctx, self.client, self.campaign, self.job_id = ctx, client, campaign, job_id
+    def __init__(self, ctx: Context, client: Any, campaign: str, job_id: str,
+                 report: Callable[[float], dict[str, Any]] | None = None) -> None:  # fmt: skip
+        """``client``: a ``site.client.SiteClient``, or None (no site configured); ``report(now)``: the campaign's
+        report (``campaign_state``), whose state and goodput go to the fleet page."""
+        self.ctx, self.client, self.campaign, self.job_id, self.report = ctx, client, campaign, job_id, report
+        self.status_at = float("-inf")
         self.held: tuple[str, ...] = ()  # the site's last answer
         self.pending: list[tuple[str, str, dict[str, Any]]] = []
         self.down = False
 
     @classmethod
-    def from_config(cls, ctx: Context, site: Any, campaign: str, job_id: str) -> SiteLink:
+    def from_config(cls, ctx: Context, site: Any, campaign: str, job_id: str,
+                    report: Callable[[float], dict[str, Any]] | None = None) -> SiteLink:  # fmt: skip
         """From ``[site]``; settings that cannot be used (the token file unreadable) are journaled, not fatal."""
         if not site.url:
-            return cls(ctx, None, campaign, job_id)
+            return cls(ctx, None, campaign, job_id, report)
         from supervisor.site.client import SiteClient, read_token_file
 
         try:
             client = SiteClient(site.url, read_token_file(Path(site.token_file).expanduser()), site.timeout_s)
         except SupervisorError as err:
             ctx.record(ev.site(ctx.clock(), "off", err.plain()))
-            return cls(ctx, None, campaign, job_id)
-        return cls(ctx, client, campaign, job_id)
+            return cls(ctx, None, campaign, job_id, report)
+        return cls(ctx, client, campaign, job_id, report)
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any] | None:
         from supervisor.site.client import SiteRefused, SiteUnavailable
@@ -95,6 +103,13 @@ class SiteLink:
             self.ctx.record(ev.site(self.ctx.clock(), "excluded", "the site ledger holds them as bad", here))
         return here
 
+    def interrupted(self, interruption: Interruption) -> None:
+        """Tell the site of this interruption (every class), of each node it blames, and the campaign's figures."""
+        self._tell("/v1/interruptions", {"campaign": self.campaign[:256], "job": self.job_id or "-",
+                                         "klass": interruption.cls, "nodes": list(interruption.blamed_nodes)})
+        self.verdict(interruption)
+        self.status()
+
     def verdict(self, interruption: Interruption) -> None:
         """Tell the site about each node this interruption blames."""
         if interruption.cls in NO_BLAME or not interruption.blamed_nodes:
@@ -106,10 +121,34 @@ class SiteLink:
                                         "evidence": [line[:1000] for line in interruption.evidence[:20]],
                                         "job": self.job_id, "campaign": self.campaign[:256]})  # fmt: skip
 
+    def status(self) -> None:
+        """The campaign's state, goodput and newest launches, as its report has them now."""
+        if self.client is None or self.report is None:
+            return
+        from supervisor.site.fleet import status_from_report
+
+        now = self.ctx.clock()
+        self.status_at = now
+        s = status_from_report(self.report(now), user="-", campaign=self.campaign[:256], job=self.job_id or "-", t=now)
+        self._tell("/v1/campaigns", {
+            "campaign": s.campaign, "job": s.job, "state": s.state[:32], "reason": s.reason[:500], "wall_s": s.wall_s,
+            "productive_s": s.productive_s, "ettr": s.ettr,
+            "attempts": [{"start": a.start, "end": a.end, "klass": a.klass, "blamed": list(a.blamed)}
+                         for a in s.attempts]})  # fmt: skip
+
+    def observe(self, live: Any) -> None:
+        """Each watch pass (an observer): the figures every ``STATUS_EVERY_S``, only while the site answers (a
+        site that is down costs the loop no timeout here; the next interruption or the run's end catches up)."""
+        if self.client is not None and not self.down and self.ctx.clock() - self.status_at >= STATUS_EVERY_S:
+            self.status_at = self.ctx.clock()  # (once per period even when it fails: no retry every pass)
+            self.ctx.guard.call(SITE, self.status, default=None)  # its own stage: never the detector's pass
+
     def job_started(self, nodes: Sequence[str]) -> None:
         self._tell("/v1/jobs", {"job": self.job_id, "nodes": list(nodes), "campaign": self.campaign[:256],
                                 "event": "start"})  # fmt: skip
+        self.status()
 
     def job_ended(self, nodes: Sequence[str]) -> None:
         self._tell("/v1/jobs", {"job": self.job_id, "nodes": list(nodes), "campaign": self.campaign[:256],
                                 "event": "end"})  # fmt: skip
+        self.status()

@@ -98,3 +98,36 @@ class Verifier:
                 raise SiteAuthError("the request was already received (a replay)", "sign every request anew")
             self._seen[nonce] = sent
         return user
+
+
+# -- view keys: read-only, expiring, for a browser (the fleet page) or a Prometheus scrape -------------------------
+# A browser cannot sign each request, and a scraper sends one fixed header. A view key is the user's name, an
+# expiry and an HMAC over both with the user's token: it lets its holder read the fleet (``GET /v1/fleet``,
+# ``GET /metrics``) until it expires, and nothing else; issuing a new token revokes every key made from the old one.
+def _view_mac(token: str, user: str, expires: int) -> str:
+    head = "\n".join(("slurm-supervisor site view v1", user, str(expires))).encode()
+    return hmac.new(bytes.fromhex(token), head, hashlib.sha256).hexdigest()
+
+
+def view_key(user: str, token: str, expires: float) -> str:
+    """A read-only key for ``user`` that stops working at ``expires`` (epoch seconds)."""
+    at = int(expires)
+    return f"{valid_user(user)}.{at}.{_view_mac(token, user, at)}"
+
+
+_VIEW_KEY = re.compile(r"([A-Za-z0-9._-]{1,64})\.([0-9]{1,12})\.([0-9a-f]{64})")
+
+
+def verify_view_key(key: str, secret_of: Callable[[str], str | None], now: float) -> str:
+    """The user a view key was issued for, or ``SiteAuthError`` (malformed, forged, revoked or expired)."""
+    found = _VIEW_KEY.fullmatch(key) if isinstance(key, str) else None
+    if found is None:
+        raise SiteAuthError("the view key is malformed", "use the URL or key `supervise site url` printed")
+    user, expires, mac = found.group(1), int(found.group(2)), found.group(3)
+    token = secret_of(user)
+    if token is None or not hmac.compare_digest(_view_mac(token, user, expires), mac):
+        raise SiteAuthError(f"the view key was not made with {user}'s token (forged, or the token was replaced)",
+                            "print a new one with `supervise site url`")  # fmt: skip
+    if now >= expires:
+        raise SiteAuthError(f"the view key expired {now - expires:.0f} s ago", "print a new one with `supervise site url`")
+    return user

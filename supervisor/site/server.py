@@ -10,6 +10,15 @@ line naming the field, an unauthentic one 401, an operator's action asked by a u
     GET  /v1/excluded   -> {"nodes": [{"node", "why"}]}   the signer's next launch leaves these out
     GET  /v1/nodes      -> {"nodes": [lemon score, ...]}
     POST /v1/forgive    {"node"}                          operators only
+    POST /v1/campaigns  {"campaign", "job", "state", "reason", "wall_s", "productive_s", "ettr", "attempts": [...]}
+    POST /v1/interruptions {"campaign", "job", "klass", "nodes": [...]}
+    GET  /v1/fleet      -> the fleet page's document (site/fleet.py)    operators; a view key will do
+    GET  /metrics       -> the same figures for Prometheus               operators; a view key will do
+    GET  /, /fleet.css, /fleet.js                                        the fleet page (no data in it)
+
+The two reads a browser or a scraper makes may carry ``Authorization: Bearer VIEW_KEY`` instead of a signature
+(``site/auth.py``: read-only, expiring). Connections beyond ``MAX_CONNECTIONS`` are closed at once and one that
+sends nothing is dropped after ``TIMEOUT_S``: a flood or a stuck client cannot take the service's threads.
 """
 
 from __future__ import annotations
@@ -26,10 +35,17 @@ from typing import Any
 from slurm.hostlist import validate_node_name
 from supervisor.decisions.lemon import LemonConfig, score_nodes
 from supervisor.decisions.site_trust import SOURCES, SiteVerdict, excluded_for
-from supervisor.site.auth import SiteAuthError, Verifier
+from supervisor.plot.timeline import COLOURS
+from supervisor.site import fleet as fleet_doc
+from supervisor.site.auth import SiteAuthError, Verifier, verify_view_key
+from supervisor.site.fleet import Attempt, CampaignStatus
+from supervisor.site.page import CSP, PAGES
 from supervisor.site.store import SiteStore
 
 MAX_BODY = 64 * 1024
+MAX_CONNECTIONS = 32
+TIMEOUT_S = 10.0
+VIEWABLE = ("/v1/fleet", "/metrics")  # the reads a view key opens
 
 
 class BadRequest(Exception):
@@ -63,7 +79,7 @@ class SiteApi:
     def handle(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict[str, Any]]:
         with self.lock:
             try:
-                user = self.verifier.verify(headers, method, path, raw)
+                user = self._who(method, path, headers, raw)
             except SiteAuthError as err:
                 return 401, {"error": err.plain()}
             try:
@@ -71,6 +87,55 @@ class SiteApi:
                 return self._route(method, path, user, body)
             except BadRequest as err:
                 return 400, {"error": str(err)}
+
+    def _who(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> str:
+        bearer = next((v for k, v in headers.items() if k.lower() == "authorization"), None)
+        if bearer is not None and method == "GET" and path in VIEWABLE:
+            scheme, _, key = bearer.partition(" ")
+            if scheme.lower() != "bearer":
+                raise SiteAuthError("the Authorization header is not a Bearer view key",
+                                    "send `Authorization: Bearer KEY` with the key `supervise site url` printed")
+            return verify_view_key(key.strip(), self.store.token_of, self.clock())
+        return self.verifier.verify(headers, method, path, raw)
+
+    def answer(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, bytes, dict[str, str]]:
+        """The HTTP answer (status, body, headers): the fleet page's files, the metrics page, or the JSON API."""
+        if method == "GET" and path in PAGES:
+            body, kind = PAGES[path]
+            return 200, body, {"Content-Type": kind, "Content-Security-Policy": CSP, "Cache-Control": "no-store",
+                               "X-Content-Type-Options": "nosniff"}  # fmt: skip
+        if method == "GET" and path == "/metrics":
+            status, doc = self._metrics(headers, raw)
+            if status == 200:
+                return 200, doc, {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+            return status, doc, {"Content-Type": "application/json"}
+        status, answer = self.handle(method, path, headers, raw)
+        return status, json.dumps(answer).encode(), {"Content-Type": "application/json"}
+
+    def _metrics(self, headers: dict[str, str], raw: bytes) -> tuple[int, bytes]:
+        with self.lock:
+            try:
+                user = self._who("GET", "/metrics", headers, raw)
+            except SiteAuthError as err:
+                return 401, json.dumps({"error": err.plain()}).encode()
+            if not self.store.is_admin(user):
+                return 403, json.dumps({"error": f"{user} may not read the fleet (fix: ask the site's operators)"
+                                        }).encode()  # fmt: skip
+            fleet, counts = self.fleet(self.clock()), self.store.interruption_counts()
+        try:
+            from supervisor.site.fleet_metrics import render
+        except ImportError:
+            return 501, json.dumps({"error": "prometheus-client is not installed on the service's host (fix: pip "
+                                             "install 'slurm-supervisor[metrics]')"}).encode()  # fmt: skip
+        return 200, render(fleet, counts)
+
+    def fleet(self, now: float) -> dict[str, Any]:
+        """The fleet document (``site/fleet.py``) from the store, now."""
+        since = now - self.lemon.window_s
+        return fleet_doc.fleet_view(now=now, campaigns=self.store.campaigns(), scores=self.scores(now),
+                                    interruptions=self.store.interruptions(now - fleet_doc.INTERRUPTIONS_WINDOW_S),
+                                    repairs=self.store.repairs(), forgiven=self.store.forgiven_at(),
+                                    verdicts=self.store.verdicts(since), colours=COLOURS)  # fmt: skip
 
     @staticmethod
     def _body(raw: bytes) -> dict[str, Any]:
@@ -126,6 +191,20 @@ class SiteApi:
             node = _node(body)
             self.store.forgive(node, now, by=user)
             return 200, {"node": node}
+        if (method, path) == ("POST", "/v1/campaigns"):
+            self.store.campaign_status(_campaign_status(body, user, now))
+            return 200, {}
+        if (method, path) == ("POST", "/v1/interruptions"):
+            nodes = body.get("nodes")
+            if not isinstance(nodes, list) or len(nodes) > 10_000:
+                raise BadRequest("field 'nodes' must be a list of at most 10000 node names")
+            self.store.add_interruption(now, user, _text(body, "campaign"), _text(body, "job", 64),
+                                        _text(body, "klass", 64), [_node({"node": n}) for n in nodes])  # fmt: skip
+            return 200, {}
+        if (method, path) == ("GET", "/v1/fleet"):
+            if not self.store.is_admin(user):
+                return 403, {"error": f"{user} may not read the fleet (fix: ask the site's operators)"}
+            return 200, self.fleet(now)
         return 404, {"error": f"no such endpoint: {method} {path}"}
 
     def scores(self, now: float) -> list[Any]:
@@ -133,23 +212,82 @@ class SiteApi:
         return score_nodes(self.store.failures(since, now), self.store.exposure_h(since, now), now, self.lemon)
 
 
-def make_server(api: SiteApi, host: str, port: int) -> ThreadingHTTPServer:
+def _number(body: dict[str, Any], key: str, *, optional: bool = False) -> float | None:
+    value = body.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise BadRequest(f"field {key!r} must be a finite number >= 0" + (" or null" if optional else ""))
+    return float(value)
+
+
+def _campaign_status(body: dict[str, Any], user: str, now: float) -> CampaignStatus:
+    rows = body.get("attempts")
+    if not isinstance(rows, list) or len(rows) > fleet_doc.ATTEMPTS_KEPT:
+        raise BadRequest(f"field 'attempts' must be a list of at most {fleet_doc.ATTEMPTS_KEPT} launches")
+    attempts = []
+    for a in rows:
+        if not isinstance(a, dict):
+            raise BadRequest("each of 'attempts' must be an object {start, end, klass, blamed}")
+        blamed = a.get("blamed")
+        if not isinstance(blamed, list) or len(blamed) > 1000:
+            raise BadRequest("an attempt's 'blamed' must be a list of at most 1000 node names")
+        klass = None if a.get("klass") is None else _text(a, "klass", 64)
+        attempts.append(Attempt(_number(a, "start") or 0.0, _number(a, "end", optional=True), klass,
+                                tuple(_node({"node": n}) for n in blamed)))  # fmt: skip
+    ettr = _number(body, "ettr", optional=True)
+    if ettr is not None and ettr > 1:
+        raise BadRequest("field 'ettr' must be between 0 and 1 or null")
+    reason = body.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > 500 or not (reason.isprintable() or not reason):
+        raise BadRequest("field 'reason' must be a printable string of at most 500 characters")
+    return CampaignStatus(user=user, campaign=_text(body, "campaign"), job=_text(body, "job", 64),
+                          state=_text(body, "state", 32), reason=reason, wall_s=_number(body, "wall_s") or 0.0,
+                          productive_s=_number(body, "productive_s") or 0.0, ettr=ettr, attempts=tuple(attempts),
+                          t=now)  # fmt: skip
+
+
+class SiteServer(ThreadingHTTPServer):
+    """The service's HTTP server: at most ``MAX_CONNECTIONS`` open connections (the rest closed at once)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: Any, max_connections: int = MAX_CONNECTIONS) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def make_server(api: SiteApi, host: str, port: int, max_connections: int = MAX_CONNECTIONS,
+                timeout_s: float = TIMEOUT_S) -> ThreadingHTTPServer:  # fmt: skip
     class Handler(BaseHTTPRequestHandler):
         server_version = "slurm-supervisor-site/1"
+        timeout = timeout_s  # a connection that sends nothing is dropped (socket timeout)
 
         def _answer(self, method: str) -> None:
             length = self.headers.get("Content-Length", "0")
             if not length.isdigit() or int(length) > MAX_BODY:
-                self._send(413, {"error": f"the body must be at most {MAX_BODY} bytes"})
+                self._send(413, json.dumps({"error": f"the body must be at most {MAX_BODY} bytes"}).encode(),
+                           {"Content-Type": "application/json"})  # fmt: skip
                 return
             raw = self.rfile.read(int(length)) if int(length) else b""
-            status, answer = api.handle(method, self.path, {k: v for k, v in self.headers.items()}, raw)
-            self._send(status, answer)
+            self._send(*api.answer(method, self.path, {k: v for k, v in self.headers.items()}, raw))
 
-        def _send(self, status: int, answer: dict[str, Any]) -> None:
-            data = json.dumps(answer).encode()
+        def _send(self, status: int, data: bytes, headers: dict[str, str]) -> None:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            for key, value in headers.items():
+                self.send_header(key, value)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -163,4 +301,4 @@ def make_server(api: SiteApi, host: str, port: int) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: the store is the record
             pass
 
-    return ThreadingHTTPServer((host, port), Handler)
+    return SiteServer((host, port), Handler, max_connections)

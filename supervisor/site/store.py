@@ -20,6 +20,7 @@ from pathlib import Path
 from supervisor.decisions.lemon import NodeFailure
 from supervisor.decisions.site_trust import SiteVerdict
 from supervisor.errors import SiteError
+from supervisor.site.fleet import Attempt, CampaignStatus, Interrupted
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS verdicts (
@@ -34,6 +35,14 @@ CREATE TABLE IF NOT EXISTS repairs (
     id INTEGER PRIMARY KEY, t REAL NOT NULL, node TEXT NOT NULL, kind TEXT NOT NULL, reason TEXT NOT NULL,
     error TEXT);
 CREATE TABLE IF NOT EXISTS tokens (user TEXT PRIMARY KEY, token TEXT NOT NULL, admin INTEGER NOT NULL, t REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS campaigns (
+    user TEXT NOT NULL, campaign TEXT NOT NULL, job TEXT NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL,
+    wall_s REAL NOT NULL, productive_s REAL NOT NULL, ettr REAL, attempts TEXT NOT NULL, t REAL NOT NULL,
+    PRIMARY KEY (user, campaign));
+CREATE TABLE IF NOT EXISTS interruptions (
+    id INTEGER PRIMARY KEY, t REAL NOT NULL, user TEXT NOT NULL, campaign TEXT NOT NULL, job TEXT NOT NULL,
+    klass TEXT NOT NULL, nodes TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS interruptions_t ON interruptions (t);
 """
 
 
@@ -94,6 +103,21 @@ class SiteStore:
         self.db.execute("INSERT INTO repairs (t, node, kind, reason, error) VALUES (?, ?, ?, ?, ?)",
                         (t, node, kind, reason[:500], None if error is None else error[:500]))  # fmt: skip
 
+    def campaign_status(self, status: CampaignStatus) -> None:
+        """A campaign's latest figures (one row per user and campaign: the newest replaces the last)."""
+        self.db.execute(
+            "INSERT INTO campaigns (user, campaign, job, state, reason, wall_s, productive_s, ettr, attempts, t) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (user, campaign) DO UPDATE SET job = excluded.job, "
+            "state = excluded.state, reason = excluded.reason, wall_s = excluded.wall_s, "
+            "productive_s = excluded.productive_s, ettr = excluded.ettr, attempts = excluded.attempts, t = excluded.t",
+            (status.user, status.campaign, status.job, status.state, status.reason, status.wall_s,
+             status.productive_s, status.ettr, json.dumps([[a.start, a.end, a.klass, list(a.blamed)] for a in status.attempts]), status.t))
+
+    def add_interruption(self, t: float, user: str, campaign: str, job: str, klass: str, nodes: Sequence[str]) -> None:
+        """One interruption of a campaign, whatever its class (preemptions too: the fleet's picture over time)."""
+        self.db.execute("INSERT INTO interruptions (t, user, campaign, job, klass, nodes) VALUES (?, ?, ?, ?, ?, ?)",
+                        (t, user, campaign, job, klass, json.dumps(list(nodes))))  # fmt: skip
+
     # -- reading ------------------------------------------------------------------------------------------------
     def repairs(self, since: float = float("-inf")) -> list[dict[str, object]]:
         rows = self.db.execute("SELECT t, node, kind, reason, error FROM repairs WHERE t >= ? ORDER BY id",
@@ -143,6 +167,35 @@ class SiteStore:
             if overlap > 0:
                 out[node] = out.get(node, 0.0) + overlap / 3600.0
         return out
+
+    def campaigns(self) -> list[CampaignStatus]:
+        rows = self.db.execute("SELECT user, campaign, job, state, reason, wall_s, productive_s, ettr, attempts, t "
+                               "FROM campaigns ORDER BY t DESC").fetchall()  # fmt: skip
+        out = []
+        for r in rows:
+            try:
+                attempts = tuple(Attempt(a[0], a[1], a[2], tuple(a[3])) for a in json.loads(r[8]))
+            except (ValueError, TypeError, IndexError):
+                attempts = ()
+            out.append(CampaignStatus(user=r[0], campaign=r[1], job=r[2], state=r[3], reason=r[4], wall_s=r[5],
+                                      productive_s=r[6], ettr=r[7], attempts=attempts, t=r[9]))  # fmt: skip
+        return out
+
+    def interruptions(self, since: float = float("-inf")) -> list[Interrupted]:
+        rows = self.db.execute("SELECT t, user, campaign, job, klass, nodes FROM interruptions WHERE t >= ? "
+                               "ORDER BY t", (since,)).fetchall()  # fmt: skip
+        out = []
+        for r in rows:
+            try:
+                nodes = tuple(str(n) for n in json.loads(r[5]))
+            except (ValueError, TypeError):
+                nodes = ()
+            out.append(Interrupted(t=r[0], user=r[1], campaign=r[2], job=r[3], klass=r[4], nodes=nodes))
+        return out
+
+    def interruption_counts(self) -> dict[str, int]:
+        """Every interruption the site was told of, by class, since the database began (Prometheus' counters)."""
+        return {k: int(n) for k, n in self.db.execute("SELECT klass, COUNT(*) FROM interruptions GROUP BY klass")}
 
     def forgiven_at(self) -> dict[str, float]:
         return {node: t for node, t in self.db.execute("SELECT node, t FROM forgiven")}

@@ -2,7 +2,8 @@
 site serve` (docs/site.md): another user's hardware verdict read from a node keeps this campaign's job off that
 node from its submission, and a verdict that arrives while it trains keeps its next launch off that node (the
 spare takes over), with its own ledger empty; its Slurm run is told to the site (node-hours, the lemon rule's
-exposure); and a site stopped mid-campaign does not stop the campaign."""
+exposure), and so are its state, its launches and its interruption (the fleet page's document); and a site
+stopped mid-campaign does not stop the campaign."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ from site_tools import start_site
 from supervisor.site.client import SiteClient, read_token_file
 
 pytestmark = pytest.mark.slurm
+
+
+def blamed_class(camp) -> str:  # type: ignore[no-untyped-def]
+    return str(camp.of_type("interruption")[0]["class"])
 
 
 def test_another_users_node_evidence_keeps_the_campaign_off_the_node(tmp_path: Path) -> None:
@@ -53,6 +58,11 @@ def test_another_users_node_evidence_keeps_the_campaign_off_the_node(tmp_path: P
         listed = supervise("site", "nodes", "--url", url, "--token-file", str(tmp_path / "bob.token"), "--json")
         exposed = {r["node"] for r in json.loads(listed.stdout)["nodes"] if r["exposure_h"] is not None}
         assert set(allocation) <= exposed  # bob's Slurm run was told to the site (node-hours)
+        fleet = SiteClient(url, read_token_file(site / "token")).request("GET", "/v1/fleet")  # the fleet page's
+        [mine] = [c for c in fleet["campaigns"] if c["user"] == "bob"]
+        assert mine["campaign"] == str(camp.root) and mine["state"] == "running" and mine["wall_s"] > 0, mine
+        assert [a["klass"] for a in mine["attempts"]][:1] == [blamed_class(camp)]  # the killed launch, its class
+        assert mine["last_interruption"]["class"] == blamed_class(camp)
         server.send_signal(signal.SIGTERM)  # the site goes away mid-campaign
         assert server.wait(timeout=30) == 0
         ended = wait_for("the campaign to complete", camp.ended, 180)

@@ -169,3 +169,29 @@ def test_submit_leaves_out_what_the_site_holds_and_never_fails_for_it(tmp_path: 
     assert with_site_exclusions(["-N", "2"], site) == ["-N", "2"]
     assert "submitting without the site's exclusions" in capsys.readouterr().err
     assert with_site_exclusions(["-N", "2"], {}) == ["-N", "2"]
+
+
+def test_a_flood_of_idle_connections_cannot_take_the_service(tmp_path: Path) -> None:
+    a = api(tmp_path)
+    server = make_server(a, "127.0.0.1", 0, max_connections=2, timeout_s=3.0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = server.server_address[:2]
+    try:
+        idle = [socket.create_connection(address) for _ in range(2)]  # hold both slots, sending nothing
+        time.sleep(0.3)
+        extra = socket.create_connection(address)
+        extra.settimeout(5)
+        assert extra.recv(1) == b""  # closed at once: no slot
+        for s in idle:  # while the idle ones still hold theirs
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)
+        for s in idle:
+            s.settimeout(5)
+            assert s.recv(1) == b""  # dropped after the timeout: the slots come back
+        a.clock = a.verifier.clock = time.time
+        bob = SiteClient(f"http://{address[0]}:{address[1]}", Credentials("bob", TOKENS["bob"]))
+        assert bob.excluded() == []
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -98,3 +98,43 @@ def test_the_loop_leaves_the_sites_nodes_out_only_when_enough_remain() -> None:
     assert supervisor_with(["node2", "node3"], ("node1", "node2", "node3"), 2).with_site_exclusions(()) == ()
     assert supervisor_with(["node3"], ("node1", "node2", "node3"), 1).with_site_exclusions(("node1",)) == (
         "node1", "node3")  # fmt: skip
+
+
+def report_at(now: float) -> dict[str, Any]:
+    return {"state": "running", "reason": "", "goodput": {"wall_s": now, "productive_s": now / 2, "ettr": 0.5},
+            "attempts": [{"start": 1.0, "end": 50.0, "outcome": {"class": "preemption", "blamed_nodes": []}},
+                         {"start": 60.0, "end": None, "outcome": None}]}  # fmt: skip
+
+
+def test_every_interruption_and_the_campaigns_figures_go_to_the_fleet_page() -> None:
+    events: list[dict[str, Any]] = []
+    clock = [100.0]
+    site = FakeSite()
+    s = SiteLink(Context.of(events.append, clock=lambda: clock[0]), site, "/c/llm", "77", report=report_at)
+    s.job_started(("node1",))
+    s.interrupted(Interruption(ev.PREEMPTION, (), 1.0, ("preempted",)))  # nobody's fault: told, blames nobody
+    s.interrupted(hardware("node3", AGENT))
+    paths = [p for p, _ in site.got]
+    assert paths == ["/v1/jobs", "/v1/campaigns", "/v1/interruptions", "/v1/campaigns", "/v1/interruptions",
+                     "/v1/verdicts", "/v1/campaigns"]  # fmt: skip
+    assert [b["klass"] for p, b in site.got if p == "/v1/interruptions"] == ["preemption", "hardware"]
+    figures = site.got[1][1]
+    assert (figures["state"], figures["ettr"], figures["wall_s"]) == ("running", 0.5, 100.0)
+    assert [a["klass"] for a in figures["attempts"]] == ["preemption", None]
+
+
+def test_the_figures_are_refreshed_while_it_runs_and_never_wait_on_a_site_that_is_down() -> None:
+    clock = [100.0]
+    site = FakeSite()
+    s = SiteLink(Context.of(lambda e: None, clock=lambda: clock[0]), site, "/c", "7", report=report_at)
+    s.observe(None)
+    clock[0] += 60
+    s.observe(None)  # not yet due
+    clock[0] += 300
+    s.observe(None)
+    assert [b["wall_s"] for p, b in site.got if p == "/v1/campaigns"] == [100.0, 460.0]
+    site.up = False
+    s.excluded(("node1",))  # finds the site down
+    clock[0] += 600
+    s.observe(None)  # no request: the next interruption or the run's end catches up
+    assert s.pending == [] and s.down
