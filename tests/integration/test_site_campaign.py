@@ -3,7 +3,8 @@ site serve` (docs/site.md): another user's hardware verdict read from a node kee
 node from its submission, and a verdict that arrives while it trains keeps its next launch off that node (the
 spare takes over), with its own ledger empty; its Slurm run is told to the site (node-hours, the lemon rule's
 exposure), and so are its state, its launches and its interruption (the fleet page's document); and a site
-stopped mid-campaign does not stop the campaign."""
+stopped mid-campaign does not stop the campaign. Another user's printed failures keep the job off a node only
+once the lemon rule names it."""
 
 from __future__ import annotations
 
@@ -71,5 +72,43 @@ def test_another_users_node_evidence_keeps_the_campaign_off_the_node(tmp_path: P
     finally:
         if server.poll() is None:
             server.kill()
+        if camp is not None:
+            cancel(camp.job_id)
+
+
+def test_another_users_printed_failures_keep_a_campaign_off_a_node_only_once_the_lemon_rule_fires(
+        tmp_path: Path) -> None:  # fmt: skip
+    """node3 failed in jobs of two other users (text their programs printed: never enough alone) far more often
+    than the fleet: a lemon, left out of bob's job from its submission; node4, with the same kind of evidence from
+    one user, is not a lemon and stays in bob's allocation (bob asks for 3 of the 4 nodes)."""
+    import time
+
+    from supervisor.site.store import SiteStore
+
+    site, now = tmp_path / "site", time.time()
+    store = SiteStore(site)  # five days of jobs on the 4 nodes: the lemon rule's node-hours, before the service
+    store.job_started("800", ["node1", "node2", "node3", "node4"], user="carol", campaign="moe", t=now - 5 * 86400)
+    store.close()
+    url, server, first = start_site(site, REPO)
+    camp = None
+    try:
+        assert "site service on" in first
+        for user in ("alice", "bob", "carol"):
+            supervise("site", "token", "--dir", str(site), "--user", user, "--out", str(tmp_path / f"{user}.token"))
+        users = {u: SiteClient(url, read_token_file(tmp_path / f"{u}.token")) for u in ("alice", "carol")}
+        for user, node, job in (("alice", "node3", "11"), ("carol", "node3", "12"), ("alice", "node3", "13"),
+                                ("carol", "node3", "14"), ("alice", "node3", "15"), ("alice", "node4", "16")):  # fmt: skip
+            users[user].post_verdict(node=node, source="program", klass="app_error", confidence=0.6,
+                                     evidence=["CUDA error: an illegal memory access was encountered"], job=job,
+                                     campaign=f"{user}-llm")  # fmt: skip
+        listed = supervise("site", "nodes", "--url", url, "--token-file", str(tmp_path / "bob.token"), "--json")
+        lemons = {r["node"] for r in json.loads(listed.stdout)["nodes"] if r["lemon"]}
+        assert lemons == {"node3"}, listed.stdout
+        camp = submit(tmp_path, steps=40, step_time=0.2, nodes=3,
+                      config=f'[site]\nurl = "{url}"\ntoken_file = "{tmp_path / "bob.token"}"\n')
+        allocation = wait_for("the allocation", lambda: camp.of_type("attempt_started"), 180)[0]["nodes"]
+        assert sorted(allocation) == ["node1", "node2", "node4"], allocation
+    finally:
+        server.kill()
         if camp is not None:
             cancel(camp.job_id)
