@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain", action="store_true",
                         help="operator mode (HealthCheckProgram): drain this node when unfit, resume it when fit "
                              "again if this command drained it")  # fmt: skip
+    parser.add_argument("--site-url", default=None, metavar="URL",
+                        help="with --drain: tell the site ledger (docs/site.md) each time this drains the node")
+    parser.add_argument("--site-token-file", default=None, metavar="FILE",
+                        help="the token file `supervise site token` wrote for the health checks")
     parser.add_argument("--node", default=None, help="this node's Slurm name (default: $SLURMD_NODENAME or hostname)")
     parser.add_argument("--timeout", type=float, default=45.0, help="give up after this many seconds (default 45)")
 
@@ -67,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     expected = args.expect_gpus
     if expected is None and os.environ.get("SLURM_GPUS_ON_NODE", "").isdigit():
         expected = int(os.environ["SLURM_GPUS_ON_NODE"])
+    if (args.site_url is None) != (args.site_token_file is None) or (args.site_url and not args.drain):
+        raise UsageError("--site-url and --site-token-file go together, with --drain",
+                         "e.g. --drain --site-url http://admin1:8787 --site-token-file /etc/supervise/health.token")
     node = args.node or node_name()
     reading = read_node(expected, _filesystems(args.fs), node=node, timeout_s=min(20.0, args.timeout / 3))
     problems = evaluate(reading, limits)
@@ -74,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     drain_error: SupervisorError | None = None
     if args.drain:
         drain_doc, drain_error = _drain(node, problems, args.timeout)
+        if args.site_url and drain_doc and drain_doc.get("action") == "drain":
+            _tell_site(args, node, problems)
     if args.json:
         print(json.dumps({"reading": dataclasses.asdict(reading), "fit": fit(problems), "drain": drain_doc,
                           "problems": [dataclasses.asdict(p) for p in problems]}, indent=2, default=str))  # fmt: skip
@@ -96,6 +105,28 @@ def run(args: argparse.Namespace) -> int:
         first = next(p for p in problems if p.severity == "fatal")
         raise HealthCheckFailed(f"node {reading.node} is unfit: {first.what}", first.fix)
     return 0
+
+
+def _tell_site(args: argparse.Namespace, node: str, problems: list) -> None:  # type: ignore[type-arg]
+    """One verdict, read from the node, when this run drained it (once per episode: not every interval while it
+    stays unfit, which would count one fault as many for the lemon rule). A site that cannot be told is a note on
+    stderr: the drain stands, and the next drain tells it."""
+    import sys
+
+    from supervisor.decisions.site_source import healthcheck_verdict
+    from supervisor.errors import SupervisorError
+    from supervisor.site.client import SiteClient, read_token_file
+
+    found = healthcheck_verdict(problems)
+    if found is None:
+        return
+    klass, evidence = found
+    try:
+        client = SiteClient(args.site_url, read_token_file(args.site_token_file), timeout_s=min(10.0, args.timeout / 4))
+        client.post_verdict(node=node, source="node", klass=klass, confidence=1.0, evidence=evidence,
+                            job="healthcheck", campaign=f"healthcheck@{node}")  # fmt: skip
+    except SupervisorError as err:
+        print(f"site: not told ({err.one_line()})", file=sys.stderr)
 
 
 def _drain(node: str, problems: list, timeout_s: float) -> tuple[dict | None, SupervisorError | None]:

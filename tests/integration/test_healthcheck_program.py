@@ -46,8 +46,9 @@ def health_program(slurm_cluster, tmp_path: Path) -> Iterator[Path]:
     wrapper.write_text(
         "#!/bin/sh\n"
         f"limit=1; [ \"$SLURMD_NODENAME\" = {NODE} ] && [ -e {flag} ] && limit=100000000\n"
+        f"site=$(cat {tmp_path}/site-args 2>/dev/null)\n"
         f"exec env PYTHONPATH={ROOT} SLURM_CONF={slurm_cluster.conf} {sys.executable} -m supervisor.cli healthcheck "
-        f"--drain --node \"$SLURMD_NODENAME\" --fs checkpoint={tmp_path} --limit fs_min_free_gib=$limit "
+        f"--drain --node \"$SLURMD_NODENAME\" --fs checkpoint={tmp_path} --limit fs_min_free_gib=$limit $site "
         f">> {tmp_path}/health-$SLURMD_NODENAME.log 2>&1\n"
     )
     wrapper.chmod(0o755)
@@ -82,3 +83,35 @@ def test_health_check_program_drains_and_resumes_and_doctor_sees_it(health_progr
 
     health_program.unlink()
     _wait(f"{NODE} resumed once its check passes", lambda: not client.node(NODE).is_drain)  # type: ignore[union-attr]
+
+
+def test_the_health_check_tells_the_site_once_per_drain_and_it_keeps_everyone_off(health_program: Path) -> None:
+    """With --site-url the drain is also a verdict read from the node (docs/site.md): another user's campaigns
+    leave the node out at once, and a node that stays unfit over many health intervals is one failure, not many."""
+    from site_tools import start_site
+
+    from supervisor.site.client import SiteClient, read_token_file
+
+    work = health_program.parent
+    url, server, _ = start_site(work / "site", ROOT)
+    try:
+        for user in ("health", "bob"):
+            subprocess.run([sys.executable, "-m", "supervisor.cli", "site", "token", "--dir", str(work / "site"),
+                            "--user", user, "--out", str(work / f"{user}.token")], check=True, cwd=ROOT,
+                           capture_output=True)  # fmt: skip
+        (work / "site-args").write_text(f"--site-url {url} --site-token-file {work / 'health.token'}")
+        client = CliSlurmClient()
+        health_program.touch()
+        _wait(f"{NODE} drained", lambda: (lambda i: i is not None and i.is_drain)(client.node(NODE)))
+        bob = SiteClient(url, read_token_file(work / "bob.token"))
+        held = _wait("the site told", lambda: bob.excluded())
+        assert [n for n, _ in held] == [NODE], held
+        time.sleep(12)  # two more health intervals with the node still unfit (and drained)
+        admin = SiteClient(url, read_token_file(work / "site" / "token"))
+        [row] = [n for n in admin.request("GET", "/v1/fleet")["nodes"] if n["node"] == NODE]
+        assert row["failures"] == 1 and row["verdicts"][0]["source"] == "node", row
+        assert row["verdicts"][0]["class"] == "node_unfit" and row["verdicts"][0]["user"] == "health"
+        health_program.unlink()
+        _wait(f"{NODE} resumed once its check passes", lambda: not client.node(NODE).is_drain)  # type: ignore[union-attr]
+    finally:
+        server.kill()
