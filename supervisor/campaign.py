@@ -30,6 +30,7 @@ class CampaignSpec:
     python: str = ""
     created: float = 0.0
     version: int = SPEC_VERSION
+    site_excluded: tuple[str, ...] = ()  # nodes submit left out for the site ledger (released once it forgives)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
@@ -91,12 +92,13 @@ def load(root: str | Path) -> tuple[CampaignPaths, CampaignSpec]:
                             "restore it from a backup, or submit the campaign again") from None
     kwargs["command"] = tuple(kwargs.get("command", ()))
     kwargs["sbatch_flags"] = tuple(kwargs.get("sbatch_flags", ()))
+    kwargs["site_excluded"] = tuple(kwargs.get("site_excluded", ()))
     return paths, CampaignSpec(**kwargs)
 
 
 def _spec_problem(kwargs: dict[str, Any]) -> str:
     """What in a read campaign.json is not of the type ``submit`` writes ("" when all is)."""
-    for name in ("command", "sbatch_flags"):
+    for name in ("command", "sbatch_flags", "site_excluded"):
         value = kwargs.get(name, [])
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return f"{name} is not a list of strings"

@@ -8,6 +8,7 @@ shell text. sbatch flags pass through untouched, except the ones the supervisor 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -244,7 +245,9 @@ def run(args: argparse.Namespace) -> int:
         if problem:  # said now, not discovered at the first relaunch
             print(f"supervise: note: {problem}: only checkpoints this campaign signs will be resumed (fix: "
                   f"{adopt_fix(run_cfg['checkpoint_dir'])})", file=sys.stderr)
-    flags = with_site_exclusions(flags, spec.config.get("site", {}))
+    flags, held = with_site_exclusions(flags, spec.config.get("site", {}))
+    if held:  # remembered: a requeue releases them from the job's ExcNodeList once the site forgives them
+        spec = dataclasses.replace(spec, site_excluded=tuple(held))
     sbatch_argv = ["sbatch", "--parsable", *flags, str(CampaignPaths(root).batch_script)]
     if args.dry_run:
         print(script, end="")
@@ -257,12 +260,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def with_site_exclusions(flags: list[str], site: dict) -> list[str]:  # type: ignore[type-arg]
+def with_site_exclusions(flags: list[str], site: dict) -> tuple[list[str], list[str]]:  # type: ignore[type-arg]
     """``flags`` plus ``--exclude`` of the nodes the site ledger holds as bad for this user (``[site]``, docs/site.md),
-    so the job is not even started on them. A site that cannot be asked, or the user's own ``--exclude``, leaves
-    the flags as they are, with a note (the supervisor asks again before each launch)."""
+    so the job is not even started on them, and those nodes. A site that cannot be asked, or the user's own
+    ``--exclude``, leaves the flags as they are, with a note (the supervisor asks again before each launch)."""
     if not site.get("url"):
-        return flags
+        return flags, []
     from slurm.hostlist import compress
     from slurm.sbatch import has_option
     from supervisor.config import SiteConfig
@@ -276,15 +279,15 @@ def with_site_exclusions(flags: list[str], site: dict) -> list[str]:  # type: ig
     except SupervisorError as err:
         print(f"supervise: note: {err.plain()}; submitting without the site's exclusions (each launch asks "
               "again)", file=sys.stderr)  # fmt: skip
-        return flags
+        return flags, []
     if not held:
-        return flags
+        return flags, []
     if has_option(flags, "--exclude", "-x"):
         print(f"supervise: note: the site ledger holds {compress(held)} as bad; your own --exclude is kept as it is "
               "(add them to it to keep the job off them; each launch leaves them out anyway)", file=sys.stderr)
-        return flags
+        return flags, []
     print(f"supervise: the site ledger holds {compress(held)} as bad: submitted with --exclude", file=sys.stderr)
-    return [*flags, f"--exclude={compress(held)}"]
+    return [*flags, f"--exclude={compress(held)}"], held
 
 
 def _submit(paths, flags: Sequence[str]) -> str:  # type: ignore[no-untyped-def]

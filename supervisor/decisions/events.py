@@ -311,9 +311,13 @@ def env_changed(t: float, checkpoint: str, differences: Sequence[str]) -> Event:
     return {"type": ENV_CHANGED, "t": t, "checkpoint": checkpoint, "differences": list(differences)}
 
 
-def nodes_excluded(t: float, nodes: Iterable[str]) -> Event:
-    """The job's ExcNodeList was set to ``nodes`` (the whole list: Slurm replaces it)."""
-    return {"type": NODES_EXCLUDED, "t": t, "nodes": sorted(set(nodes))}
+def nodes_excluded(t: float, nodes: Iterable[str], released: Iterable[str] = ()) -> Event:
+    """The job's ExcNodeList was set to ``nodes`` (the whole list: Slurm replaces it); ``released``: nodes taken
+    out of it (left out at submission for the site ledger, forgiven by the site since)."""
+    out: Event = {"type": NODES_EXCLUDED, "t": t, "nodes": sorted(set(nodes))}
+    if released:
+        out["released"] = sorted(set(released))
+    return out
 
 
 def agents_missing(t: float, nodes: Iterable[str], reason: str) -> Event:

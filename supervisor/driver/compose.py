@@ -198,7 +198,9 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
                       health=health, nodeloss=watch_nodes,
                       stall=StallProbe(ctx, channel, paths.root), swap=swap)  # fmt: skip
     jobs = JobActions(ctx, slurm=a.slurm, channel=channel, inbox=a.inbox, job_id=job_id,
-                      restart_count=env.restart_count, scheduled_end=deadline.current)  # fmt: skip
+                      restart_count=env.restart_count, scheduled_end=deadline.current,
+                      released=lambda: site.released(spec.site_excluded,
+                                                     tuple(state.ledger.excluded_nodes(ctx.clock()))))  # fmt: skip
     return Parts(
         ctx=ctx, state=state, config=config, layout=layout, paths=paths, job_id=job_id, channel=channel,
         detector=a.detector, checkpoints=checkpoints, trainer=trainer, agents=agents, health=health,

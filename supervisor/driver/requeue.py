@@ -31,9 +31,12 @@ EXPEDITED_START_S = 5
 
 class JobActions:
     def __init__(self, ctx: Context, *, slurm: SlurmClient, channel: Channel, inbox: SignalInbox, job_id: str,
-                 restart_count: int, scheduled_end: Callable[[], float | None]) -> None:  # fmt: skip
-        """``scheduled_end()``: the job's EndTime as known now (``time_limit_watch.JobDeadline.current``)."""
-        self.record, self.clock = ctx.record, ctx.clock
+                 restart_count: int, scheduled_end: Callable[[], float | None],
+                 released: Callable[[], frozenset[str]] = frozenset) -> None:  # fmt: skip
+        """``scheduled_end()``: the job's EndTime as known now (``time_limit_watch.JobDeadline.current``);
+        ``released()``: nodes that may leave the job's ExcNodeList at a requeue (``SiteLink.released``: excluded at
+        submission for the site ledger, forgiven since)."""
+        self.record, self.clock, self.released = ctx.record, ctx.clock, released
         self.slurm, self.channel, self.inbox = slurm, channel, inbox
         self.job_id, self.restart_count, self.scheduled_end = job_id, restart_count, scheduled_end
 
@@ -53,7 +56,7 @@ class JobActions:
             self.slurm.requeue_hold(self.job_id)
         else:
             self.slurm.requeue(self.job_id)
-        if exclude:
+        if exclude or self.released():
             self.exclude(exclude)
         if lost:
             start = self._start_soon(errors) if not hold else None
@@ -126,7 +129,7 @@ class JobActions:
             job, _ = query_job(self.slurm, self.job_id)
             requeued = job is None or job.is_completing or job.is_pending or job.restart_count > self.restart_count
             if requeued:
-                if exclude:
+                if exclude or self.released():
                     self.exclude(exclude)
                 if hold:
                     try:
@@ -142,11 +145,15 @@ class JobActions:
                                              "current ExcNodeList; writing ours alone would drop the user's"))
             return
         already = tuple(job.excluded_nodes) if job is not None else ()
-        # ExcNodeList is replaced, not extended: keep what the user or an earlier run excluded.
-        wanted = sorted(set(already) | set(nodes))
+        # ExcNodeList is replaced, not extended: keep what the user or an earlier run excluded, less what the
+        # site excluded at submission and has forgiven since
+        released = (self.released() & set(already)) - set(nodes)
+        wanted = sorted((set(already) - released) | set(nodes))
+        if not nodes and not released:
+            return
         try:
             self.slurm.update_excluded_nodes(self.job_id, wanted)
         except SlurmError as err:  # the job still runs; the failed node is DOWN anyway
             log.warning("exclude_failed", nodes=wanted, error=str(err))
             return
-        self.record(ev.nodes_excluded(self.clock(), wanted))
+        self.record(ev.nodes_excluded(self.clock(), wanted, released))

@@ -35,6 +35,7 @@ class SiteLink:
         self.ctx, self.client, self.campaign, self.job_id, self.report = ctx, client, campaign, job_id, report
         self.status_at = float("-inf")
         self.held: tuple[str, ...] = ()  # the site's last answer
+        self.answered = False  # whether the site has answered an ask in this run (else ``held`` is not its word)
         self.pending: list[tuple[str, str, dict[str, Any]]] = []
         self.down = False
 
@@ -96,12 +97,21 @@ class SiteLink:
         if answer is not None:
             rows = answer.get("nodes")
             if isinstance(rows, list):
+                self.answered = True
                 self.held = tuple(sorted({r["node"] for r in rows if isinstance(r, dict) and isinstance(r.get("node"),
                                                                                                        str)}))  # fmt: skip
         here = tuple(n for n in nodes if n in self.held)
         if here:
             self.ctx.record(ev.site(self.ctx.clock(), "excluded", "the site ledger holds them as bad", here))
         return here
+
+    def released(self, submitted: Sequence[str], own: Sequence[str]) -> frozenset[str]:
+        """Of the nodes ``submit`` left out for the site (``submitted``), those the site no longer holds as bad in
+        its last answer, less the campaign's own exclusions (``own``): a requeue takes them out of the job's
+        ExcNodeList. Nothing while the site is down or has not answered in this run: unknown is not forgiven."""
+        if self.client is None or self.down or not self.answered:
+            return frozenset()
+        return frozenset(submitted) - set(self.held) - set(own)
 
     def interrupted(self, interruption: Interruption) -> None:
         """Tell the site of this interruption (every class), of each node it blames, and the campaign's figures."""

@@ -160,15 +160,15 @@ def test_submit_leaves_out_what_the_site_holds_and_never_fails_for_it(tmp_path: 
     write_token_file(token_file, Credentials("bob", TOKENS["bob"]))
     site = {"url": f"http://127.0.0.1:{port}", "token_file": str(token_file)}
     try:
-        assert with_site_exclusions(["-N", "2"], site) == ["-N", "2", "--exclude=node[3-4]"]
-        assert with_site_exclusions(["-x", "node9"], site) == ["-x", "node9"]
+        assert with_site_exclusions(["-N", "2"], site) == (["-N", "2", "--exclude=node[3-4]"], ["node3", "node4"])
+        assert with_site_exclusions(["-x", "node9"], site) == (["-x", "node9"], [])
         assert "your own --exclude is kept" in capsys.readouterr().err
     finally:
         server.shutdown()
         server.server_close()
-    assert with_site_exclusions(["-N", "2"], site) == ["-N", "2"]
+    assert with_site_exclusions(["-N", "2"], site) == (["-N", "2"], [])
     assert "submitting without the site's exclusions" in capsys.readouterr().err
-    assert with_site_exclusions(["-N", "2"], {}) == ["-N", "2"]
+    assert with_site_exclusions(["-N", "2"], {}) == (["-N", "2"], [])
 
 
 def test_a_flood_of_idle_connections_cannot_take_the_service(tmp_path: Path) -> None:

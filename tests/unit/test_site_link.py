@@ -138,3 +138,51 @@ def test_the_figures_are_refreshed_while_it_runs_and_never_wait_on_a_site_that_i
     clock[0] += 600
     s.observe(None)  # no request: the next interruption or the run's end catches up
     assert s.pending == [] and s.down
+
+
+class ExcludingSlurm:
+    """Just what a requeue touches: the job (its ExcNodeList) and the two writes."""
+
+    def __init__(self, excluded: tuple[str, ...]) -> None:
+        from slurm.model import JobInfo
+
+        self.info = JobInfo(job_id="7", state="RUNNING", base_state="RUNNING", nodes=("node1", "node2"),
+                            batch_host="node1", excluded_nodes=excluded)  # fmt: skip
+        self.calls: list[tuple[Any, ...]] = []
+
+    def job(self, job_id: str) -> Any:
+        return self.info
+
+    def requeue(self, job_id: str) -> None:
+        self.calls.append(("requeue",))
+
+    def update_excluded_nodes(self, job_id: str, nodes: Any) -> None:
+        self.calls.append(("update_excluded_nodes", list(nodes)))
+
+
+def test_a_requeue_releases_what_submit_left_out_for_the_site_once_it_forgave_it(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """submit left node3 and node4 out for the site (ExcNodeList) and the user excluded node9; the site has since
+    forgiven node3: the preemption's requeue takes node3 out of ExcNodeList, keeps node4 (still held) and node9
+    (the user's), and keeps everything while the site's word is unknown."""
+    import signal as signal_module
+
+    from supervisor.driver.requeue import JobActions
+
+    monkeypatch.setattr(signal_module, "signal", lambda *_: None)
+    s, site, events = link()
+    site.held = ["node4"]
+    s.excluded(("node1", "node2"))  # the site's last answer, before the last launch
+    slurm = ExcludingSlurm(("node3", "node4", "node9"))
+    jobs = JobActions(s.ctx, slurm=slurm, channel=None, inbox=None, job_id="7", restart_count=0,  # type: ignore[arg-type]
+                      scheduled_end=lambda: None, released=lambda: s.released(("node3", "node4"), ()))  # fmt: skip
+    jobs.requeue(())  # a preemption: nobody's fault, nothing new to exclude
+    assert slurm.calls == [("requeue",), ("update_excluded_nodes", ["node4", "node9"])]
+    assert events[-1]["type"] == ev.NODES_EXCLUDED and events[-1]["released"] == ["node3"]
+
+    assert s.released(("node3",), own=("node3",)) == frozenset()  # the campaign's own ledger still holds it
+    site.up = False
+    s.excluded(("node1",))
+    assert s.released(("node3", "node4"), ()) == frozenset()  # the site is down: unknown is not forgiven
+    slurm.calls.clear()
+    jobs.requeue(())
+    assert slurm.calls == [("requeue",)]  # ExcNodeList left as it is
