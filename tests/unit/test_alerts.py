@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from supervisor import alerts
+from supervisor import alert_sinks, alerts
 from supervisor.config import AlertConfig
 from supervisor.decisions import events as ev
 from supervisor.decisions import policy
@@ -91,7 +91,7 @@ def test_missing_evidence_is_said_not_left_blank() -> None:
 
 def test_webhook_delivered_to_a_loopback_server_as_slack_json(webhook) -> None:
     url, received = webhook
-    dispatcher = alerts.Dispatcher([alerts.WebhookSink(url, timeout_s=5)])
+    dispatcher = alerts.Dispatcher([alert_sinks.WebhookSink(url, timeout_s=5)])
     assert dispatcher.submit(_alert())
     assert dispatcher.flush(30)
     dispatcher.close()
@@ -105,7 +105,7 @@ def test_webhook_delivered_to_a_loopback_server_as_slack_json(webhook) -> None:
 def test_burst_is_deduplicated_by_class_and_nodes_with_a_cooldown(webhook) -> None:
     url, received = webhook
     clock = FakeClock()
-    dispatcher = alerts.Dispatcher([alerts.WebhookSink(url)], cooldown_s=60, clock=clock)
+    dispatcher = alerts.Dispatcher([alert_sinks.WebhookSink(url)], cooldown_s=60, clock=clock)
     results = [dispatcher.submit(_alert("straggler", ("node3",), "L2")) for _ in range(50)]
     results.append(dispatcher.submit(_alert("straggler", ("node4",), "L2")))  # other nodes: its own alert
     assert results.count(True) == 2
@@ -127,7 +127,7 @@ def test_higher_tier_breaks_the_cooldown_and_l3_goes_to_the_escalation_sink(webh
         def send(self, alert: alerts.Alert) -> None:
             pager.append(alert)
 
-    dispatcher = alerts.Dispatcher([alerts.WebhookSink(url)], [Pager()], cooldown_s=3600)
+    dispatcher = alerts.Dispatcher([alert_sinks.WebhookSink(url)], [Pager()], cooldown_s=3600)
     assert dispatcher.submit(_alert("hang", ("node2",), "L2"))
     assert dispatcher.submit(_alert("hang", ("node2",), "L4"))  # same key, escalated: sent anyway
     assert not dispatcher.submit(_alert("hang", ("node2",), "L4"))
@@ -167,7 +167,7 @@ def test_a_bad_sink_never_blocks_or_raises_into_the_caller(reply: bytes | None) 
     release, connected = threading.Event(), threading.Event()
     url, sock = _garbage_server(reply, release, connected)
     try:
-        dispatcher = alerts.Dispatcher([alerts.WebhookSink(url, timeout_s=2)], retries=2, retry_wait_s=0.01)
+        dispatcher = alerts.Dispatcher([alert_sinks.WebhookSink(url, timeout_s=2)], retries=2, retry_wait_s=0.01)
         assert dispatcher.submit(_alert())
         if reply is None:
             assert connected.wait(30)
@@ -204,10 +204,10 @@ def test_a_drip_feeding_webhook_costs_one_timeout_per_try_not_one_per_read() -> 
             conn.close()
 
     threading.Thread(target=drip, daemon=True).start()
-    sink = alerts.WebhookSink(f"http://127.0.0.1:{sock.getsockname()[1]}/hook", timeout_s=2.0)
+    sink = alert_sinks.WebhookSink(f"http://127.0.0.1:{sock.getsockname()[1]}/hook", timeout_s=2.0)
     started = time.monotonic()
     try:
-        with pytest.raises(alerts.SinkError, match="no answer within 2 s"):
+        with pytest.raises(alert_sinks.SinkError, match="no answer within 2 s"):
             sink.send(_alert())
         assert time.monotonic() - started < 10.0  # one 2 s budget, not 2 s for each of ~100 reads
     finally:
@@ -216,14 +216,14 @@ def test_a_drip_feeding_webhook_costs_one_timeout_per_try_not_one_per_read() -> 
 
 
 def test_a_webhook_url_python_cannot_use_is_the_sinks_error_not_an_escape() -> None:
-    with pytest.raises(alerts.SinkError):
-        alerts.WebhookSink("http://[::1/broken", timeout_s=1.0).send(_alert())  # Request() raised ValueError
+    with pytest.raises(alert_sinks.SinkError):
+        alert_sinks.WebhookSink("http://[::1/broken", timeout_s=1.0).send(_alert())  # Request() raised ValueError
 
 
 def test_a_failing_command_is_retried_then_logged(tmp_path) -> None:
     out = tmp_path / "alert.json"
     script = f"import sys; open({str(out)!r}, 'ab').write(sys.stdin.buffer.read()); sys.exit(1)"
-    dispatcher = alerts.Dispatcher([alerts.CommandSink([sys.executable, "-c", script])], retries=3, retry_wait_s=0.01)
+    dispatcher = alerts.Dispatcher([alert_sinks.CommandSink([sys.executable, "-c", script])], retries=3, retry_wait_s=0.01)
     assert dispatcher.submit(_alert())
     assert dispatcher.flush(60)
     dispatcher.close()
@@ -249,7 +249,7 @@ def test_full_queue_drops_instead_of_blocking() -> None:
 
 
 def test_config_builds_the_sinks_and_rejects_bad_ones() -> None:
-    primary, escalation = alerts.sinks_from_config(AlertConfig(webhook_url="https://hooks.example/x",
+    primary, escalation = alert_sinks.sinks_from_config(AlertConfig(webhook_url="https://hooks.example/x",
                                                                escalation_command=("/bin/true",)))  # fmt: skip
     assert [type(s).__name__ for s in primary] == ["WebhookSink"]
     assert [type(s).__name__ for s in escalation] == ["CommandSink"]
@@ -263,11 +263,11 @@ def test_config_builds_the_sinks_and_rejects_bad_ones() -> None:
 
 def test_apprise_sink_when_installed() -> None:
     pytest.importorskip("apprise")
-    sink = alerts.AppriseSink(["json://127.0.0.1:9/"])  # nothing listens on port 9: the send fails cleanly
-    with pytest.raises(alerts.SinkError):
+    sink = alert_sinks.AppriseSink(["json://127.0.0.1:9/"])  # nothing listens on port 9: the send fails cleanly
+    with pytest.raises(alert_sinks.SinkError):
         sink.send(_alert())
     with pytest.raises(ValueError, match="does not understand"):
-        alerts.AppriseSink(["nosuchscheme://x"])
+        alert_sinks.AppriseSink(["nosuchscheme://x"])
 
 
 def test_for_decision_is_the_loops_one_call() -> None:
