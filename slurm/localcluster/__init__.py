@@ -194,8 +194,9 @@ class LocalCluster:
         ports.update({f"slurmd-{n}": spec.node_port(n) for n in self.node_names})
         return ports.get(name)
 
-    def _start(self, name: str, timeout: float) -> int:
-        """Start daemon ``name`` detached from us (it writes its own pid file) and wait until it is alive."""
+    def _start(self, name: str, timeout: float, prefix: Sequence[str] = ()) -> int:
+        """Start daemon ``name`` detached from us (it writes its own pid file) and wait until it is alive;
+        ``prefix``: an argument list it runs under (``reboot.fresh_boot``)."""
         program, argv, _marks = self._daemon_table()[name]
         log_file = self.layout.log_file(name)
         port = self._port_of(name)
@@ -203,7 +204,7 @@ class LocalCluster:
             raise ClusterError(f"port {port} needed by {name} is already in use by another program (fix: stop it, "
                                "or choose other ports with --base-port; see `ss -ltnp`)")
         self.layout.pid_file(name).unlink(missing_ok=True)
-        cmd = self._command(program, argv)
+        cmd = [*prefix, *self._command(program, argv)]
         env = {**os.environ, **self.env}
         if program == "mariadbd":  # does not daemonize itself: `setsid -f` detaches it so init becomes its parent
             with open(log_file, "ab") as out:
@@ -450,6 +451,20 @@ class LocalCluster:
         self._check_node(name)
         with locked(self.root, timeout, ClusterError):
             return self._revive_node(name, timeout)
+
+    def reboot_node(self, name: str, timeout: float = 60.0) -> None:
+        """What a node's reboot does to it, as Slurm's RebootProgram would (``reboot.py``): its slurmd, job steps
+        and /dev/shm are lost, then its slurmd starts again reporting a boot time of now, so slurmctld completes
+        a ``scontrol reboot`` (and its ``nextstate``) as after a real one."""
+        self._check_node(name)
+        if self.chroot is not None:
+            raise ClusterError("reboot-node needs the host's Slurm (fix: use the cluster without --slurm)")
+        from slurm.localcluster.reboot import fresh_boot
+
+        with locked(self.root, timeout, ClusterError):
+            self._crash_nodes([name])
+            crash_marker(self.layout, name).unlink(missing_ok=True)
+            self._start(f"slurmd-{name}", timeout, prefix=fresh_boot())
 
     def _check_node(self, name: str) -> None:
         if name not in self.node_names:

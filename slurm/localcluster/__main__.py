@@ -1,4 +1,4 @@
-"""``python -m slurm.localcluster up|down|status|crash-node NODE|revive-node NODE`` (contract).
+"""``python -m slurm.localcluster up|down|status|crash-node NODE|revive-node NODE|reboot-node NODE`` (contract).
 
 ``up`` ends by printing ``export SLURM_CONF=<ROOT>/etc/slurm.conf`` as its last line of stdout, so
 ``eval "$(python -m slurm.localcluster up | tail -n1)"`` points the shell at the cluster. With ``--slurm 24`` (or
@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("node")
     p = sub.add_parser("revive-node", parents=[common], help="restart a node's slurmd and resume it")
     p.add_argument("node")
+    p = sub.add_parser("reboot-node", parents=[common],
+                       help="what a reboot does: the node's processes and memory lost, its slurmd back freshly booted")
+    p.add_argument("node")
+    p.add_argument("--delay", type=float, default=0.0, help="wait this long first (the RebootProgram's exit)")
     return parser
 
 
@@ -100,6 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"crashed {args.node}: slurmd {killed['slurmd'] or 'was not running'}, "
                   f"{len(killed['killed'])} process(es) killed: {killed['killed']}; memory lost: "
                   f"{', '.join(killed['wiped']) or 'none held'}")
+        elif args.command == "reboot-node":
+            if args.delay > 0:
+                import time
+
+                time.sleep(min(args.delay, 60.0))
+            cluster.reboot_node(args.node, timeout=args.timeout)
+            print(f"{args.node}: rebooted (slurmd started with a fresh boot time)")
         elif args.command == "revive-node":
             started = cluster.revive_node(args.node, timeout=args.timeout)
             state = cluster.node_states().get(args.node)

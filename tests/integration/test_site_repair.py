@@ -1,13 +1,18 @@
 """The site's repair loop through the real `scontrol` of the local Slurm (docs/site.md, `supervise site serve
 --repair`): a node another user's node agent read an Xid 79 from is drained with the evidence as the reason; the
 reboot that follows is refused by this cluster (no RebootProgram) and recorded once, the node staying drained for
-a person; an operator's `supervise site forgive` returns it to service; a printed Xid line drains nothing."""
+a person; an operator's `supervise site forgive` returns it to service; a printed Xid line drains nothing. With a
+RebootProgram (the cluster's own simulated reboot, slurm/localcluster/reboot.py), the reboot is taken: the node
+comes back freshly booted, Slurm resumes it (nextstate=RESUME) and the loop forgives it."""
 
 from __future__ import annotations
 
 import signal
 import sqlite3
 import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,6 +56,60 @@ def test_the_repair_loop_drains_records_a_refused_reboot_and_resumes_after_forgi
         supervise("site", "forgive", "node3", "--url", url, "--token-file", str(site / "token"))
         wait_for("node3 back in service", lambda: "DRAIN" not in node_line("node3"), 60)
         assert [k for n, k, _ in repairs(site) if n == "node3"] == ["drain", "reboot", "resume"]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+        subprocess.run(["scontrol", "update", "NodeName=node3", "State=RESUME"], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def rebootable(crashable_cluster, tmp_path: Path) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """The cluster with a RebootProgram: the local cluster's simulated reboot (its slurmd restarted with a fresh
+    boot time, its processes and memory lost). slurm.conf is restored (and reconfigured) whatever happens."""
+    cluster = crashable_cluster
+    if cluster.chroot is not None:
+        pytest.skip("the simulated reboot needs the host's Slurm (the chroot's slurmd cannot run the repo's python)")
+    wrapper = tmp_path / "reboot.sh"
+    wrapper.write_text(f"#!/bin/sh\nexec env PYTHONPATH={REPO} {sys.executable} -m slurm.localcluster.reboot "
+                       f"--root {cluster.root} --base-port {cluster.spec.base_port}\n")  # fmt: skip
+    wrapper.chmod(0o755)
+    conf = Path(cluster.conf)
+    original = conf.read_text()
+    try:
+        conf.write_text(original + f"RebootProgram={wrapper}\n")
+        subprocess.run(["scontrol", "reconfigure"], check=True, timeout=60, capture_output=True)
+        yield
+    finally:
+        conf.write_text(original)
+        subprocess.run(["scontrol", "reconfigure"], check=True, timeout=60, capture_output=True)
+
+
+def boot_time(node: str) -> str:
+    line = node_line(node)
+    return line.split("BootTime=", 1)[1].split()[0]
+
+
+def test_a_reboot_slurm_takes_returns_the_node_and_the_loop_forgives_it(tmp_path: Path, rebootable) -> None:  # type: ignore[no-untyped-def]
+    site = tmp_path / "site"
+    booted = boot_time("node3")
+    url, server, first = start_site(site, REPO, "--repair", "--repair-every", "1", "--repair-max-share", "0.5")
+    try:
+        assert "repair loop on" in first
+        supervise("site", "token", "--dir", str(site), "--user", "alice", "--out", str(tmp_path / "alice.token"))
+        supervise("site", "token", "--dir", str(site), "--user", "bob", "--out", str(tmp_path / "bob.token"))
+        alice = SiteClient(url, read_token_file(tmp_path / "alice.token"))
+        alice.post_verdict(node="node3", source="node", klass="hardware", confidence=0.95,
+                           evidence=["health check on node3: Xid 79: GPU has fallen off the bus"], job="1",
+                           campaign="alice-llm")  # fmt: skip
+        wait_for("the reboot taken", lambda: [r for r in repairs(site) if r[1] == "reboot" and r[2] is None], 60)
+        wait_for("node3 freshly booted", lambda: boot_time("node3") != booted, 60)
+        wait_for("node3 back in service", lambda: "State=IDLE " in node_line("node3"), 60)
+        wait_for("the loop's forgiveness", lambda: [k for n, k, _ in repairs(site) if n == "node3"][-1:] == ["forgive"],
+                 60)  # fmt: skip
+        assert [k for n, k, e in repairs(site) if n == "node3"] == ["drain", "reboot", "forgive"]
+        time.sleep(3)  # more rounds: the node stays in service (forgiven: the verdict no longer counts)
+        assert "DRAIN" not in node_line("node3")
+        assert SiteClient(url, read_token_file(tmp_path / "bob.token")).excluded() == []
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
