@@ -11,8 +11,10 @@ Slurm), the lemons, the operators' forgiveness and what the loop itself did befo
   nextstate=RESUME``): the node's own health check (Slurm's HealthCheckProgram: ``supervise healthcheck --drain``)
   drains it again if it is still unfit. A lemon is never rebooted: a node that keeps failing needs a person.
 * A node the loop drained is **resumed** once an operator forgave it (``supervise site forgive``), and forgiven
-  by the loop itself when it came back from the loop's reboot fit (up, not drained again by its health check; a
-  node the health check drained is the health check's, left to the operators).
+  by the loop itself when it came back from the loop's reboot fit: up and not drained again by its health check
+  for a whole health-check interval (``health_wait_s``: Slurm resumes a rebooted node at once, nextstate=RESUME,
+  and its HealthCheckProgram drains it again only at its next run). A node the health check drained is the
+  health check's: once the check passes and resumes it, the wait starts again.
 * Never more than ``max_drained_fraction`` of the nodes Slurm lists are held drained by the loop at once: a rule
   gone wrong (or a bad switch blamed on every node behind it) must not empty the cluster; the rest wait, listed.
 """
@@ -49,10 +51,15 @@ class Held:
     lemon: bool = False
 
 
+BACK_WAIT = "back from the repair loop's reboot: its health check has an interval to find it unfit"
+HEALTH_DRAINED = "drained by its health check after the repair loop's reboot"
+
+
 @dataclass(frozen=True)
 class RepairConfig:
     max_drained_fraction: float = 0.1
     reboot: bool = True
+    health_wait_s: float = 0.0  # HealthCheckInterval + a margin when Slurm runs a HealthCheckProgram, else 0
 
     def __post_init__(self) -> None:
         if not 0 < self.max_drained_fraction <= 1:
@@ -77,18 +84,28 @@ def reboot_fixes(evidence: Iterable[str]) -> int | None:
 
 
 def plan(nodes: Mapping[str, NodeNow], held: Mapping[str, Held], forgiven: set[str], rebooted: set[str],
-         config: RepairConfig | None = None) -> list[Step]:  # fmt: skip
+         config: RepairConfig | None = None, back_since: Mapping[str, float] | None = None,
+         now_t: float = 0.0) -> list[Step]:  # fmt: skip
     """The steps for this round. ``held``: node -> why it counts as bad for everyone now; ``forgiven``: nodes an
-    operator forgave since the loop drained them; ``rebooted``: nodes the loop has rebooted since it drained them."""
+    operator forgave since the loop drained them; ``rebooted``: nodes the loop has rebooted since it drained them;
+    ``back_since``: when the loop last recorded a rebooted node back and undrained (its ``BACK_WAIT`` step, not
+    followed by ``HEALTH_DRAINED``); ``now_t``: the time of this round."""
     c = config or RepairConfig()
+    back = back_since or {}
     steps: list[Step] = []
     drained_by_us = {n for n, now in nodes.items() if ours(now)}
     room = int(c.max_drained_fraction * len(nodes)) - len(drained_by_us)
     for node in sorted(nodes):
         now = nodes[node]
+        if node in rebooted and now.drained and not ours(now):
+            steps.append(Step("wait", node, HEALTH_DRAINED))  # (recorded once: the wait starts again when back)
+            continue
         if node in rebooted and not now.drained and now.state not in ("DOWN", "UNKNOWN"):
-            # back from the loop's reboot (nextstate=RESUME) and its health check did not drain it again
-            steps.append(Step("forgive", node, "back from the repair loop's reboot, its health check passed"))
+            # back from the loop's reboot (nextstate=RESUME): fit once its health check had an interval to say not
+            if c.health_wait_s > 0 and now_t - back.get(node, now_t) < c.health_wait_s:
+                steps.append(Step("wait", node, BACK_WAIT))
+            else:
+                steps.append(Step("forgive", node, "back from the repair loop's reboot, its health check passed"))
             continue
         if node in drained_by_us:
             if node in forgiven:

@@ -11,12 +11,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from supervisor.decisions.lemon import LemonConfig, score_nodes
-from supervisor.decisions.repair import REASON_TAG, Held, NodeNow, RepairConfig, Step, plan
+from supervisor.decisions.repair import BACK_WAIT, REASON_TAG, Held, NodeNow, RepairConfig, Step, plan
 from supervisor.decisions.site_trust import CROSSES_USERS
 from supervisor.site.store import SiteStore
+
+HEALTH_MARGIN_S = 5.0  # beyond HealthCheckInterval: the check's own run time and the loop's round
 
 
 class RepairLoop:
@@ -28,9 +31,11 @@ class RepairLoop:
 
     def round(self) -> list[Step]:
         nodes = {n.name: NodeNow(n.name, n.state, n.is_drain, n.reason) for n in self.slurm.nodes()}
+        config = replace(self.config, health_wait_s=self._health_wait_s())
         with self.lock:
             now = self.clock()
-            steps = plan(nodes, self._held(now), *self._history(), self.config)
+            forgiven, rebooted = self._history()
+            steps = plan(nodes, self._held(now), forgiven, rebooted, config, self._back_since(rebooted), now)
         for step in steps:
             error = None
             try:
@@ -45,7 +50,7 @@ class RepairLoop:
             with self.lock:
                 if step.kind == "forgive" and error is None:
                     self.store.forgive(step.node, self.clock(), by="repair loop")
-                if not self._same_as_last(step.node, step.kind, error):  # a wait or a refusal once, not every round
+                if not self._same_as_last(step.node, step.kind, error, step.reason):  # a wait or a refusal once, not every round
                     self.store.add_repair(self.clock(), step.node, step.kind, step.reason, error)
         return steps
 
@@ -77,10 +82,31 @@ class RepairLoop:
                 and forgiven_at.get(n, float("-inf")) < t}  # fmt: skip
         return forgiven, back
 
-    def _same_as_last(self, node: str, kind: str, error: str | None) -> bool:
+    def _health_wait_s(self) -> float:
+        """HealthCheckInterval + 5 s when Slurm runs a HealthCheckProgram (read every round: an operator may add
+        one), else 0; a failed read counts as one being there at the default interval (never forgive early)."""
+        try:
+            conf = self.slurm.config()
+        except Exception:  # noqa: BLE001 - unknown: wait as if a check ran every 5 minutes
+            return 300.0 + HEALTH_MARGIN_S
+        program = conf.get("HealthCheckProgram", "")
+        interval = conf.get("HealthCheckInterval", "0").split()[0]
+        if not program or program == "(null)" or not interval.isdigit() or int(interval) == 0:
+            return 0.0
+        return int(interval) + HEALTH_MARGIN_S
+
+    def _back_since(self, rebooted: set[str]) -> dict[str, float]:
+        """For each rebooted node whose last record is the loop's ``BACK_WAIT``: when that was recorded."""
+        last: dict[str, dict[str, object]] = {}
+        for r in self.store.repairs():
+            last[str(r["node"])] = r
+        return {n: float(r["t"]) for n, r in last.items()  # type: ignore[arg-type]
+                if n in rebooted and r["kind"] == "wait" and r["reason"] == BACK_WAIT}
+
+    def _same_as_last(self, node: str, kind: str, error: str | None, reason: str = "") -> bool:
         last = [r for r in self.store.repairs() if r["node"] == node][-1:]
-        return bool(last) and last[0]["kind"] == kind and (kind == "wait" or (error is not None
-                                                                              and last[0]["error"] == error))
+        return bool(last) and last[0]["kind"] == kind and (
+            (kind == "wait" and last[0]["reason"] == reason[:500]) or (error is not None and last[0]["error"] == error))
 
 
 def serve_repairs(loop: RepairLoop, every_s: float, stop: threading.Event, log: Callable[[str], None]) -> None:

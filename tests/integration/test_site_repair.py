@@ -63,9 +63,11 @@ def test_the_repair_loop_drains_records_a_refused_reboot_and_resumes_after_forgi
 
 
 @pytest.fixture
-def rebootable(crashable_cluster, tmp_path: Path) -> Iterator[None]:  # type: ignore[no-untyped-def]
-    """The cluster with a RebootProgram: the local cluster's simulated reboot (its slurmd restarted with a fresh
-    boot time, its processes and memory lost). slurm.conf is restored (and reconfigured) whatever happens."""
+def rebootable(crashable_cluster, tmp_path: Path) -> Iterator[Path]:  # type: ignore[no-untyped-def]
+    """The cluster with a RebootProgram (the local cluster's simulated reboot: its slurmd restarted with a fresh
+    boot time, its processes and memory lost) and `supervise healthcheck --drain` as HealthCheckProgram every 5 s,
+    which finds node3 unfit while the returned flag file exists. slurm.conf is restored (and reconfigured)
+    whatever happens."""
     cluster = crashable_cluster
     if cluster.chroot is not None:
         pytest.skip("the simulated reboot needs the host's Slurm (the chroot's slurmd cannot run the repo's python)")
@@ -73,15 +75,28 @@ def rebootable(crashable_cluster, tmp_path: Path) -> Iterator[None]:  # type: ig
     wrapper.write_text(f"#!/bin/sh\nexec env PYTHONPATH={REPO} {sys.executable} -m slurm.localcluster.reboot "
                        f"--root {cluster.root} --base-port {cluster.spec.base_port}\n")  # fmt: skip
     wrapper.chmod(0o755)
+    flag = tmp_path / "node3-unfit"
+    health = tmp_path / "health.sh"
+    health.write_text(
+        "#!/bin/sh\n"
+        f"limit=1; [ \"$SLURMD_NODENAME\" = node3 ] && [ -e {flag} ] && limit=100000000\n"
+        f"exec env PYTHONPATH={REPO} SLURM_CONF={cluster.conf} {sys.executable} -m supervisor.cli healthcheck "
+        f"--drain --node \"$SLURMD_NODENAME\" --fs checkpoint={tmp_path} --limit fs_min_free_gib=$limit "
+        f">> {tmp_path}/health-$SLURMD_NODENAME.log 2>&1\n")  # fmt: skip
+    health.chmod(0o755)
     conf = Path(cluster.conf)
     original = conf.read_text()
     try:
-        conf.write_text(original + f"RebootProgram={wrapper}\n")
+        conf.write_text(original + f"RebootProgram={wrapper}\nHealthCheckProgram={health}\nHealthCheckInterval=5\n"
+                        "HealthCheckNodeState=ANY\n")  # fmt: skip
         subprocess.run(["scontrol", "reconfigure"], check=True, timeout=60, capture_output=True)
-        yield
+        yield flag
     finally:
+        flag.unlink(missing_ok=True)  # a health check still running finds node3 fit: it drains nothing after us
         conf.write_text(original)
         subprocess.run(["scontrol", "reconfigure"], check=True, timeout=60, capture_output=True)
+        time.sleep(1)
+        subprocess.run(["scontrol", "update", "NodeName=node3", "State=RESUME"], capture_output=True, timeout=30)
 
 
 def boot_time(node: str) -> str:
@@ -106,10 +121,42 @@ def test_a_reboot_slurm_takes_returns_the_node_and_the_loop_forgives_it(tmp_path
         wait_for("node3 back in service", lambda: "State=IDLE " in node_line("node3"), 60)
         wait_for("the loop's forgiveness", lambda: [k for n, k, _ in repairs(site) if n == "node3"][-1:] == ["forgive"],
                  60)  # fmt: skip
-        assert [k for n, k, e in repairs(site) if n == "node3"] == ["drain", "reboot", "forgive"]
+        assert [k for n, k, e in repairs(site) if n == "node3" and k != "wait"] == ["drain", "reboot", "forgive"]
         time.sleep(3)  # more rounds: the node stays in service (forgiven: the verdict no longer counts)
         assert "DRAIN" not in node_line("node3")
         assert SiteClient(url, read_token_file(tmp_path / "bob.token")).excluded() == []
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+        subprocess.run(["scontrol", "update", "NodeName=node3", "State=RESUME"], capture_output=True, timeout=30)
+
+
+def test_a_rebooted_node_its_health_check_finds_unfit_returns_only_once_the_check_passes(
+        tmp_path: Path, rebootable: Path) -> None:  # fmt: skip
+    """Slurm resumes the node after the reboot (nextstate=RESUME), its health check drains it again while the
+    node stays unfit, and the loop does not forgive it: the verdict still keeps everyone off it. Once the check
+    passes, the health check resumes it and the loop forgives it."""
+    site = tmp_path / "site"
+    url, server, first = start_site(site, REPO, "--repair", "--repair-every", "1", "--repair-max-share", "0.5")
+    try:
+        supervise("site", "token", "--dir", str(site), "--user", "alice", "--out", str(tmp_path / "alice.token"))
+        supervise("site", "token", "--dir", str(site), "--user", "bob", "--out", str(tmp_path / "bob.token"))
+        alice = SiteClient(url, read_token_file(tmp_path / "alice.token"))
+        bob = SiteClient(url, read_token_file(tmp_path / "bob.token"))
+        alice.post_verdict(node="node3", source="node", klass="hardware", confidence=0.95,
+                           evidence=["health check on node3: Xid 79: GPU has fallen off the bus"], job="1",
+                           campaign="alice-llm")  # fmt: skip
+        wait_for("the reboot taken", lambda: [r for r in repairs(site) if r[1] == "reboot" and r[2] is None], 60)
+        rebootable.touch()  # the node comes back from its reboot unfit (its slurmd starts a second later)
+        wait_for("node3 drained again by its health check after the reboot",
+                 lambda: "Reason=supervise: fs_free" in node_line("node3"), 60)  # fmt: skip
+        time.sleep(12)  # more than its health-check interval and margin: rounds of the loop while the check fails
+        assert [k for n, k, _ in repairs(site) if n == "node3" and k != "wait"] == ["drain", "reboot"]
+        assert [n for n, _ in bob.excluded()] == ["node3"]  # the verdict still keeps everyone off it
+        rebootable.unlink()  # repaired: the next check passes and resumes it
+        wait_for("the loop's forgiveness", lambda: [k for n, k, _ in repairs(site) if n == "node3"][-1:] == ["forgive"],
+                 60)  # fmt: skip
+        assert "DRAIN" not in node_line("node3") and bob.excluded() == []
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)

@@ -19,10 +19,18 @@ T0 = 1_800_000_000.0
 
 
 class FakeSlurm:
-    def __init__(self, n: int = 10, can_reboot: bool = True) -> None:
+    def __init__(self, n: int = 10, can_reboot: bool = True, health_interval: str | None = None) -> None:
         self.state = {f"n{i}": NodeInfo(f"n{i}", "IDLE") for i in range(n)}
         self.calls: list[tuple[str, str]] = []
         self.can_reboot = can_reboot
+        self.health_interval = health_interval  # None: no HealthCheckProgram; "fail": the query fails
+
+    def config(self) -> dict[str, str]:
+        if self.health_interval == "fail":
+            raise SlurmUsageError("scontrol show config failed", "retry")
+        if self.health_interval is None:
+            return {"HealthCheckProgram": "(null)", "HealthCheckInterval": "0 sec"}
+        return {"HealthCheckProgram": "/opt/health.sh", "HealthCheckInterval": f"{self.health_interval} sec"}
 
     def nodes(self) -> list[NodeInfo]:
         return list(self.state.values())
@@ -78,6 +86,46 @@ def test_drained_with_its_evidence_rebooted_once_then_forgiven_when_back_fit(tmp
     clock[0] += 60
     assert r.round() == [] and slurm.calls == [("drain", "n3"), ("reboot", "n3")]  # not drained again
     assert [x["kind"] for x in store.repairs()] == ["drain", "reboot", "forgive"]
+
+
+def test_back_from_the_reboot_it_is_forgiven_only_after_a_health_check_interval_without_a_drain(tmp_path) -> None:
+    """Slurm resumes a rebooted node at once (nextstate=RESUME); its HealthCheckProgram drains it again only at
+    its next run: the loop forgives it after a whole interval (60 s + 5) undrained. Drained by the check
+    meanwhile, it waits for the check to pass, then for a whole interval again. An unreadable Slurm
+    configuration waits as for a check every 5 minutes."""
+    slurm = FakeSlurm(health_interval="60")
+    r, store, clock = loop(tmp_path, slurm)
+    post(store, "n3", "node", "health check on n3: Xid 79: GPU has fallen off the bus", T0 - 60)
+    r.round()
+    clock[0] += 1
+    r.round()
+    assert slurm.calls == [("drain", "n3"), ("reboot", "n3")]
+    slurm.booted("n3")
+    for _ in range(6):  # back, undrained, for 60 s: not long enough
+        clock[0] += 10
+        r.round()
+    assert "n3" not in store.forgiven_at()
+    slurm.state["n3"] = replace(slurm.state["n3"], flags=frozenset({"DRAIN"}), reason="supervise: xid 79")
+    clock[0] += 10
+    r.round()  # its health check found it unfit: not forgiven
+    clock[0] += 300
+    r.round()
+    assert "n3" not in store.forgiven_at()
+    slurm.booted("n3")  # the check passed and resumed it: a whole interval again from here
+    clock[0] += 1
+    r.round()
+    back = clock[0]
+    clock[0] += 40
+    r.round()
+    assert "n3" not in store.forgiven_at()
+    clock[0] += 30
+    r.round()
+    assert store.forgiven_at().get("n3") == clock[0] and clock[0] - back >= 65
+    waits = [x["reason"] for x in store.repairs() if x["kind"] == "wait"]
+    assert len(waits) == 3  # back, drained by its check, back: each recorded once
+
+    assert RepairLoop(store, FakeSlurm(health_interval="fail"), threading.Lock())._health_wait_s() == 305.0
+    assert RepairLoop(store, FakeSlurm(), threading.Lock())._health_wait_s() == 0.0
 
 
 def test_a_refused_reboot_is_recorded_once_and_the_node_waits_for_a_person(tmp_path) -> None:

@@ -8,7 +8,15 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.decisions.repair import REASON_TAG, Held, NodeNow, RepairConfig, plan, reboot_fixes
+from supervisor.decisions.repair import (
+    HEALTH_DRAINED,
+    REASON_TAG,
+    Held,
+    NodeNow,
+    RepairConfig,
+    plan,
+    reboot_fixes,
+)
 
 
 def fleet(n: int = 20, **special: NodeNow) -> dict[str, NodeNow]:
@@ -42,7 +50,11 @@ def test_back_fit_from_the_reboot_is_forgiven_and_an_operators_forgiveness_resum
     held = {"n03": Held(("Xid 79",))}
     assert kinds(plan(fleet(), held, set(), {"n03"})) == {"n03": "forgive"}  # up, not drained: it passed
     still_bad = fleet(n03=NodeNow("n03", "IDLE", True, "HealthCheckProgram: Xid 79 again"))
-    assert plan(still_bad, held, set(), {"n03"}) == []  # the health check drained it: its, not ours
+    assert [s.reason for s in plan(still_bad, held, set(), {"n03"})] == [HEALTH_DRAINED]  # its drain, not ours
+    waiting = RepairConfig(health_wait_s=65)
+    assert kinds(plan(fleet(), held, set(), {"n03"}, waiting, {}, 1000.0)) == {"n03": "wait"}  # first seen back
+    assert kinds(plan(fleet(), held, set(), {"n03"}, waiting, {"n03": 960.0}, 1000.0)) == {"n03": "wait"}
+    assert kinds(plan(fleet(), held, set(), {"n03"}, waiting, {"n03": 930.0}, 1000.0)) == {"n03": "forgive"}
     ours = fleet(n03=NodeNow("n03", "IDLE", True, f"{REASON_TAG} lemon: 9 failures"))
     assert kinds(plan(ours, {}, {"n03"}, set())) == {"n03": "resume"}
 
