@@ -25,7 +25,7 @@ from supervisor.decisions.tasklog import strip_label
 PROGRAM = Path(__file__).resolve().parent / "programs" / "torchsave_train.py"
 START_TIMEOUT = 150.0  # job scheduled, agents up, ranks import torch and build the gloo group (2 shared cores)
 RELAUNCH_TIMEOUT = 90.0  # a fault seen, the step killed, the relaunch started
-__all__ = ["PROGRAM", "Row", "ranks_pids", "submit_program", "newest_valid", "agent_pids", "record_time"]
+__all__ = ["PROGRAM", "Row", "ranks_pids", "submit_program", "newest_valid", "agent_pids", "record_time", "mark_bad_node"]
 
 
 def submit_program(tmp_path: Path, *args: str, steps: int = 60, ckpt_every: int = 10, step_time: float = 0.3,
@@ -42,6 +42,14 @@ def submit_program(tmp_path: Path, *args: str, steps: int = 60, ckpt_every: int 
                     "--", sys.executable, str(program), "--steps", str(steps), "--ckpt-dir", str(ckpt),
                     "--ckpt-every", str(ckpt_every), "--step-time", str(step_time), *args)  # fmt: skip
     return Campaign(out.stdout.split()[1], root, ckpt)
+
+
+def mark_bad_node(camp: Campaign, index: int) -> str:
+    """Name the ``index``-th node of the first run's allocation as the bad one (read by the program)."""
+    nodes = wait_for("the first run's nodes", lambda: (camp.of_type("attempt_started") or [{}])[0].get("nodes"), 150)
+    camp.ckpt.mkdir(parents=True, exist_ok=True)
+    (camp.ckpt / "bad-node").write_text(nodes[index])
+    return nodes[index]
 
 
 def newest_valid(ckpt: Path) -> tuple[str, int] | None:

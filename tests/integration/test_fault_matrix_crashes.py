@@ -10,19 +10,11 @@ from typing import Any
 
 import pytest
 from campaign_tools import cancel, job_state, launches, wait_for
-from matrix_tools import Row, agent_pids, ranks_pids, record_time, submit_program
+from matrix_tools import Row, agent_pids, mark_bad_node, ranks_pids, record_time, submit_program
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
-
-
-def mark_bad_node(camp, index: int) -> str:  # noqa: ANN001
-    """Name the ``index``-th node of the first run's allocation as the bad one (read by the program)."""
-    nodes = wait_for("the first run's nodes", lambda: (camp.of_type("attempt_started") or [{}])[0].get("nodes"), 150)
-    camp.ckpt.mkdir(parents=True, exist_ok=True)
-    (camp.ckpt / "bad-node").write_text(nodes[index])
-    return nodes[index]
 
 
 def stops_as_a_bug(camp: Any) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -4,7 +4,7 @@ node from its submission, and a verdict that arrives while it trains keeps its n
 spare takes over), with its own ledger empty; its Slurm run is told to the site (node-hours, the lemon rule's
 exposure), and so are its state, its launches and its interruption (the fleet page's document); and a site
 stopped mid-campaign does not stop the campaign. Another user's printed failures keep the job off a node only
-once the lemon rule names it."""
+once the lemon rule names it; the same user's earlier campaign's hardware verdict keeps the next one off it."""
 
 from __future__ import annotations
 
@@ -112,3 +112,39 @@ def test_another_users_printed_failures_keep_a_campaign_off_a_node_only_once_the
         server.kill()
         if camp is not None:
             cancel(camp.job_id)
+
+
+def test_a_campaigns_hardware_verdict_keeps_the_same_users_next_campaign_off_the_node(tmp_path: Path) -> None:
+    """Campaign A (bob) hits a hardware fault on one node (its rank there prints an Xid line: text, so it counts
+    for bob only); bob's next campaign B is kept off that node from its first launch (submitted without it), with
+    B's own ledger empty: the site's word alone."""
+    from matrix_tools import mark_bad_node, submit_program
+
+    site = tmp_path / "site"
+    url, server, first = start_site(site, REPO)
+    a = b = None
+    try:
+        assert "site service on" in first
+        supervise("site", "token", "--dir", str(site), "--user", "bob", "--out", str(tmp_path / "bob.token"))
+        config = f'[run]\nspare_nodes = 1\n[site]\nurl = "{url}"\ntoken_file = "{tmp_path / "bob.token"}"\n'
+        a = submit_program(tmp_path, "--xid-on-bad-node", "3", steps=400, ckpt_every=2, nodes=2, config=config,
+                           name="a")  # fmt: skip
+        bad = mark_bad_node(a, 1)
+        hit = wait_for("A's hardware interruption", lambda: [e for e in a.of_type("interruption")
+                                                             if e["class"] == "hardware"], 150)[0]  # fmt: skip
+        assert hit["blamed_nodes"] == [bad]
+        bob = SiteClient(url, read_token_file(tmp_path / "bob.token"))
+        wait_for("the site told", lambda: [n for n, _ in bob.excluded()] == [bad], 60)
+        cancel(a.job_id)
+        b = submit_program(tmp_path, steps=20, nodes=3, config=f'[site]\nurl = "{url}"\ntoken_file = '
+                           f'"{tmp_path / "bob.token"}"\n', name="b")  # fmt: skip
+        allocation = wait_for("B's allocation", lambda: b.of_type("attempt_started"), 180)[0]["nodes"]
+        assert bad not in allocation and len(allocation) == 3, allocation
+        first_launch = wait_for("B's first launch", lambda: launches(b), 150)[0]
+        assert bad not in first_launch["nodes"]
+        assert b.of_type("interruption") == [] and b.report()["excluded_nodes"] == []  # B's own ledger: empty
+    finally:
+        server.kill()
+        for camp in (a, b):
+            if camp is not None:
+                cancel(camp.job_id)
