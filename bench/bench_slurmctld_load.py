@@ -1,6 +1,6 @@
 """The supervisor's load on slurmctld, measured with ``sdiag`` on the real local Slurm (issue 25).
 
-    python bench/bench_slurmctld_load.py [--campaigns 16] [--window 120]
+    python bench/bench_slurmctld_load.py [--campaigns 16] [--window 120] [--oversubscribe K] [--site]
 
 N idle supervised campaigns (one node, one task each; the program sleeps, so only the supervision is measured)
 run at once, twice, side by side in one run:
@@ -15,8 +15,13 @@ Then the RPCs one campaign costs for one fault (its program SIGKILLed: relaunche
 requeue (``scontrol requeue``: a new Slurm run of the batch script), counted from the event until the relaunched
 program has run 10 s, Slurm's own messages for the requeue included.
 
-The local cluster has 16 CPUs (4 nodes x 4): at most 16 one-task jobs run at once, so N defaults to 16 here;
-the per-campaign figures do not depend on N (each supervisor asks about its own job only).
+The local cluster has 16 CPUs (4 nodes x 4): at most 16 one-task jobs run at once, so N defaults to 16 here.
+``--oversubscribe K`` runs more (``--campaigns 50 --oversubscribe 4``): two partitions made for the bench at run
+time (``scontrol create``, deleted after), ``bench-batch`` (as ``batch``) and ``bench-urgent`` (preempted without
+grace: the same 5-minute query as ``urgent``'s PreemptMode=OFF, which does not oversubscribe), with
+``OverSubscribe=FORCE:K`` (K jobs per CPU), so 16 x K idle jobs fit.
+``--site``: every campaign names a site service (started here) in ``[site]``: their job polls go to it, and it
+reads all their jobs with one query a round (supervisor/site/job_watch.py); its RPCs are in the figures.
 """
 
 from __future__ import annotations
@@ -51,10 +56,31 @@ def reset() -> None:
     subprocess.run(["sdiag", "--reset"], capture_output=True, check=True)
 
 
+SITE: dict[str, str] = {}  # url, token_file when --site
+
+
+def start_site(work: Path) -> subprocess.Popen[str]:
+    """``supervise site serve`` on a free loopback port and a token for the campaigns (SITE)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "site", "serve", "--dir", str(work / "site"),
+                               "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    assert server.stdout is not None and "site service on" in server.stdout.readline()
+    token = work / "bench.site-token"
+    subprocess.run([sys.executable, "-m", "supervisor.cli", "site", "token", "--dir", str(work / "site"), "--user",
+                    "bench", "--out", str(token)], check=True, capture_output=True, cwd=REPO)  # fmt: skip
+    SITE.update(url=f"http://127.0.0.1:{port}", token_file=str(token))
+    return server
+
+
 def submit(work: Path, partition: str) -> tuple[str, Path]:
     work.mkdir(parents=True, exist_ok=True)
     (work / "idle.py").write_text(PROGRAM)
-    (work / "c.toml").write_text("[preflight]\nenabled = false\n")
+    site = f'[site]\nurl = "{SITE["url"]}"\ntoken_file = "{SITE["token_file"]}"\n' if SITE else ""
+    (work / "c.toml").write_text("[preflight]\nenabled = false\n" + site)
     root = work / "campaign"
     out = subprocess.run(
         [sys.executable, "-m", "supervisor.cli", "submit", "-N", "1", "--ntasks-per-node=1", "--time=30",
@@ -82,17 +108,31 @@ def supervisors_cpu_s(roots: list[Path]) -> float:
     return total
 
 
+def bench_partitions(k: int) -> dict[str, str]:
+    """Partitions like ``batch`` and ``urgent`` but K jobs per CPU; {the cluster's name: the bench's}."""
+    made = {"batch": "bench-batch", "urgent": "bench-urgent"}
+    # (a partition with PreemptMode=OFF does not oversubscribe here (22.05): the bench's "urgent" is preempted
+    # without grace instead, which the poller treats the same way: one query per 5 minutes)
+    settings = {"batch": ["PriorityTier=1", "PreemptMode=REQUEUE", "GraceTime=10"],
+                "urgent": ["PriorityTier=1", "PreemptMode=REQUEUE", "GraceTime=0"]}  # fmt: skip
+    for name, bench in made.items():
+        subprocess.run(["scontrol", "delete", f"PartitionName={bench}"], capture_output=True, check=False)
+        subprocess.run(["scontrol", "create", f"PartitionName={bench}", "Nodes=ALL", "MaxTime=INFINITE", "State=UP",
+                        f"OverSubscribe=FORCE:{k}", *settings[name]], capture_output=True, check=True)  # fmt: skip
+    return made
+
+
 def measure(partition: str, n: int, window: float, idle: dict[str, int], work: Path) -> dict[str, float]:
     jobs = [submit(work / f"{partition}-{i}", partition) for i in range(n)]
     roots = [root for _, root in jobs]
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 300 + 10 * n
         while time.monotonic() < deadline:
             if all(events(r, "step_launched") for r in roots):
                 break
             time.sleep(2)
         else:
-            raise SystemExit(f"{partition}: not every campaign launched within 300 s")
+            raise SystemExit(f"{partition}: not every campaign launched within {300 + 10 * n} s")
         time.sleep(10)  # the start-up queries are over
         cpu0 = supervisors_cpu_s(roots)
         reset()
@@ -157,17 +197,29 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--campaigns", type=int, default=16)
     p.add_argument("--window", type=float, default=120.0)
+    p.add_argument("--oversubscribe", type=int, default=0, metavar="K",
+                   help="run in bench partitions with K jobs per CPU (for more than 16 campaigns)")
+    p.add_argument("--site", action="store_true", help="the campaigns poll their jobs through a site service")
     args = p.parse_args()
+    parts = bench_partitions(args.oversubscribe) if args.oversubscribe > 1 else {"batch": "batch", "urgent": "urgent"}
     with tempfile.TemporaryDirectory(prefix="bench-ctld-") as tmp:
-        reset()
-        time.sleep(args.window)
-        idle = sdiag()
-        print(f"idle cluster: {sum(idle.values())} RPCs in {args.window:.0f} s (subtracted below)")
-        a = measure("batch", args.campaigns, args.window, idle, Path(tmp))
-        time.sleep(15)  # the cancelled jobs leave
-        b = measure("urgent", args.campaigns, args.window, idle, Path(tmp))
-        time.sleep(15)
-        per_event(Path(tmp), idle, args.window)
+        server = start_site(Path(tmp)) if args.site else None
+        try:
+            reset()
+            time.sleep(args.window)
+            idle = sdiag()
+            print(f"idle cluster: {sum(idle.values())} RPCs in {args.window:.0f} s (subtracted below)")
+            a = measure(parts["batch"], args.campaigns, args.window, idle, Path(tmp))
+            time.sleep(15 + args.campaigns / 4)  # the cancelled jobs leave
+            b = measure(parts["urgent"], args.campaigns, args.window, idle, Path(tmp))
+            time.sleep(15 + args.campaigns / 4)
+            per_event(Path(tmp), idle, args.window)
+        finally:
+            if server is not None:
+                server.kill()
+            for name, bench in parts.items():
+                if bench != name:
+                    subprocess.run(["scontrol", "delete", f"PartitionName={bench}"], capture_output=True, check=False)
     print(f"\nsteady state per campaign: preemptible (GraceTime=10) {a['rpc_per_min']:.2f} RPC/min, "
           f"not preemptible {b['rpc_per_min']:.2f} RPC/min (one query per 5 min: a window under 300 s may see none)")
     return 0

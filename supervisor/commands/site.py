@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--repair", action="store_true",
                        help="drain, reboot and resume nodes through scontrol (operator rights; docs/site.md)")
     serve.add_argument("--repair-every", type=float, default=60.0, metavar="S", help="seconds between rounds")
+    serve.add_argument("--no-job-watch", action="store_true",
+                       help="do not read the campaigns' jobs from Slurm for them (each asks slurmctld itself)")
     serve.add_argument("--repair-max-share", type=float, default=0.1, metavar="F",
                        help="never hold more than this share of the nodes drained (default 0.1)")
     token = sub.add_parser("token", help="issue a user's token", description="issue a user's token (replaces theirs)")
@@ -85,7 +87,21 @@ def serve(args: argparse.Namespace) -> int:
         secret = new_token()
         store.set_token(ADMIN, secret, admin=True, t=time.time())
         write_token_file(admin_file, Credentials(ADMIN, secret))
-    api = SiteApi(store)
+    from supervisor.site.job_watch import JobWatch, serve_job_watch
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    job_watch = None
+    if not args.no_job_watch:
+        from slurm.client import get_client
+        from supervisor.errors import SupervisorError
+
+        try:
+            job_watch = JobWatch(get_client(), log=say)
+        except SupervisorError as err:  # no Slurm here: campaigns ask slurmctld themselves
+            say(f"job watch off: {err.plain()}")
+    api = SiteApi(store, job_watch=job_watch)
     try:
         server = make_server(api, host, port)
     except OSError as err:
@@ -93,6 +109,8 @@ def serve(args: argparse.Namespace) -> int:
 
         raise SiteError(f"cannot listen on {host}:{port} ({err.strerror})", "pick another --listen port") from None
     stop = threading.Event()
+    if job_watch is not None:
+        threading.Thread(target=serve_job_watch, args=(job_watch, stop), daemon=True, name="job-watch").start()
     if args.repair:
         from slurm.client import get_client
         from supervisor.decisions.repair import RepairConfig

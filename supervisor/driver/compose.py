@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from slurm import probe
 from slurm.client import SlurmClient
@@ -42,6 +43,7 @@ from supervisor.driver.guard import GuardedChannel
 from supervisor.driver.health_watch import HealthWatch
 from supervisor.driver.interrupts import Interrupts
 from supervisor.driver.interval import IntervalAsker
+from supervisor.driver.job_query import JobQuery
 from supervisor.driver.launcher import TrainingLauncher
 from supervisor.driver.loop import Parts, Supervisor
 from supervisor.driver.memory_flush import MemoryFlush
@@ -169,7 +171,8 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
         campaign=paths.root, extra_args=agent_args(a, layout.nodes), env=step_env, log_path=log_dir / "agents.log",
         cwd=spec.cwd, avoid=watch_nodes.lost,
     )  # fmt: skip
-    preemption = PreemptionPoller(lambda: a.slurm.job(job_id), settings=lambda: read_preemptibility(a.slurm, job_id))
+    preemption = PreemptionPoller(JobQuery(lambda: a.slurm.job(job_id), site_job_client(config.site), job_id),
+                                  settings=lambda: read_preemptibility(a.slurm, job_id))  # fmt: skip
     deadline = JobDeadline(deadline_end, preemption.end_time)
     interval = IntervalAsker(ctx, run.checkpoint_interval, prior_mtbf_s=run.mtbf_prior_s, nodes=layout.train_nodes,
                              state=state, channel=channel, flag=FLAG_CHECKPOINT)  # fmt: skip
@@ -222,6 +225,20 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
         no_kill=has_option(spec.sbatch_flags, "--no-kill", "-k"),
         site=site,
     )  # fmt: skip
+
+
+def site_job_client(site: Any) -> Any:
+    """A site client for the preemption poller's job reads (short timeout: it falls back to slurmctld), or None
+    without ``[site] url`` or a usable token file (``SiteLink`` journals that)."""
+    if not site.url:
+        return None
+    from supervisor.errors import SupervisorError
+    from supervisor.site.client import SiteClient, read_token_file
+
+    try:
+        return SiteClient(site.url, read_token_file(Path(site.token_file).expanduser()), min(2.0, site.timeout_s))
+    except SupervisorError:
+        return None
 
 
 def ranks_python(command: Sequence[str], python: str) -> str:

@@ -73,7 +73,8 @@ class PreemptionPoller:
                 continue
             if job is not None:
                 self._end = (True, getattr(job, "end_time", None))
-                self._answer_asked_at = asked_at
+                # a read the site service made earlier counts from when it was made (``driver/job_query.py``)
+                self._answer_asked_at = asked_at - float(getattr(job, "age_s", 0.0) or 0.0)
             if getattr(job, "preempt_time", None):
                 self._seen.set()
 

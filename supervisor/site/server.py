@@ -12,6 +12,7 @@ line naming the field, an unauthentic one 401, an operator's action asked by a u
     POST /v1/forgive    {"node"}                          operators only
     POST /v1/campaigns  {"campaign", "job", "state", "reason", "wall_s", "productive_s", "ettr", "attempts": [...]}
     POST /v1/interruptions {"campaign", "job", "klass", "nodes": [...]}
+    GET  /v1/job-state?job=ID -> the service's newest Slurm read of that job (site/job_watch.py)
     GET  /v1/fleet      -> the fleet page's document (site/fleet.py)    operators; a view key will do
     GET  /metrics       -> the same figures for Prometheus               operators; a view key will do
     GET  /, /fleet.css, /fleet.js                                        the fleet page (no data in it)
@@ -32,7 +33,7 @@ from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from slurm.hostlist import validate_node_name
+from slurm.hostlist import validate_job_id, validate_node_name
 from supervisor.decisions.lemon import LemonConfig, score_nodes
 from supervisor.decisions.site_trust import SOURCES, SiteVerdict, excluded_for
 from supervisor.plot.timeline import COLOURS
@@ -71,8 +72,9 @@ class SiteApi:
     """The service's decisions over its store, one request at a time (the store is one SQLite connection)."""
 
     def __init__(self, store: SiteStore, clock: Callable[[], float] = time.time,
-                 lemon: LemonConfig | None = None) -> None:  # fmt: skip
-        self.store, self.clock, self.lemon = store, clock, lemon or LemonConfig()
+                 lemon: LemonConfig | None = None, job_watch: Any = None) -> None:  # fmt: skip
+        """``job_watch``: a ``site.job_watch.JobWatch`` (None: the service reads no job; campaigns ask Slurm)."""
+        self.store, self.clock, self.lemon, self.job_watch = store, clock, lemon or LemonConfig(), job_watch
         self.verifier = Verifier(store.token_of, clock)
         self.lock = threading.Lock()
 
@@ -201,6 +203,14 @@ class SiteApi:
             self.store.add_interruption(now, user, _text(body, "campaign"), _text(body, "job", 64),
                                         _text(body, "klass", 64), [_node({"node": n}) for n in nodes])  # fmt: skip
             return 200, {}
+        if method == "GET" and path.startswith("/v1/job-state?job="):
+            try:
+                job = validate_job_id(path.split("=", 1)[1])
+            except Exception:
+                raise BadRequest("the query must be ?job=ID with a Slurm job id") from None
+            if self.job_watch is None:
+                return 200, {"job": job, "read_at": None, "found": None, "watching": False}
+            return 200, {**self.job_watch.answer(job), "watching": True}
         if (method, path) == ("GET", "/v1/fleet"):
             if not self.store.is_admin(user):
                 return 403, {"error": f"{user} may not read the fleet (fix: ask the site's operators)"}

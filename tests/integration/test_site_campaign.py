@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -81,8 +84,6 @@ def test_another_users_printed_failures_keep_a_campaign_off_a_node_only_once_the
     """node3 failed in jobs of two other users (text their programs printed: never enough alone) far more often
     than the fleet: a lemon, left out of bob's job from its submission; node4, with the same kind of evidence from
     one user, is not a lemon and stays in bob's allocation (bob asks for 3 of the 4 nodes)."""
-    import time
-
     from supervisor.site.store import SiteStore
 
     site, now = tmp_path / "site", time.time()
@@ -148,3 +149,35 @@ def test_a_campaigns_hardware_verdict_keeps_the_same_users_next_campaign_off_the
         for camp in (a, b):
             if camp is not None:
                 cancel(camp.job_id)
+
+
+def rpcs(kind: str) -> int:
+    out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True, timeout=30).stdout
+    section = out.split("Remote Procedure Call statistics by message type", 1)[-1].split("by user", 1)[0]
+    found = re.search(rf"^\s+{kind}\s+\(\s*\d+\)\s+count:(\d+)", section, re.M)
+    return int(found.group(1)) if found else 0
+
+
+def test_a_campaign_with_a_site_polls_its_job_through_it_not_slurmctld(tmp_path: Path) -> None:
+    """On the preemptible `batch` partition (GraceTime 10 s: the job is polled every 3 s), a campaign with
+    `[site]` asks the site service, which reads every campaign's job with one squeue a round: in 30 s slurmctld
+    sees about ten of those and almost none of the campaign's own single-job queries (about ten without a site)."""
+    site = tmp_path / "site"
+    url, server, first = start_site(site, REPO)
+    camp = None
+    try:
+        assert "site service on" in first
+        supervise("site", "token", "--dir", str(site), "--user", "bob", "--out", str(tmp_path / "bob.token"))
+        camp = submit(tmp_path, steps=2000, step_time=0.2, nodes=1, sbatch=("--time=10", "--partition=batch"),
+                      config=f'[site]\nurl = "{url}"\ntoken_file = "{tmp_path / "bob.token"}"\n')  # fmt: skip
+        wait_for("the first launch", lambda: launches(camp), 150)
+        time.sleep(10)  # the start-up queries are over; the site has read the job
+        subprocess.run(["sdiag", "--reset"], check=True, capture_output=True, timeout=30)
+        time.sleep(30)
+        single, every = rpcs("REQUEST_JOB_INFO_SINGLE"), rpcs("REQUEST_JOB_INFO")
+        assert single <= 2 and every >= 5, (single, every)
+        assert camp.ended() is None  # still training: nothing stopped it
+    finally:
+        server.kill()
+        if camp is not None:
+            cancel(camp.job_id)
