@@ -2,8 +2,10 @@
 with one ``squeue`` every ``PERIOD_S``, and each campaign's preemption poller asks the service instead of
 slurmctld. A thousand campaigns on preemptible partitions then cost slurmctld 20 RPC/min in all, not 20 each.
 
-A job is watched while campaigns ask about it (``WATCH_TTL_S`` after the last ask); nothing is queried while no
-job is watched. An answer carries when Slurm was read, so a campaign can tell a stale one (a failed query here,
+A job is read while its campaign asks about it often (two asks at most ``HOT_GAP_S`` apart, the last one no
+longer ago than that: a poller on a short-grace partition); a campaign that asks once per 5 minutes (its job
+cannot be preempted) would find any read stale by then, so its job is not read for it at all: it asks slurmctld
+itself, as without a site. Nothing is queried while no job is read. An answer carries when Slurm was read, so a campaign can tell a stale one (a failed query here,
 a busy service) and ask slurmctld itself; a job Slurm no longer lists is said as such ("found": false), never
 guessed from a failed query. Polls and acts only.
 """
@@ -16,7 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 PERIOD_S = 3.0  # the preemption poller's floor: what a campaign on a short-grace partition asks at
-WATCH_TTL_S = 600.0  # a job nobody asked about for this long is no longer queried
+WATCH_TTL_S = 600.0  # a job nobody asked about for this long is forgotten
+HOT_GAP_S = 30.0  # a job asked about at least this often is read every round
 
 
 class JobWatch:
@@ -25,6 +28,7 @@ class JobWatch:
         """``slurm``: a ``SlurmClient`` (``jobs(ids)``: one RPC for all of them)."""
         self.slurm, self.clock, self.period_s, self.log = slurm, clock, period_s, log
         self._asked: dict[str, float] = {}  # job id -> when a campaign last asked
+        self._gap: dict[str, float] = {}  # job id -> the time between its last two asks
         self._read: dict[str, dict[str, Any]] = {}  # job id -> its last answer
         self._lock = threading.Lock()
         self._failing = False
@@ -33,17 +37,22 @@ class JobWatch:
     def answer(self, job_id: str) -> dict[str, Any]:
         """The newest read of ``job_id`` (``read_at`` None: not read yet); the job is watched from now on."""
         with self._lock:
-            self._asked[job_id] = self.clock()
+            now = self.clock()
+            if job_id in self._asked:
+                self._gap[job_id] = now - self._asked[job_id]
+            self._asked[job_id] = now
             return dict(self._read.get(job_id) or {"job": job_id, "read_at": None, "found": None})
 
     def round(self) -> None:
-        """One query for every watched job (none: nothing asked of Slurm)."""
+        """One query for every job asked about often (none: nothing asked of Slurm)."""
         now = self.clock()
         with self._lock:
             for job in [j for j, t in self._asked.items() if now - t > WATCH_TTL_S]:
                 del self._asked[job]
+                self._gap.pop(job, None)
                 self._read.pop(job, None)
-            wanted = sorted(self._asked)
+            wanted = sorted(j for j, t in self._asked.items()
+                            if now - t <= HOT_GAP_S and self._gap.get(j, float("inf")) <= HOT_GAP_S)
         if not wanted:
             return
         self.queries += 1

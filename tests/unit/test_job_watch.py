@@ -44,23 +44,45 @@ def test_one_query_a_round_for_every_watched_job_and_none_while_nobody_asks() ->
     watch = JobWatch(slurm, clock=lambda: clock[0])
     watch.round()
     assert slurm.calls == []  # nobody asked: Slurm is not asked either
-    assert watch.answer("11")["read_at"] is None  # watched from now on; not read yet
+    assert watch.answer("11")["read_at"] is None  # not read yet: the campaign asks slurmctld this once
     watch.answer("12")
     watch.answer("13")
     watch.round()
+    assert slurm.calls == []  # one ask each: not yet known to be asked often
+    clock[0] += 3
+    for job in ("11", "12", "13"):
+        watch.answer(job)
+    watch.round()
     assert slurm.calls == [["11", "12", "13"]]
     got = {j: watch.answer(j) for j in ("11", "12", "13")}
-    assert got["11"]["found"] and got["11"]["end_time"] == int(NOW) + 600 and got["11"]["read_at"] == NOW
+    assert got["11"]["found"] and got["11"]["end_time"] == int(NOW) + 600 and got["11"]["read_at"] == NOW + 3
     assert got["12"]["preempt_time"] == int(NOW) and got["13"]["found"] is False  # not listed: said, not guessed
     slurm.fail = True
     clock[0] += 3
     watch.round()
-    assert watch.answer("11")["read_at"] == NOW  # the failed query left the old read, which now ages
+    assert watch.answer("11")["read_at"] == NOW + 3  # the failed query left the old read, which now ages
     clock[0] += WATCH_TTL_S + 1
     slurm.fail = False
     watch.answer("11")
     watch.round()
-    assert slurm.calls[-1] == ["11"]  # 12 and 13 were not asked about for the TTL: no longer queried
+    assert len(slurm.calls) == 2  # 11 was forgotten (asked again only now); 12 and 13 were not asked since
+    clock[0] += 3
+    watch.answer("11")
+    watch.round()
+    assert slurm.calls[-1] == ["11"]
+
+
+def test_a_job_asked_about_once_per_five_minutes_is_never_read_for_it() -> None:
+    """Its campaign cannot be preempted: any read would be stale at its next ask; it asks slurmctld itself."""
+    clock = [NOW]
+    slurm = FakeSlurm()
+    watch = JobWatch(slurm, clock=lambda: clock[0])
+    for _ in range(4):
+        watch.answer("11")
+        for _ in range(100):
+            clock[0] += 3
+            watch.round()
+    assert slurm.calls == []
 
 
 def test_the_endpoint_answers_any_user_and_checks_the_job_id(tmp_path: Path) -> None:
@@ -74,6 +96,7 @@ def test_the_endpoint_answers_any_user_and_checks_the_job_id(tmp_path: Path) -> 
 
     api = SiteApi(store, clock=lambda: NOW, job_watch=watch)
     assert ask(api, "/v1/job-state?job=11") == (200, {"job": "11", "read_at": None, "found": None, "watching": True})
+    ask(api, "/v1/job-state?job=11")  # asked often (its poller's period): read every round
     watch.round()
     code, answer = ask(api, "/v1/job-state?job=11")
     assert code == 200 and answer["found"] is True and answer["end_time"] == int(NOW) + 600
