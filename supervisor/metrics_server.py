@@ -12,10 +12,11 @@ beyond ``max_connections`` are closed at once, and a connection that sends nothi
 from __future__ import annotations
 
 import http.server
-import socket
 import threading
 import time
 from typing import Any
+
+from supervisor.bounded_http import BoundedHTTPServer
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text exposition format
 
@@ -72,34 +73,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return None
 
 
-class PageServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
+class PageServer(BoundedHTTPServer):
     def __init__(self, address: tuple[str, int], *, rate_per_s: float = 10.0, max_connections: int = 8,
                  timeout_s: float = 5.0) -> None:  # fmt: skip
-        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self.address_family = family
         self.page = b""
         self.bucket = TokenBucket(rate_per_s, max(1.0, rate_per_s))
         self.timeout_s = timeout_s
-        self._slots = threading.BoundedSemaphore(max_connections)
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler, max_connections)
 
     def publish(self, page: bytes) -> None:
         """The page every scrape gets from now on (one reference swap: no lock, no copy)."""
         self.page = page
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):  # too many open connections: drop this one at once
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
 
 
 def serve(host: str, port: int, **limits: Any) -> tuple[PageServer, threading.Thread]:

@@ -34,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from slurm.hostlist import validate_job_id, validate_node_name
+from supervisor.bounded_http import BoundedHTTPServer
 from supervisor.decisions.lemon import LemonConfig, score_nodes
 from supervisor.decisions.site_trust import SOURCES, SiteVerdict, excluded_for
 from supervisor.plot.timeline import COLOURS
@@ -257,28 +258,6 @@ def _campaign_status(body: dict[str, Any], user: str, now: float) -> CampaignSta
                           t=now)  # fmt: skip
 
 
-class SiteServer(ThreadingHTTPServer):
-    """The service's HTTP server: at most ``MAX_CONNECTIONS`` open connections (the rest closed at once)."""
-
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], handler: Any, max_connections: int = MAX_CONNECTIONS) -> None:
-        self._slots = threading.BoundedSemaphore(max_connections)
-        super().__init__(address, handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-
 def make_server(api: SiteApi, host: str, port: int, max_connections: int = MAX_CONNECTIONS,
                 timeout_s: float = TIMEOUT_S) -> ThreadingHTTPServer:  # fmt: skip
     class Handler(BaseHTTPRequestHandler):
@@ -311,4 +290,4 @@ def make_server(api: SiteApi, host: str, port: int, max_connections: int = MAX_C
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: the store is the record
             pass
 
-    return SiteServer((host, port), Handler, max_connections)
+    return BoundedHTTPServer((host, port), Handler, max_connections)
