@@ -142,7 +142,7 @@ class SiteLink:
         s = status_from_report(self.report(now), user="-", campaign=self.campaign[:256], job=self.job_id or "-", t=now)
         self._tell("/v1/campaigns", {
             "campaign": s.campaign, "job": s.job, "state": s.state[:32], "reason": s.reason[:500], "wall_s": s.wall_s,
-            "productive_s": s.productive_s, "ettr": s.ettr,
+            "productive_s": s.productive_s, "ettr": None if s.ettr is None else max(0.0, min(1.0, float(s.ettr))),
             "attempts": [{"start": a.start, "end": a.end, "klass": a.klass, "blamed": list(a.blamed)}
                          for a in s.attempts]})  # fmt: skip
 
