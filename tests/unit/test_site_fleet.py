@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_site_api import NOW, TOKENS, api, call  # the same service in process, alice/bob/ops tokens
 
 from supervisor import cli
 from supervisor.decisions.lemon import LemonScore
@@ -22,23 +23,8 @@ from supervisor.site.client import Credentials, write_token_file
 from supervisor.site.fleet import Attempt, CampaignStatus, Interrupted, buckets, fleet_view, repair_states
 from supervisor.site.fleet_metrics import NAMES as FLEET_NAMES
 from supervisor.site.server import SiteApi
-from supervisor.site.store import SiteStore
 
-NOW = 1_800_000_000.0
-TOKENS = {"alice": new_token(), "ops": new_token()}
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "site-fleet.json"
-
-
-def api(tmp_path: Path) -> SiteApi:
-    store = SiteStore(tmp_path / "site")
-    for user, token in TOKENS.items():
-        store.set_token(user, token, admin=user == "ops", t=NOW)
-    return SiteApi(store, clock=lambda: NOW)
-
-
-def call(a: SiteApi, user: str, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-    raw = b"" if body is None else json.dumps(body).encode()
-    return a.handle(method, path, sign(user, TOKENS[user], method, path, raw, now=NOW), raw)
 
 
 def status(**change: object) -> dict:
