@@ -29,6 +29,7 @@ ENV_RESUME_FROM = "SUPERVISOR_RESUME_FROM"
 _init_lock = _thread.RLock()
 _initializing = False  # True while _init runs: a signal handler calling us then gets a no-op
 _writer: _slot.SlotWriter | None = None
+_slot_dir: Path | None = None  # this rank's slot directory once the client is bound to it
 _stacks_file: TextIO | None = None
 _prev_sigterm: Any = None
 _defer_sigterm = False
@@ -164,7 +165,8 @@ def _init() -> bool:
 
 
 def _init_locked() -> None:
-    global _writer, _beat, _should_checkpoint, _should_stop, _enter_phase, _exit_phase, _add_wait, _enable_waits
+    global _writer, _slot_dir, _beat, _should_checkpoint, _should_stop, _enter_phase, _exit_phase
+    global _add_wait, _enable_waits
     slot_dir = os.environ.get(ENV_SLOT_DIR, "")
     if not slot_dir:
         _bind_noop()
@@ -190,7 +192,7 @@ def _init_locked() -> None:
         _warn_once("slot", f"cannot use {ENV_SLOT_DIR}={slot_dir}: {exc}; running unsupervised",
                    "make the node agent create it (mode 0700, owned by this user), or unset it")  # fmt: skip
         return
-    _writer = writer
+    _writer, _slot_dir = writer, Path(slot_dir)
     _beat, _should_checkpoint, _should_stop = writer.beat, writer.should_checkpoint, writer.should_stop
     _enter_phase, _exit_phase = writer.enter_phase, writer.exit_phase
     _add_wait, _enable_waits = _guarded_add_wait(writer.add_wait), writer.enable_waits
@@ -331,6 +333,14 @@ def resume_from() -> str | None:
     return os.environ.get(ENV_RESUME_FROM) or None
 
 
+def _bound() -> tuple[_slot.SlotWriter, Path] | None:
+    """This rank's slot writer and directory (initialising the client if needed), or None unsupervised."""
+    if _beat is _lazy_beat:
+        _init()
+    writer, slot_dir = _writer, _slot_dir
+    return None if writer is None or slot_dir is None else (writer, slot_dir)
+
+
 def is_supervised() -> bool:
     """Whether this rank publishes to a supervisor's slot (initialising the client if needed)."""
     if _beat is _lazy_beat:
@@ -378,7 +388,7 @@ class phase:  # noqa: N801 - used like a function: `with client.phase("checkpoin
 def _reset_for_tests() -> None:
     """Forget the binding so the next call re-reads the environment (tests only)."""
     global _writer, _beat, _should_checkpoint, _should_stop, _enter_phase, _exit_phase, _stacks_file
-    global _prev_sigterm, _defer_sigterm, _add_wait, _enable_waits
+    global _prev_sigterm, _defer_sigterm, _add_wait, _enable_waits, _slot_dir
     if _writer is not None:
         _writer.close()
     if _prev_sigterm is not None and signal.getsignal(signal.SIGTERM) is _on_sigterm:
@@ -388,6 +398,7 @@ def _reset_for_tests() -> None:
         _stacks_file.close()
     atexit.unregister(_on_exit)
     _writer, _stacks_file, _prev_sigterm, _defer_sigterm = None, None, None, False
+    _slot_dir = None
     _beat, _should_checkpoint, _should_stop = _lazy_beat, _lazy_should_checkpoint, _lazy_should_stop
     _enter_phase, _exit_phase = _lazy_enter, _noop_exit
     _add_wait, _enable_waits = _lazy_add_wait, _lazy_enable_waits

@@ -88,6 +88,8 @@ RANK_FLAG_IN_CHECKPOINT = 1 << 1  # the rank is inside a ``phase("checkpoint")``
 RANK_FLAG_STACK_DUMPS = 1 << 2  # STACK_DUMP_SIGNAL is handled: safe to send (else it kills the rank)
 RANK_FLAG_EXITING = 1 << 3  # the interpreter is shutting down normally (atexit ran)
 RANK_FLAG_WAITS = 1 << 4  # the rank stamps its collective waits in the wait ring (own time is known)
+RANK_FLAG_RESTARTABLE = 1 << 5  # the rank trains inside ``client.restartable``: it can restart in its process
+RANK_FLAG_AWAITING_RESTART = 1 << 6  # its training raised; it waits for the supervisor's restart order (no hang)
 
 # Sent by the agent to a rank pid to get all thread stacks appended to ``rank-N.stacks``. A
 # real-time signal because Slurm uses SIGUSR1/SIGUSR2 and glibc reserves the first two RT signals.

@@ -279,6 +279,12 @@ class SlotWriter:
             async_flags |= flag
             words[async_i] = async_flags
 
+        def clear_async_flag(flag: int) -> None:
+            """The rank's own flags only (AWAITING_RESTART once its restart order came); one aligned store."""
+            nonlocal async_flags
+            async_flags &= ~flag
+            words[async_i] = async_flags
+
         def async_flag_set(flag: int) -> bool:
             return bool(async_flags & flag)
 
@@ -354,6 +360,7 @@ class SlotWriter:
         self.enter_phase = enter_phase
         self.exit_phase = exit_phase
         self.set_async_flag = set_async_flag
+        self.clear_async_flag = clear_async_flag
         self.async_flag_set = async_flag_set
         self.should_checkpoint = should_checkpoint
         self.should_stop = should_stop

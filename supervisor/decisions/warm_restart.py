@@ -1,0 +1,85 @@
+"""Warm or cold: after the policy chose to restart the training in its allocation, whether the launch can restart in
+its processes (only the broken ranks started again) or must be relaunched cold (every rank a new process).
+
+WHY a separate rule: the policy decides *whether* to restart (budgets, blame, the crash-loop guard); this decides
+*how*, from what the ranks say in their slots. A warm restart needs every rank that stays to be able to restart
+in its process (``client.restartable``: ``restartable``) and to have let go of the failed process group and to wait
+for the order (``awaiting``); a rank that has not yet let go may still do so (its peers' sockets close one after
+another), so until ``release_deadline_s`` the answer is :data:`WAIT`. The ranks replaced are those dead and those on
+a node that must not run them (blamed or lost, moved to a spare by the placement); they are started again as new
+processes in the same rank. Anything else is cold, with the reason the journal gives:
+
+- warm restart off for the campaign, or the program does not restart in place (a rank is not ``restartable``);
+- a fault while a warm restart was under way (its generation never trained): a second try warm could wedge;
+- the world would shrink (no spare for a lost node): every rank reloads a resharded state, so a new launch;
+- a surviving rank did not let go in time (stuck in a collective the backend does not abort, or not the client's
+  doing): only killing the step frees it;
+- nothing to keep: every rank is replaced.
+
+Pure: no I/O; property-tested (tests/unit/test_warm_restart_decision.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+WAIT = "wait"
+WARM = "warm"
+COLD = "cold"
+DEFAULT_RELEASE_DEADLINE_S = 20.0  # a survivor blocked on a dead peer's socket fails in well under a second on gloo
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank of the failed launch, as its node agent saw it last."""
+
+    rank: int
+    node: str
+    alive: bool  # its process exists (a stopped or hung one counts as alive until killed)
+    restartable: bool  # it trains inside client.restartable
+    awaiting: bool  # it let go of the failed process group and waits for its order
+
+
+@dataclass(frozen=True)
+class WarmChoice:
+    kind: str  # WAIT, WARM or COLD
+    replace: tuple[int, ...] = ()  # WARM: the ranks started again as new processes
+    reason: str = ""  # COLD: why, for the journal; WARM: what is kept
+
+    @property
+    def warm(self) -> bool:
+        return self.kind == WARM
+
+
+def choose(
+    ranks: Sequence[RankView], *, enabled: bool, bad_nodes: Iterable[str], shrinks: bool, in_progress: bool,
+    waited_s: float, release_deadline_s: float = DEFAULT_RELEASE_DEADLINE_S,
+) -> WarmChoice:  # fmt: skip
+    """Warm, cold or wait, for a restart in the allocation the policy already decided. ``bad_nodes``: nodes whose
+    ranks must move (blamed, lost); ``shrinks``: the next launch has fewer ranks; ``in_progress``: the fault came
+    while a warm restart's generation had not yet trained; ``waited_s``: since the fault was seen."""
+    if not enabled:
+        return WarmChoice(COLD, reason="warm restart is off ([run] warm_restart)")
+    if not ranks:
+        return WarmChoice(COLD, reason="no rank of the launch was seen")
+    if in_progress:
+        return WarmChoice(COLD, reason="a second fault during a warm restart")
+    if shrinks:
+        return WarmChoice(COLD, reason="the world shrinks (no spare for a lost node): every rank reloads resharded")
+    not_restartable = sorted(r.rank for r in ranks if not r.restartable)
+    if not_restartable:
+        return WarmChoice(COLD, reason=f"rank {not_restartable[0]} does not restart in its process "
+                                       "(the program does not use client.restartable)")  # fmt: skip
+    bad = frozenset(bad_nodes)
+    replace = tuple(sorted(r.rank for r in ranks if not r.alive or r.node in bad))
+    keep = [r for r in ranks if r.rank not in replace]
+    if not keep:
+        return WarmChoice(COLD, reason="every rank is replaced: nothing to keep")
+    holding = sorted(r.rank for r in keep if not r.awaiting)
+    if holding:
+        if waited_s < release_deadline_s:
+            return WarmChoice(WAIT, replace=replace)
+        return WarmChoice(COLD, reason=f"rank {holding[0]} did not let go of the failed process group within "
+                                       f"{release_deadline_s:g} s")  # fmt: skip
+    return WarmChoice(WARM, replace=replace, reason=f"{len(keep)} of {len(ranks)} ranks keep their processes")

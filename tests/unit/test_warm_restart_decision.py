@@ -1,0 +1,70 @@
+"""Warm or cold after a restart in the allocation (decisions/warm_restart.py): warm only when every rank kept has let
+go and waits, never after a fault during a warm restart, never when the world shrinks; the dead and the ranks on bad
+nodes are the ones started again."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.decisions.warm_restart import COLD, WAIT, WARM, RankView, choose
+
+
+def ranks(dead: tuple[int, ...] = (), waiting: tuple[int, ...] | None = None, world: int = 4,
+          restartable: bool = True) -> list[RankView]:  # fmt: skip
+    waiting = tuple(r for r in range(world) if r not in dead) if waiting is None else waiting
+    return [RankView(r, f"node{r // 2}", r not in dead, restartable, r in waiting) for r in range(world)]
+
+
+def test_a_killed_rank_is_started_again_and_the_waiting_survivors_keep_their_processes() -> None:
+    got = choose(ranks(dead=(2,)), enabled=True, bad_nodes=(), shrinks=False, in_progress=False, waited_s=0.5)
+    assert (got.kind, got.replace) == (WARM, (2,))
+    assert got.warm and "3 of 4" in got.reason
+
+
+def test_survivors_still_holding_the_failed_group_are_waited_for_then_cold() -> None:
+    view = ranks(dead=(2,), waiting=(0, 1))
+    assert choose(view, enabled=True, bad_nodes=(), shrinks=False, in_progress=False, waited_s=1.0).kind == WAIT
+    late = choose(view, enabled=True, bad_nodes=(), shrinks=False, in_progress=False, waited_s=25.0)
+    assert late.kind == COLD and "rank 3 did not let go" in late.reason
+
+
+def test_the_ranks_on_a_blamed_or_lost_node_move_even_when_alive() -> None:
+    got = choose(ranks(dead=(2,)), enabled=True, bad_nodes=("node1",), shrinks=False, in_progress=False, waited_s=0)
+    assert (got.kind, got.replace) == (WARM, (2, 3))  # rank 3 shares the blamed node: a new process on a spare
+
+
+def test_every_reason_for_cold_is_named() -> None:
+    common = {"bad_nodes": (), "waited_s": 0.0}
+    assert "off" in choose(ranks(dead=(1,)), enabled=False, shrinks=False, in_progress=False, **common).reason
+    assert "second fault" in choose(ranks(dead=(1,)), enabled=True, shrinks=False, in_progress=True, **common).reason
+    assert "shrinks" in choose(ranks(dead=(1,)), enabled=True, shrinks=True, in_progress=False, **common).reason
+    assert "client.restartable" in choose(ranks(dead=(1,), restartable=False), enabled=True, shrinks=False,
+                                          in_progress=False, **common).reason  # fmt: skip
+    assert "nothing to keep" in choose(ranks(dead=(0, 1, 2, 3)), enabled=True, shrinks=False, in_progress=False,
+                                       **common).reason  # fmt: skip
+    assert "no rank" in choose([], enabled=True, shrinks=False, in_progress=False, **common).reason
+
+
+views = st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.booleans(), st.booleans(), st.booleans()),
+                 min_size=1, max_size=8).map(lambda rows: [RankView(i, *row) for i, row in enumerate(rows)])  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(views, st.sets(st.sampled_from(["a", "b", "c"])), st.booleans(), st.booleans(), st.booleans(),
+       st.floats(0, 100))  # fmt: skip
+def test_warm_only_when_every_kept_rank_restarts_in_place_and_waits(
+    view: list[RankView], bad: set[str], enabled: bool, shrinks: bool, in_progress: bool, waited: float
+) -> None:
+    got = choose(view, enabled=enabled, bad_nodes=bad, shrinks=shrinks, in_progress=in_progress, waited_s=waited)
+    replaced = set(got.replace)
+    if got.kind == WARM:
+        assert enabled and not shrinks and not in_progress
+        kept = [r for r in view if r.rank not in replaced]
+        assert kept and all(r.alive and r.restartable and r.awaiting and r.node not in bad for r in kept)
+        assert {r.rank for r in view if not r.alive or r.node in bad} == replaced
+        assert all(r.restartable for r in view)
+    elif got.kind == WAIT:
+        assert waited < 20.0
+    else:
+        assert got.kind == COLD and got.reason
