@@ -36,10 +36,11 @@ from supervisor.agent.sampler import RankSlots
 from supervisor.agent.slotdir import make_slot_dir
 from supervisor.agent.stacks import StackDumps
 from supervisor.checkpoint.memory import MEMORY_DIR_ENV
+from supervisor.client.restart_order import write_order
 from supervisor.client.slot import check_slot_dir
 from supervisor.errors import ConfigError, SupervisorError, UsageError
 from supervisor.heartbeat import wire
-from supervisor.heartbeat.orders import OrderError, parse_orders
+from supervisor.heartbeat.orders import OrderError, Orders, parse_orders
 from supervisor.heartbeat.secret import load_secret
 from supervisor.paths import SLOT_DIR_ENV, CampaignPaths, default_slot_dir, expand_slot_dir
 
@@ -167,6 +168,16 @@ class Agent:
             print(f"supervisor agent: an authenticated order that is not one of ours ({err}) was ignored",
                   file=sys.stderr, flush=True)  # fmt: skip
             return
+        if orders.restart is not None:  # for the ranks restarting in their processes: no memory tier needed
+            try:
+                write_order(self.slot_dir, orders.restart)
+                self.counters["restart_orders"] += 1
+            except OSError as err:
+                self.counters["restart_order_errors"] += 1
+                print(f"supervisor agent: cannot write the restart order into {self.slot_dir}: {err}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            if orders == Orders(restart=orders.restart):
+                return
         if self.memory is None:
             self.counters["orders_without_memory"] += 1
             return

@@ -1,13 +1,17 @@
 """The supervisor's JSON orders to a node agent (``wire.KIND_ORDER``, authenticated like every frame): the memory
 tier's buddy (where this node's new shards are copied) and shard copies before a relaunch (``fetch``: send
-``rank``'s shard of ``step`` to the node it will run on), and the flush of a snapshot to the filesystem before the
-job stops (``flush``: copy these shards into that directory). Parsing is total: anything not exactly this shape raises
+``rank``'s shard of ``step`` to the node it will run on), the flush of a snapshot to the filesystem before the
+job stops (``flush``: copy these shards into that directory), and the restart order for ranks restarting in their
+processes (``restart``: the generation and the variables it changes, written into the slot directory as
+``client.restart_order`` reads it). Parsing is total: anything not exactly this shape raises
 :class:`OrderError` and is counted, never obeyed."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+
+from supervisor.client import restart_order
 
 
 class OrderError(ValueError):
@@ -47,6 +51,7 @@ class Orders:
     no_buddy: bool = False  # "buddy": null: stop copying (a ring of one)
     fetches: tuple[Fetch, ...] = ()
     flush: Flush | None = None
+    restart: restart_order.RestartOrder | None = None
 
 
 def _peer(doc: object) -> Peer:
@@ -66,7 +71,7 @@ def parse_orders(text: str) -> Orders:
         doc = json.loads(text)
     except (ValueError, RecursionError):
         raise OrderError("json") from None
-    if not isinstance(doc, dict) or not doc or set(doc) - {"buddy", "fetch", "flush"}:
+    if not isinstance(doc, dict) or not doc or set(doc) - {"buddy", "fetch", "flush", "restart"}:
         raise OrderError("keys")
     buddy, no_buddy = None, False
     if "buddy" in doc:
@@ -85,7 +90,18 @@ def parse_orders(text: str) -> Orders:
         if not _step_rank(step, rank):
             raise OrderError("fetch")
         fetches.append(Fetch(_peer(item["to"]), step, rank))
-    return Orders(buddy, no_buddy, tuple(fetches), _flush(doc["flush"]) if "flush" in doc else None)
+    return Orders(buddy, no_buddy, tuple(fetches), _flush(doc["flush"]) if "flush" in doc else None,
+                  _restart(doc["restart"]) if "restart" in doc else None)  # fmt: skip
+
+
+def _restart(doc: object) -> restart_order.RestartOrder:
+    """The restart order, checked by the rank side's own parser (the file the agent writes is what it accepts)."""
+    if not isinstance(doc, dict) or set(doc) != {"generation", "env"}:
+        raise OrderError("restart")
+    try:
+        return restart_order.parse_order(json.dumps({"v": restart_order.ORDER_VERSION, **doc}).encode())
+    except restart_order.OrderError:
+        raise OrderError("restart") from None
 
 
 def _step_rank(step: object, rank: object) -> bool:
@@ -127,3 +143,7 @@ def flush_order(directory: str, shards: list[tuple[int, int, str]]) -> str:
     return json.dumps({"flush": {"dir": directory, "shards": [{"step": s, "rank": r, "launch": launch}
                                                                for s, r, launch in shards]}},
                       separators=(",", ":"))  # fmt: skip
+
+
+def restart_order_text(order: restart_order.RestartOrder) -> str:
+    return json.dumps({"restart": {"generation": order.generation, "env": order.env}}, separators=(",", ":"))

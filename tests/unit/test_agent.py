@@ -17,9 +17,10 @@ from supervisor.agent.flush_copy import Flusher
 from supervisor.agent.main import Agent
 from supervisor.agent.procwatch import ProcWatch
 from supervisor.agent.sampler import RankSlots
+from supervisor.client.restart_order import RestartOrder, read_order
 from supervisor.client.slot import FLAG_STOP, SlotWriter
 from supervisor.heartbeat import wire
-from supervisor.heartbeat.orders import Flush
+from supervisor.heartbeat.orders import Flush, restart_order_text
 from supervisor.paths import expand_slot_dir
 
 KEY = wire.derive_key(b"a" * 32)
@@ -222,3 +223,25 @@ def test_a_second_sigterm_or_a_flush_already_done_ends_the_agent_at_once(tmp_pat
         assert flushed._should_exit(time.monotonic()) == "received SIGTERM"
     finally:
         flushed.close()
+
+
+def test_an_authenticated_restart_order_is_written_for_the_ranks_and_a_forged_one_is_not(tmp_path: Path) -> None:
+    """The ranks restarting in their processes read the order the agent writes into their slot directory; an
+    order sealed with another key, or one setting a variable orders may not set, never reaches them."""
+    agent = _agent(tmp_path)
+
+    def order(seq: int, text: str, key: bytes = KEY) -> bytes:
+        return wire.encode_order(key, instance=11, seq=seq, wall_ns=time.time_ns(), mono_ns=0, job="9", node="n1",
+                                 text=text)  # fmt: skip
+
+    try:
+        wanted = RestartOrder(2, {"MASTER_PORT": "24001", "SUPERVISOR_RESUME_FROM": None})
+        agent.handle(order(1, restart_order_text(wanted), key=wire.derive_key(b"z" * 32)))
+        agent.handle(order(2, '{"restart":{"generation":2,"env":{"LD_PRELOAD":"/tmp/x.so"}}}'))
+        assert read_order(agent.slot_dir) is None
+        agent.handle(order(3, restart_order_text(wanted)))
+        assert read_order(agent.slot_dir) == wanted
+        assert agent.counters["restart_orders"] == 1 and agent.counters["rejected_mac"] == 1
+        assert agent.counters["rejected_order_restart"] == 1
+    finally:
+        agent.close()
