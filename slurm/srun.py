@@ -38,11 +38,13 @@ def agents(nodes: Sequence[str], command: Sequence[str]) -> list[str]:
 
 def training(
     command: Sequence[str], *, launch: int, nodes: int, tasks_per_node: int, exclude: Sequence[str] = (),
-    nodelist: Sequence[str] = (), arbitrary: bool = False, extra: Sequence[str] = (),
+    nodelist: Sequence[str] = (), arbitrary: bool = False, extra: Sequence[str] = (), warm: bool = False,
 ) -> list[str]:  # fmt: skip
     """One launch of the training on ``nodes`` nodes, ``exclude`` left out. With ``nodelist`` the step runs on
     exactly those nodes; ``arbitrary``: tasks go where SLURM_HOSTFILE says, in its order (ranks moved to other
-    nodes, see :func:`hostfile_text`). ``extra``: the user's own srun options (``[run] srun_args``)."""
+    nodes, see :func:`hostfile_text`). ``extra``: the user's own srun options (``[run] srun_args``). ``warm``: the
+    ranks restart in their processes (``client.restartable``), so one task's death must not end the step
+    (``--kill-on-bad-exit=0``; the supervisor ends it itself when it restarts cold)."""
     # With an arbitrary distribution the hostfile places every task; Slurm 24.11's srun refuses --nodes beside it
     # ("--nodes is incompatible with --distribution=arbitrary"), 22.05 accepted it.
     shape = [] if arbitrary else [f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}"]
@@ -50,7 +52,7 @@ def training(
         # --overlap: after a node failure Slurm may keep the dead step's CPUs on the survivors booked until the
         # lost node is cleaned up; the relaunch must not wait for that ("Requested nodes are busy").
         "srun", "--overlap", f"--job-name={training_job_name(launch)}", *shape, f"--ntasks={nodes * tasks_per_node}",
-        "--kill-on-bad-exit=1", "--mem=0",
+        f"--kill-on-bad-exit={0 if warm else 1}", "--mem=0",
         "--label",  # "N: " before each line: log lines name their rank and node (decisions/tasklog.py)
     ]  # fmt: skip
     if nodelist:
@@ -60,6 +62,22 @@ def training(
     if arbitrary:
         argv.append("--distribution=arbitrary")
     return [*argv, *extra, *command]
+
+
+def replacement_job_name(launch: int, generation: int, rank: int) -> str:
+    """A rank started again by a warm restart: its own one-task step (``train-<launch>-g<generation>-r<rank>``)."""
+    return f"{training_job_name(launch)}-g{generation}-r{rank}"
+
+
+def replacement(command: Sequence[str], *, launch: int, generation: int, rank: int, node: str,
+                extra: Sequence[str] = ()) -> list[str]:  # fmt: skip
+    """One rank of a launch started again on ``node`` in the launch's allocation, beside the training step whose
+    other ranks kept their processes (``--overlap``: the step still holds the CPUs of the rank that died). One task;
+    its rank comes from the environment the supervisor sets, not from srun's task id (always 0 here)."""
+    return [
+        "srun", "--overlap", f"--job-name={replacement_job_name(launch, generation, rank)}", "--nodes=1",
+        "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=1", "--mem=0", *extra, *command,
+    ]  # fmt: skip
 
 
 def hostfile_text(nodes: Sequence[str], tasks_per_node: int) -> str:

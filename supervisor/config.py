@@ -81,6 +81,11 @@ class RunConfig:
     # memory and a relaunch resumes from the newest complete snapshot. "auto" (the cadence measured: the copies
     # take at most 2 % of the training's time), "off", or every N steps.
     memory_snapshots: str | int = "auto"
+    # Warm restart (docs/launch.md): ranks of a program that wraps its training in client.restartable restart in
+    # their processes, only the dead ones started again. "auto": from the launch after one whose every rank was
+    # seen restartable (a launch's srun must be told beforehand not to end the step when one task dies); "on":
+    # from the first launch (the program is known to use it); "off": every restart is a cold relaunch.
+    warm_restart: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +251,9 @@ def _build(section: str, cls: type, values: Mapping[str, Any], source: str) -> A
         if (section, key) == ("run", "memory_snapshots"):
             kwargs[key] = _memory_snapshots(value, source)
             continue
+        if (section, key) == ("run", "warm_restart") and value not in WARM_RESTART_VALUES:
+            raise ConfigError(f"{source}: run.warm_restart = {value!r} is not allowed (allowed: "
+                              f"{', '.join(repr(v) for v in WARM_RESTART_VALUES)})", 'e.g. warm_restart = "auto"')
         default = fields[key].default
         if isinstance(default, tuple):
             if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
@@ -276,6 +284,9 @@ def _checkpoint_interval(value: Any, source: str) -> str | float:
         return parse_setting(value)
     except IntervalSettingError as err:
         raise ConfigError(f"{source}: {err}", 'e.g. checkpoint_interval = "auto" or 1800') from None
+
+
+WARM_RESTART_VALUES = ("auto", "on", "off")
 
 
 def _memory_snapshots(value: Any, source: str) -> str | int:

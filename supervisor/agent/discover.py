@@ -8,7 +8,8 @@ so only the top-most matching process of each rank is taken.
 Under ``srun torchrun`` the step's task on a node is torchrun, and the ranks are its workers (grandchildren of
 the srun task): a worker carries torchrun's ``TORCHELASTIC_RUN_ID`` and its global ``RANK``, and is taken under
 that rank; torchrun itself (a task that is a worker's parent, or whose command line is torchrun's, before its
-workers start) is the launcher, never a rank.
+workers start) is the launcher, never a rank. A rank a warm restart started again runs as the only task of its own
+step (``SLURM_PROCID`` 0): it carries ``SUPERVISOR_GENERATION`` and its ``RANK``, and is taken under that rank.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def find_ranks(job: str, node: str, own_step: str | None = None) -> dict[int, in
         global_rank = env.get(b"RANK", b"")
         if b"TORCHELASTIC_RUN_ID" in env and global_rank.isdigit():
             workers[pid] = int(global_rank)  # a torchrun worker: its global rank
+        elif b"SUPERVISOR_GENERATION" in env and global_rank.isdigit():
+            found[pid] = int(global_rank)  # a rank a warm restart started again: its own one-task step (PROCID 0)
         else:
             found[pid] = int(procid)
     parents = {pid: _ppid(pid) for pid in (*found, *workers)}

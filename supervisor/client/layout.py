@@ -90,6 +90,7 @@ RANK_FLAG_EXITING = 1 << 3  # the interpreter is shutting down normally (atexit 
 RANK_FLAG_WAITS = 1 << 4  # the rank stamps its collective waits in the wait ring (own time is known)
 RANK_FLAG_RESTARTABLE = 1 << 5  # the rank trains inside ``client.restartable``: it can restart in its process
 RANK_FLAG_AWAITING_RESTART = 1 << 6  # its training raised; it waits for the supervisor's restart order (no hang)
+RANK_FLAG_RETURNED = 1 << 7  # its ``client.restartable`` function returned: this rank's training ended well
 
 # Sent by the agent to a rank pid to get all thread stacks appended to ``rank-N.stacks``. A
 # real-time signal because Slurm uses SIGUSR1/SIGUSR2 and glibc reserves the first two RT signals.

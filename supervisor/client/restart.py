@@ -60,11 +60,15 @@ def restartable(fn: Callable[..., T]) -> Callable[..., T]:
             _flag(bound[0], _layout.RANK_FLAG_RESTARTABLE, True)
         while True:
             try:
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
             except Exception as exc:
                 if bound is None or os.environ.get(ENV_WARM) != "1":
                     raise
                 failure = _report(exc)
+            else:
+                if bound is not None:  # the training ended well (the supervisor cannot always learn an exit code)
+                    _flag(bound[0], _layout.RANK_FLAG_RETURNED, True)
+                return result
             order = _wait_for_order(bound, failure)
             if order is None:
                 raise failure  # as the process would have ended without us (its traceback was printed)

@@ -83,6 +83,7 @@ NODE_LOSS_VERDICT = "node_loss_verdict"
 FAILSAFE = "failsafe"
 REQUEUE_EXPEDITED = "requeue_expedited"
 SITE = "site"
+WARM_RESTART_SKIPPED = "warm_restart_skipped"
 JOURNAL_RESUMED = "journal_resumed"  # written by supervisor.journal itself; readers drop it
 
 EVENT_TYPES: tuple[str, ...] = (
@@ -108,6 +109,7 @@ EVENT_TYPES: tuple[str, ...] = (
     NODES_EXCLUDED,
     AGENTS_MISSING,
     AGENTS_RESTARTED,
+    WARM_RESTART_SKIPPED,
     REQUEUE_SKIPPED,
     EXCLUSION_SKIPPED,
     TIMEOUTS_LEARNED,
@@ -294,6 +296,12 @@ def memory_off(t: float, why: str, failed: dict[str, list[int]]) -> Event:
     from now on; ``failed`` names the nodes and their ranks (docs/checkpoints.md, memory tier)."""
     return {"type": MEMORY_OFF, "t": t, "why": why[:500],
             "failed": {str(n): sorted(int(r) for r in ranks)[:64] for n, ranks in sorted(failed.items())[:64]}}
+
+
+def warm_restart_skipped(t: float, launch: int, why: str) -> Event:
+    """A restart in the allocation that could not be warm (decisions/warm_restart.py says why): the launch is
+    relaunched cold."""
+    return {"type": WARM_RESTART_SKIPPED, "t": t, "launch": launch, "why": why[:500]}
 
 
 def memory_buddies(t: float, ring: dict[str, str]) -> Event:

@@ -36,6 +36,7 @@ MARK_SUSPECT = "mark_suspect"
 DRAIN = "drain"  # operator mode only: scontrol update nodename=... state=drain
 BACKOFF = "backoff"  # wait params.seconds before the recovery action
 RESTART_IN_ALLOCATION = "restart_in_allocation"  # relaunch the step in this allocation (params.exclude)
+WARM_RESTART = "warm_restart"  # instead of the above: the launch restarts in its processes (decisions/warm_restart)
 REQUEUE = "requeue"  # scontrol requeue this job, excluding params.exclude
 AWAIT_REQUEUE = "await_requeue"  # Slurm itself requeues the job (preemption, node failure): let it
 HOLD = "hold"  # requeue held: an operator must release it

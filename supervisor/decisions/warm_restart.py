@@ -16,13 +16,21 @@ processes in the same rank. Anything else is cold, with the reason the journal g
   doing): only killing the step frees it;
 - nothing to keep: every rank is replaced.
 
+Which decisions a warm restart may carry out (:func:`applies`): a restart in the allocation without a save first
+(a stop-and-save needs the ranks to end), without a roll back (no rank died: nothing makes them wait), and not for
+a hang (a hung rank is alive: killing it alone first is not done yet, so the restart is cold). :func:`as_warm`
+turns such a decision into the warm one: the step is not killed, and ``warm_restart`` replaces the relaunch.
+
 Pure: no I/O; property-tested (tests/unit/test_warm_restart_decision.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from supervisor.decisions import events as ev
+from supervisor.decisions import policy
 
 WAIT = "wait"
 WARM = "warm"
@@ -83,3 +91,37 @@ def choose(
         return WarmChoice(COLD, reason=f"rank {holding[0]} did not let go of the failed process group within "
                                        f"{release_deadline_s:g} s")  # fmt: skip
     return WarmChoice(WARM, replace=replace, reason=f"{len(keep)} of {len(ranks)} ranks keep their processes")
+
+
+def survivors_wait(ranks: Sequence[RankView]) -> bool:
+    """Whether a warm launch's watch can end now: a rank is gone and every other already waits for its order (the
+    exit grace that tells a crash from ranks finishing one by one is not needed: the survivors said it failed)."""
+    alive = [r for r in ranks if r.alive]
+    return 0 < len(alive) < len(ranks) and all(r.awaiting for r in alive)
+
+
+NOT_WARM_CLASSES = frozenset({ev.HANG, ev.NUMERICAL})
+
+
+def applies(decision: policy.Decision, interruption_class: str) -> bool:
+    """Whether ``decision`` is a restart in the allocation a warm restart can carry out (see the module text)."""
+    kinds = {a.kind for a in decision.actions}
+    if policy.RESTART_IN_ALLOCATION not in kinds or kinds & {policy.STOP_STEP, policy.CHECKPOINT_NOW, policy.DRAIN}:
+        return False
+    if any(a.params.get("rollback") or a.params.get("exclude") for a in decision.actions):
+        return False  # a roll back, or nodes to leave out: a new placement (moving ranks is not done warm yet)
+    return interruption_class not in NOT_WARM_CLASSES
+
+
+def as_warm(decision: policy.Decision, choice: WarmChoice) -> policy.Decision:
+    """``decision`` carried out warm: no kill of the step, and ``warm_restart`` (the ranks started again, why)
+    where the relaunch was."""
+    actions: list[policy.Action] = []
+    for action in decision.actions:
+        if action.kind == policy.KILL_STEP:
+            continue
+        if action.kind == policy.RESTART_IN_ALLOCATION:
+            action = replace(action, kind=policy.WARM_RESTART, target=tuple(str(r) for r in choice.replace),
+                             reason=choice.reason)  # fmt: skip
+        actions.append(action)
+    return policy.Decision(tuple(actions), decision.state, decision.message)

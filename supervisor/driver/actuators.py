@@ -101,6 +101,7 @@ class Actuators:
             policy.DRAIN: self.drain,
             policy.BACKOFF: self.backoff,
             policy.RESTART_IN_ALLOCATION: self.restart_in_allocation,
+            policy.WARM_RESTART: self.warm_restart,
             policy.REQUEUE: self.requeue,
             policy.HOLD: self.requeue,
             policy.AWAIT_REQUEUE: self.await_requeue,
@@ -152,7 +153,7 @@ class Actuators:
         if not checkpoint:
             # Stop without a checkpoint (a NaN state must not overwrite good ones): the ranks get no chance to
             # save, as SIGTERM would give them.
-            launcher.kill_step(self.slurm, self.job_id, launch.name, launch.proc)
+            launcher.kill_step(self.slurm, self.job_id, launch.names, launch.proc)
             return None
         # Each rank gets the request once it shows up (ranks starting after Slurm's USR1 included), again if
         # its flags do not show it; then the save is awaited: the launch ends once every rank saved and stopped.
@@ -244,7 +245,7 @@ class Actuators:
 
     def kill_step(self, action: policy.Action, s: Situation) -> int | None:
         wait_s = self._kill_wait(s)
-        launcher.kill_step(self.slurm, self.job_id, s.launch.name, s.launch.proc, wait_s=wait_s,
+        launcher.kill_step(self.slurm, self.job_id, s.launch.names, s.launch.proc, wait_s=wait_s,
                            background=wait_s == NODE_LOST_KILL_WAIT_S)
         return None
 
@@ -266,6 +267,10 @@ class Actuators:
     # ------------------------------------------------------------------------------------ what comes next
     def restart_in_allocation(self, action: policy.Action, s: Situation) -> int | None:
         self.end_launch(s.launch, wait_s=self._kill_wait(s))
+        return RELAUNCH
+
+    def warm_restart(self, action: policy.Action, s: Situation) -> int | None:
+        """The launch restarts in its processes (the loop orders it: ``driver/warm_restart.py``): nothing ends."""
         return RELAUNCH
 
     def requeue(self, action: policy.Action, s: Situation) -> int | None:
@@ -323,5 +328,5 @@ class Actuators:
             while launch.proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
         if launch.proc.poll() is None:
-            launcher.kill_step(self.slurm, self.job_id, launch.name, launch.proc, wait_s=wait_s,
+            launcher.kill_step(self.slurm, self.job_id, launch.names, launch.proc, wait_s=wait_s,
                                background=wait_s == NODE_LOST_KILL_WAIT_S)

@@ -63,6 +63,7 @@ from supervisor.driver.site_link import SiteLink
 from supervisor.driver.stall_probe import StallProbe
 from supervisor.driver.straggler_swap import SwapJudge
 from supervisor.driver.time_limit_watch import JobDeadline, TimeLimitClock
+from supervisor.driver.warm_restart import WarmRestarts
 from supervisor.driver.watch import Watcher
 from supervisor.heartbeat.server import BIND_ENV, bind_address, resolve_sources
 from supervisor.journal import Journal, read
@@ -222,6 +223,8 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
             checkpoints=checkpoints, submit_alert=notifier.submit, budgets=config.policy.budgets,
             memory_flush=memory_flush, tasks_per_node=layout.tasks_per_node,
         ),
+        warm=WarmRestarts(ctx, mode=run.warm_restart, command=spec.command, channel=channel, trainer=trainer,
+                          ranks_of=watcher.ranks, tasks_per_node=layout.tasks_per_node),
         no_kill=has_option(spec.sbatch_flags, "--no-kill", "-k"),
         site=site,
     )  # fmt: skip

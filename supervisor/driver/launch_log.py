@@ -31,11 +31,28 @@ class LaunchLog:
     ``markers``: False when the launch runs no torchrun (its report lines are then not looked for)."""
 
     def __init__(self, path: Path, *, tasks: int | None = None, ranks_per_task: int = 1,
-                 signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES, markers: bool = True) -> None:  # fmt: skip
-        self.path = path
+                 signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES, markers: bool = True,
+                 start: int = 0) -> None:  # fmt: skip
+        """``start``: the offset this reading begins at (a warm restart's generation: what its ranks print)."""
+        self.path, self.start = path, start
+        self.settings = {"tasks": tasks, "ranks_per_task": ranks_per_task, "signatures": signatures, "markers": markers}
         self.digest = LogDigest(signatures, tasks=tasks, ranks_per_task=ranks_per_task, markers=markers)
+        self.digest.offset = self.digest.partial_start = start
         self.file: BinaryIO | None = None
         self.finished = False
+
+    def from_now(self) -> LaunchLog:
+        """A reading of the same log from the end of its last whole line: after a warm restart, the new
+        generation's lines are judged alone (the failure before it was judged already)."""
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(max(self.start, size - TAIL_BYTES))
+                data = f.read(size - f.tell())
+                start = size - len(data) + data.rfind(b"\n") + 1 if b"\n" in data else self.start
+        except OSError:
+            start = self.start
+        return LaunchLog(self.path, start=start, **self.settings)  # type: ignore[arg-type]
 
     def _open(self) -> BinaryIO | None:
         if self.file is None:
@@ -78,13 +95,13 @@ class LaunchLog:
         try:
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                start = max(0, size - TAIL_BYTES)
+                start = max(self.start, size - TAIL_BYTES)
                 f.seek(start)
                 data = f.read(TAIL_BYTES)
         except OSError:
             return {}
         pos = 0
-        if start > 0:
+        if start > self.start:
             pos = data.find(b"\n") + 1
             if pos == 0:
                 return {}

@@ -24,6 +24,7 @@ from slurm import srun
 from slurm.client import SlurmClient
 from slurm.errors import SlurmError
 from supervisor.checkpoint import memory
+from supervisor.client.restart_order import ENV_GENERATION, ENV_WARM, RestartOrder
 from supervisor.client.rollback import ENV_SKIP_STEPS
 from supervisor.decisions import events as ev
 from supervisor.decisions import placement
@@ -36,6 +37,57 @@ from supervisor.paths import SLOT_DIR_ENV, slot_dir_template
 
 RESUME_ENV = "SUPERVISOR_RESUME_FROM"
 TORCHRUN_RANKS_PER_TASK = 8  # under ``srun torchrun`` a task is a node's torchrun: its ranks' lines interleave
+
+
+@dataclasses.dataclass(frozen=True)
+class Replacement:
+    """A rank a warm restart started again: its own one-task job step."""
+
+    rank: int
+    node: str
+    generation: int
+    name: str
+    proc: Process
+    log_path: Path
+
+
+class LaunchProcs:
+    """The launch's sruns seen as one process (``Launch.proc`` after a warm restart): running while any runs; its
+    code is the worst of theirs (the watch judges the launch's end from its ranks: ``Watcher.generation_code``);
+    kill and terminate reach every one."""
+
+    def __init__(self, procs: Sequence[Process]) -> None:
+        self.procs = list(procs)
+        self.returncode: int | None = None
+
+    def add(self, proc: Process) -> None:
+        self.procs.append(proc)
+        self.returncode = None
+
+    def poll(self) -> int | None:
+        codes = [p.poll() for p in self.procs]
+        if any(c is None for c in codes):
+            return None
+        self.returncode = next((c for c in codes if c), 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for p in self.procs:
+            p.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        code = self.poll()
+        assert code is not None
+        return code
+
+    def terminate(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
 
 
 @dataclasses.dataclass
@@ -51,10 +103,18 @@ class Launch:
     nodes: tuple[str, ...]
     worker_restarts: bool = False  # torchrun may restart its workers inside the launch (--max-restarts > 0)
     log: LaunchLog | None = None  # the log read as it grows (one reading the whole log when not given)
+    warm: bool = False  # its ranks restart in their processes (the step survives one task's death)
+    generation: int = 0  # warm restarts so far
+    replaced: list[Replacement] = dataclasses.field(default_factory=list)  # ranks started again, newest last
 
     def __post_init__(self) -> None:
         if self.log is None:
             self.log = LaunchLog(self.log_path)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every job step of the launch: the training step and the ranks started again by warm restarts."""
+        return (self.name, *(r.name for r in self.replaced))
 
     @property
     def reader(self) -> LaunchLog:
@@ -98,7 +158,7 @@ class TrainingLauncher:
         env["SUPERVISOR_CAMPAIGN"] = str(self.campaign)
         env[SLOT_DIR_ENV] = slot_dir_template(self.job_id, self.slot_token)
         for name in (memory.MEMORY_DIR_ENV, memory.EVERY_ENV, memory.RESUME_STEP_ENV, memory.RESUME_LAUNCH_ENV,
-                     memory.RESUME_FLUSHED_ENV, memory.LAUNCH_ENV, ENV_SKIP_STEPS):  # fmt: skip
+                     memory.RESUME_FLUSHED_ENV, memory.LAUNCH_ENV, ENV_SKIP_STEPS, ENV_WARM, ENV_GENERATION):  # fmt: skip
             env.pop(name, None)  # ours to set, never inherited from the batch script's environment
         if self.memory_snapshots != "off":  # the store lives in the agent's slot directory: it outlives the ranks
             env[memory.MEMORY_DIR_ENV] = f"{env[SLOT_DIR_ENV]}/memory"
@@ -119,12 +179,14 @@ class TrainingLauncher:
 
     def launch(self, resume: str | None, resume_step: int | None, excluded: Sequence[str], rank_shift: int,
                scan_ok: bool = True, memory_step: int | None = None, memory_launch: str = "",
-               memory_from: str = "", skip_steps: tuple[int, int] | None = None) -> Launch:  # fmt: skip
+               memory_from: str = "", skip_steps: tuple[int, int] | None = None, warm: bool = False) -> Launch:  # fmt: skip
         """The next launch (journaled as ``step_launched``, the contract's name), on the usable nodes without
         ``excluded``, its ranks moved by ``rank_shift`` nodes; ``memory_step``: the memory snapshot it resumes
         from (``resume`` stays the filesystem tier's checkpoint, which the ranks fall back on); ``memory_from``: the
         directory of that snapshot flushed to the filesystem, when some rank reads its shard there; ``skip_steps``:
-        after a roll back, the steps whose batches the program skips (``client.skip_steps()``)."""
+        after a roll back, the steps whose batches the program skips (``client.skip_steps()``); ``warm``: its ranks
+        restart in their processes (``client.restartable``): the step survives one task's death and the ranks wait
+        for the supervisor's restart order (:meth:`start_again`)."""
         self.launches += 1
         number, name = self.launches, srun.training_job_name(self.launches)
         nodes = self.next_nodes(excluded, rank_shift)
@@ -132,7 +194,8 @@ class TrainingLauncher:
         dist = self._dist_env(nodes, moved)  # MASTER_ADDR: rank 0's node, moved or not
         argv = srun.training(dist.wrap(self.command), launch=number, nodes=len(nodes),
                              tasks_per_node=self.layout.tasks_per_node, exclude=excluded,
-                             nodelist=() if moved else nodes, arbitrary=moved, extra=self.srun_args)  # fmt: skip
+                             nodelist=() if moved else nodes, arbitrary=moved, extra=self.srun_args,
+                             warm=warm)  # fmt: skip
         log_path = self.log_dir / f"{name}.log"
         dumps = flight_dumps.dump_dir(log_path)  # the ranks' flight recorders dump here on a collective timeout
         dumps.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -148,6 +211,8 @@ class TrainingLauncher:
                 env[memory.RESUME_FLUSHED_ENV] = memory_from
         if skip_steps is not None:
             env[ENV_SKIP_STEPS] = f"{skip_steps[0]}-{skip_steps[1]}"
+        if warm:
+            env[ENV_WARM] = "1"
         if moved:  # rank 0 is no longer on the first node of the step's node list: say where it is
             hosts = self.log_dir / f"{name}.hosts"
             hosts.write_text(srun.hostfile_text(nodes, self.layout.tasks_per_node))
@@ -161,6 +226,8 @@ class TrainingLauncher:
             launched["rank_nodes"] = list(nodes)
         if skip_steps is not None:
             launched["skip_steps"] = list(skip_steps)
+        if warm:
+            launched["warm"] = True
         self.ctx.record(launched)
         proc = self.start(argv, env, log_path, self.cwd)
         torchrun = distenv.runs_torchrun(self.command)
@@ -168,7 +235,49 @@ class TrainingLauncher:
                         ranks_per_task=TORCHRUN_RANKS_PER_TASK if torchrun else 1,
                         markers=not distenv.plain_python(self.command))  # fmt: skip
         return Launch(number, name, proc, log_path, time.monotonic(), nodes,
-                      worker_restarts=distenv.torchrun_restarts_on(self.command, self.environ), log=log)
+                      worker_restarts=distenv.torchrun_restarts_on(self.command, self.environ), log=log, warm=warm)
+
+    def restart_order(self, launch: Launch, generation: int, resume: str | None, scan_ok: bool,
+                      memory_step: int | None, memory_launch: str, memory_from: str) -> RestartOrder:  # fmt: skip
+        """The order of ``launch``'s warm restart into ``generation``: a fresh rendezvous port (on rank 0's node,
+        as every launch), where to resume (as :meth:`launch` says it), and the launch tag of ``launch``'s number, which
+        the caller made the next launch's (the memory tier tells a step written again after the restart from the one
+        written before)."""
+        master = self.environ.get("MASTER_ADDR") or self.node_addresses.get(launch.nodes[0]) or launch.nodes[0]
+        user_port = self.environ.get("MASTER_PORT", "")
+        port = int(user_port) if user_port.isdigit() else distenv.pick_port(master, self.master_ports)
+        self.master_ports.append(port)
+        known = self.checkpoint_dir_known() if callable(self.checkpoint_dir_known) else self.checkpoint_dir_known
+        env: dict[str, str | None] = {
+            "MASTER_ADDR": master, "MASTER_PORT": str(port), RESUME_ENV: resume_value(resume, known, scan_ok),
+            memory.RESUME_STEP_ENV: None if memory_step is None else str(memory_step),
+            memory.RESUME_LAUNCH_ENV: memory_launch or None if memory_step is not None else None,
+            memory.RESUME_FLUSHED_ENV: memory_from or None if memory_step is not None else None,
+            memory.LAUNCH_ENV: self.launch_tag(launch.number), ENV_SKIP_STEPS: None,
+        }  # fmt: skip
+        return RestartOrder(generation, env)
+
+    def start_again(self, launch: Launch, order: RestartOrder, ranks: Mapping[int, str]) -> list[Replacement]:
+        """Start each of ``ranks`` (rank -> node) again as its own one-task step beside ``launch``'s, in the order's
+        generation, with the identity the launch gave that rank and the order's rendezvous and resume point."""
+        tasks = self.layout.tasks_per_node
+        started = []
+        for rank, node in sorted(ranks.items()):
+            name = srun.replacement_job_name(launch.number, order.generation, rank)
+            argv = srun.replacement(self.command, launch=launch.number, generation=order.generation, rank=rank,
+                                    node=node, extra=self.srun_args)  # fmt: skip
+            env = self.step_env(None)
+            order.apply(env)
+            dumps = flight_dumps.dump_dir(launch.log_path)
+            env.update(distenv.flight_recorder_env(str(dumps / flight_dumps.PREFIX), self.environ))
+            own = {"WORLD_SIZE": str(len(launch.nodes) * tasks), "LOCAL_WORLD_SIZE": str(tasks), "RANK": str(rank),
+                   "LOCAL_RANK": str(rank % tasks), "NODE_RANK": str(rank // tasks)}  # fmt: skip
+            env.update({k: v for k, v in own.items() if k not in self.environ})
+            env[ENV_WARM] = "1"
+            log_path = self.log_dir / f"{name}.log"
+            proc = self.start(argv, env, log_path, self.cwd)
+            started.append(Replacement(rank, node, order.generation, name, proc, log_path))
+        return started
 
     def _dist_env(self, nodes: tuple[str, ...], moved: bool) -> distenv.DistEnv:
         """torch's env:// variables (and torchrun's defaults) for this launch; the user's own win."""
@@ -196,7 +305,8 @@ def start(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: str 
 
 
 def kill_step(
-    slurm: SlurmClient, job_id: str, name: str, proc: Process, wait_s: float = 15.0, background: bool = False
+    slurm: SlurmClient, job_id: str, name: str | Sequence[str], proc: Process, wait_s: float = 15.0,
+    background: bool = False,
 ) -> int | None:
     """Kill a job step on every node at once (SIGKILL reaches stopped ranks too) and reap its srun.
 
@@ -206,16 +316,19 @@ def kill_step(
     thread, and srun (which waits for the dead node's tasks forever) is killed after ``wait_s``.
     """
 
+    names = (name,) if isinstance(name, str) else tuple(name)  # a warm-restarted launch: its ranks' own steps too
+
     def cancel() -> None:
         try:
-            step_id = slurm.step_ids(job_id).get(name)
-            if step_id is not None:
-                slurm.cancel_step(step_id, "KILL")
+            ids = slurm.step_ids(job_id)
+            for step_id in (ids.get(n) for n in names):
+                if step_id is not None:
+                    slurm.cancel_step(step_id, "KILL")
         except SlurmError:
             pass  # the step ended meanwhile, or Slurm did not answer; srun is killed and reaped below either way
 
     if background:
-        threading.Thread(target=cancel, name=f"scancel-{name}", daemon=True).start()
+        threading.Thread(target=cancel, name=f"scancel-{names[0]}", daemon=True).start()
     else:
         cancel()
     deadline = time.monotonic() + wait_s

@@ -21,6 +21,7 @@ from supervisor import stop_request
 from supervisor.config import Config
 from supervisor.decisions import campaign_state, capacity, placement, policy, rollback, straggler_swap
 from supervisor.decisions import events as ev
+from supervisor.decisions import warm_restart as warm_rule
 from supervisor.decisions.classify import Evidence, Interruption
 from supervisor.decisions.detect import LOSS_DIVERGED, NODE_SILENT, Detector
 from supervisor.decisions.respond import last_step, respond
@@ -32,6 +33,7 @@ from supervisor.driver.context import Context
 from supervisor.driver.env_now import EnvCheck
 from supervisor.driver.evidence import Gatherer, WatchResult
 from supervisor.driver.guard import (
+    ACTION,
     CHECKPOINT_SCAN,
     DECIDE,
     DETECT,
@@ -51,6 +53,7 @@ from supervisor.driver.preempt_watch import PreemptionPoller
 from supervisor.driver.progress import ProgressLog
 from supervisor.driver.requeue import JobActions
 from supervisor.driver.site_link import SiteLink
+from supervisor.driver.warm_restart import WarmRestarts
 from supervisor.driver.watch import Watcher
 from supervisor.paths import CampaignPaths
 
@@ -87,6 +90,7 @@ class Parts:
     memory: MemoryResume  # the memory tier's restore pick before a relaunch
     no_kill: bool  # the job keeps running when one of its nodes fails (``--no-kill``, set for spare nodes)
     site: SiteLink  # the site-wide node ledger (does nothing without ``[site] url``)
+    warm: WarmRestarts  # whether a restart is carried out in the ranks' processes, and how
 
     def close(self) -> None:
         """End the attempt's side parts: pollers and probes, the agents' step (quickly after a node loss: its
@@ -103,6 +107,7 @@ class Supervisor:
         self.p = parts
         self.rank_shift = 0  # ranks moved by this many nodes (placement.rank_shift_after)
         self.diverged_reached: int | None = None  # a roll back: the step the diverged launch reached
+        self.again: Launch | None = None  # a launch restarted warm: watched again instead of a new launch
 
     def run(self) -> int:
         p = self.p
@@ -122,21 +127,21 @@ class Supervisor:
         excluded = placement.ledger_exclusions(p.layout, p.state.ledger.excluded_nodes(p.ctx.clock()))
         while True:
             excluded = self.with_site_exclusions(excluded)
-            picked = p.ctx.guard.call(CHECKPOINT_SCAN, p.checkpoints.pick_resume, default=None)
-            checked = p.ctx.guard.call(PREFLIGHT, p.prelaunch.check, p.layout.nodes, excluded, p.layout.train_nodes,
-                                       p.trainer.launches + 1, default=prelaunch.Checked(excluded))  # fmt: skip
-            if checked.enough:
-                excluded = checked.excluded
-                launch = self.launch(picked, excluded)
-                watched = p.watcher.watch(launch)
-                self.final_progress(launch)
-                p.watcher.journal_timeouts()
-                found = p.ctx.guard.call(EVIDENCE, p.gather.gather, launch.nodes, launch.reader, watched,
-                                         p.watcher.ranks(launch), flight_dumps.dump_dir(launch.log_path),
-                                         default=None) or self.unknown_evidence(launch)  # fmt: skip
-            else:  # too few nodes passed the preflight: the training does not start; the policy answers
-                launch = prelaunch.not_started(p.trainer.launches, p.trainer.log_dir / "preflight.log")
-                watched, found = WatchResult("preflight"), checked.evidence or Evidence()
+            if self.again is not None:  # restarted warm: the same step, its ranks in a new generation
+                launch, self.again = self.again, None
+                watched, found = self.watch(launch)
+            else:
+                picked = p.ctx.guard.call(CHECKPOINT_SCAN, p.checkpoints.pick_resume, default=None)
+                checked = p.ctx.guard.call(PREFLIGHT, p.prelaunch.check, p.layout.nodes, excluded,
+                                           p.layout.train_nodes, p.trainer.launches + 1,
+                                           default=prelaunch.Checked(excluded))  # fmt: skip
+                if checked.enough:
+                    excluded = checked.excluded
+                    launch = self.launch(picked, excluded)
+                    watched, found = self.watch(launch)
+                else:  # too few nodes passed the preflight: the training does not start; the policy answers
+                    launch = prelaunch.not_started(p.trainer.launches, p.trainer.log_dir / "preflight.log")
+                    watched, found = WatchResult("preflight"), checked.evidence or Evidence()
             history = p.state.history  # the campaign before this interruption (History is immutable)
             request = stop_request.read(p.paths.root) if watched.reason == "stop_request" else None
             if request is not None:
@@ -145,6 +150,10 @@ class Supervisor:
                 interruption, decision = straggler_swap.respond(watched.detections[-1], watched.swap, p.config.policy)
             else:
                 interruption, decision = self.decide(launch, found, history)
+            warm = None if request is not None else p.ctx.guard.call(DECIDE, p.warm.choose, launch, interruption,
+                                                                      decision, default=None)  # fmt: skip
+            if warm is not None and warm.warm:  # the same decision, carried out in the ranks' processes
+                decision = warm_rule.as_warm(decision, warm)
             restarts = p.ctx.guard.call(EVIDENCE, launch.reader.torchrun_restarts, launch.nodes,
                                         p.layout.tasks_per_node, default={})  # fmt: skip
             p.ctx.record({**interruption.to_event(p.ctx.clock()), "launch": launch.number,
@@ -163,6 +172,11 @@ class Supervisor:
                 if request is not None:
                     stop_request.clear(p.paths.root)
                 return outcome
+            if warm is not None and warm.warm:
+                if p.ctx.guard.call(ACTION + ":warm_restart", self.restart_warm, launch, warm, default=False):
+                    self.again = launch
+                    continue
+                p.actuators.end_launch(launch)  # the warm restart failed half way: cold, as without it
             excluded = placement.exclusions_of(decision)
             if any(d.kind == NODE_SILENT for d in watched.detections):  # the agents' silence is not the new launch's
                 hang = p.detector.config.hang
@@ -170,6 +184,47 @@ class Supervisor:
             self.rank_shift += placement.rank_shift_after(interruption)
             if any(a.params.get("rollback") for a in decision.actions):
                 self.diverged_reached = last_step(found)
+
+    def watch(self, launch: Launch) -> tuple[WatchResult, Evidence]:
+        """Watch ``launch`` until it ends or must end, and gather the evidence of why."""
+        p = self.p
+        watched = p.watcher.watch(launch)
+        self.final_progress(launch)
+        p.watcher.journal_timeouts()
+        p.ctx.guard.call(DETECT, p.warm.saw, launch, default=None)
+        found = p.ctx.guard.call(EVIDENCE, p.gather.gather, launch.nodes, launch.reader, watched,
+                                 p.watcher.ranks(launch), flight_dumps.dump_dir(launch.log_path),
+                                 default=None) or self.unknown_evidence(launch)  # fmt: skip
+        return watched, found
+
+    def restart_warm(self, launch: Launch, choice: warm_rule.WarmChoice) -> bool:
+        """Carry out a warm restart of ``launch`` (driver/warm_restart.py): resume where a relaunch would, journal
+        it as the next launch (``step_launched`` with ``warm``), order the waiting ranks on, start the dead ones."""
+        p = self.p
+        picked = p.ctx.guard.call(CHECKPOINT_SCAN, p.checkpoints.pick_resume, default=None)
+        resume, resume_step = picked if picked is not None else (None, None)
+        nodes = list(launch.nodes)
+        snapshot = p.ctx.guard.call(CHECKPOINT_SCAN, p.memory.pick, p.trainer.launches + 1, nodes,
+                                    p.layout.tasks_per_node, nodes, resume_step, True, default=None)  # fmt: skip
+        memory_step = snapshot.step if snapshot is not None else None
+        p.detector.new_launch()
+        p.progress.launched(p.trainer.launches + 1)
+        p.interval.launched()
+        p.checkpoints.launched(memory_step if memory_step is not None else resume_step)
+        p.trainer.launches += 1
+        launch.number = p.trainer.launches
+        order = p.trainer.restart_order(launch, launch.generation + 1, resume, picked is not None, memory_step,
+                                        snapshot.launch if snapshot else "", p.memory.flushed_dir(snapshot))  # fmt: skip
+        told = order.env.get("SUPERVISOR_RESUME_FROM")
+        tier = "memory" if memory_step is not None else "filesystem" if told else "fresh" if told == "" else "unknown"
+        p.ctx.record({**ev.step_launched(p.ctx.clock(), launch.number, launch.nodes, (), resume),
+                      "resume_step": memory_step if memory_step is not None else resume_step, "resume_tier": tier,
+                      "master": f"{order.env.get('MASTER_ADDR', '')}:{order.env.get('MASTER_PORT', '')}",
+                      "warm": True, "generation": order.generation, "replaced_ranks": list(choice.replace)})
+        launch.log = launch.reader.from_now()  # the new generation's lines are judged alone
+        dead = p.warm.restart(launch, choice, order)
+        p.watcher.old_pids.update(dead)  # the replaced ranks' old processes are an earlier launch's
+        return True
 
     def with_site_exclusions(self, excluded: tuple[str, ...]) -> tuple[str, ...]:
         """``excluded`` and the allocation's nodes the site ledger holds as bad, when enough nodes remain for the
@@ -203,7 +258,8 @@ class Supervisor:
             self.diverged_reached = None
         launch = p.trainer.launch(resume, resume_step, out, self.rank_shift, scan_ok=picked is not None,
                                   memory_step=memory_step, memory_launch=snapshot.launch if snapshot else "",
-                                  memory_from=p.memory.flushed_dir(snapshot), skip_steps=skip)  # fmt: skip
+                                  memory_from=p.memory.flushed_dir(snapshot), skip_steps=skip,
+                                  warm=p.warm.next_launch_warm())  # fmt: skip
         # (its ranks start meanwhile: the check delays nothing)
         p.ctx.guard.call(CHECKPOINT_SCAN, p.env_check.resumed, resume, launch.nodes, p.layout.tasks_per_node,
                          default=None)  # fmt: skip

@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from supervisor import procstate
+from supervisor.client.layout import (
+    RANK_FLAG_AWAITING_RESTART,
+    RANK_FLAG_EXITING,
+    RANK_FLAG_RESTARTABLE,
+    RANK_FLAG_RETURNED,
+)
 from supervisor.decisions import events as ev
+from supervisor.decisions import warm_restart as warm_rule
 from supervisor.decisions.detect import (
     GLOBAL_STALL,
     NODE_LOST,
@@ -88,6 +95,7 @@ class Watcher:
             code = launch.proc.poll()
             if code is not None:
                 self.settle(EXIT_SETTLE_S)
+                code = self.generation_code(launch, code)
                 self.scan_checkpoints()
                 found = self.verdict_on_silent_nodes(launch) if code != 0 else []
                 return WatchResult("exited", exit_code=code, detections=triage.with_pending(found))
@@ -106,6 +114,8 @@ class Watcher:
             ending = self.one_pass(launch, triage, now)
             if ending is not None:
                 return ending
+            if launch.warm and triage.pending and warm_rule.survivors_wait(self.warm_views(launch)):
+                return WatchResult("detection", detections=triage.with_pending())
             if self.agents.died():
                 self.ctx.guard.call(AGENTS, self.agents.restart, default=None)
 
@@ -143,6 +153,25 @@ class Watcher:
         if triage.exits_overdue(now, self.live(launch).ranks):
             return WatchResult("detection", detections=triage.with_pending(self.verdict_on_silent_nodes(launch)))
         return None
+
+    def warm_views(self, launch: Launch) -> list[warm_rule.RankView]:
+        return [warm_rule.RankView(r.rank, r.node, r.state not in procstate.ENDED,
+                                   bool(r.rank_flags & RANK_FLAG_RESTARTABLE),
+                                   bool(r.rank_flags & RANK_FLAG_AWAITING_RESTART)) for r in self.ranks(launch)]  # fmt: skip
+
+    def generation_code(self, launch: Launch, code: int) -> int:
+        """srun's exit code, except after a warm restart: the training step's srun reports the death of the rank
+        that was started again (``Killed``, 137) even when every rank of the last generation ended well; then 0."""
+        if not code or not launch.generation:
+            return code
+        ranks = self.ranks(launch)
+        world = {r.rank for r in ranks}
+        ended_well = RANK_FLAG_EXITING | RANK_FLAG_RETURNED  # an agent rarely learns the code of a process it did not start
+        well = all(r.state in procstate.ENDED and (r.exit_code == 0 or (r.exit_code is None and r.exit_signal is None
+                                                                        and r.rank_flags & ended_well))
+                   for r in ranks)  # fmt: skip
+        replacements_ok = all(rep.proc.poll() == 0 for rep in launch.replaced if rep.generation == launch.generation)
+        return 0 if ranks and well and replacements_ok and len(world) == len(ranks) else code
 
     def judge_swap(self, detection: DetectionEvent, launch: Launch) -> Any:
         """The swap verdict on a straggler warning (None: another warning, or no judge)."""

@@ -25,6 +25,17 @@ def test_a_training_launch_is_labelled_named_and_killed_on_a_bad_exit() -> None:
     assert "--distribution=arbitrary" not in argv
 
 
+def test_a_warm_launch_survives_one_tasks_death_and_its_replacement_is_one_named_task_beside_it() -> None:
+    argv = srun.training(["python", "t.py"], launch=3, nodes=2, tasks_per_node=1, warm=True)
+    assert "--kill-on-bad-exit=0" in argv and "--kill-on-bad-exit=1" not in argv
+    rep = srun.replacement(["python", "t.py"], launch=3, generation=2, rank=5, node="node4", extra=("--cpu-bind=none",))
+    assert rep[:3] == ["srun", "--overlap", "--job-name=train-3-g2-r5"]
+    assert srun.replacement_job_name(3, 2, 5) == "train-3-g2-r5"
+    for flag in ("--nodes=1", "--ntasks=1", "--nodelist=node4", "--kill-on-bad-exit=1", "--mem=0"):
+        assert flag in rep, flag
+    assert rep[-3:] == ["--cpu-bind=none", "python", "t.py"]
+
+
 def test_moved_ranks_are_placed_by_the_hostfile_without_a_node_count() -> None:
     argv = srun.training(["python", "t.py"], launch=2, nodes=2, tasks_per_node=2, arbitrary=True)
     assert "--distribution=arbitrary" in argv and argv[-2:] == ["python", "t.py"]

@@ -1,0 +1,129 @@
+"""Warm restart, the supervisor's part: a launch whose ranks restart in their processes (``client.restartable``)
+is restarted by starting only its dead ranks again, instead of killing the step and launching every rank anew.
+
+When the loop's decision is a restart in the allocation that a warm restart can carry out
+(``decisions.warm_restart.applies``), :meth:`WarmRestarts.choose` reads the launch's ranks from the agents' reports
+(alive, restartable, waiting for an order) and asks the pure rule until it says warm or cold (a survivor may take a
+moment to let go of the failed process group). Warm: :meth:`WarmRestarts.restart` picks where to resume as a
+relaunch would (the newest valid checkpoint, the memory tier's newest complete snapshot), sends every node's agent
+the restart order (a new rendezvous port, the resume point, a new launch tag) which the agents write for the
+waiting ranks, starts each dead rank again as its own one-task step on its node, and journals the restart as the
+next launch (``step_launched`` with ``warm``, the generation and the ranks started again). The launch's log goes on
+in the same file; each rank started again has its own. Cold: the reason is journaled and the loop relaunches as
+before.
+
+Which launches are warm (their srun survives one task's death, ``--kill-on-bad-exit=0``): ``[run] warm_restart``
+"on", or "auto" once a launch of this run had every rank inside ``client.restartable``; never a torchrun launch (a
+task there is a node's torchrun, not a rank).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from supervisor import procstate
+from supervisor.client.layout import RANK_FLAG_AWAITING_RESTART, RANK_FLAG_RESTARTABLE
+from supervisor.client.restart_order import RestartOrder
+from supervisor.decisions import events as ev
+from supervisor.decisions import warm_restart as rule
+from supervisor.decisions.classify import Interruption
+from supervisor.decisions.policy import Decision
+from supervisor.driver import distenv
+from supervisor.driver.context import Context
+from supervisor.driver.launcher import Launch, LaunchProcs, TrainingLauncher
+from supervisor.driver.ports import Channel
+from supervisor.heartbeat.orders import restart_order_text
+
+ORDER_RESEND_S = 0.5  # the order travels in datagrams: sent again until the waiting ranks took it
+ORDER_TAKEN_WAIT_S = 10.0
+
+
+class WarmRestarts:
+    def __init__(self, ctx: Context, *, mode: str, command: Sequence[str], channel: Channel,
+                 trainer: TrainingLauncher, ranks_of: Callable[[Launch], Sequence[Any]], tasks_per_node: int,
+                 release_deadline_s: float = rule.DEFAULT_RELEASE_DEADLINE_S) -> None:  # fmt: skip
+        self.ctx, self.mode, self.channel, self.trainer = ctx, mode, channel, trainer
+        self.ranks_of, self.tasks_per_node, self.release_deadline_s = ranks_of, tasks_per_node, release_deadline_s
+        self.torchrun = distenv.runs_torchrun(command)
+        self.seen_restartable = False  # "auto": a launch of this run had every rank inside client.restartable
+
+    def next_launch_warm(self) -> bool:
+        """Whether the next launch is started warm (its step survives one task's death)."""
+        if self.torchrun or self.mode == "off":
+            return False
+        return self.mode == "on" or self.seen_restartable
+
+    def saw(self, launch: Launch) -> None:
+        """After a launch's watch: whether every one of its ranks ran inside ``client.restartable`` ("auto")."""
+        if self.seen_restartable or self.mode != "auto" or self.torchrun:
+            return
+        ranks = list(self.ranks_of(launch))
+        world = len(launch.nodes) * self.tasks_per_node
+        if len({r.rank for r in ranks}) == world and all(r.rank_flags & RANK_FLAG_RESTARTABLE for r in ranks):
+            self.seen_restartable = True
+
+    def views(self, launch: Launch) -> list[rule.RankView]:
+        return [rule.RankView(r.rank, r.node, r.state not in procstate.ENDED,
+                              bool(r.rank_flags & RANK_FLAG_RESTARTABLE),
+                              bool(r.rank_flags & RANK_FLAG_AWAITING_RESTART)) for r in self.ranks_of(launch)]  # fmt: skip
+
+    def choose(self, launch: Launch, interruption: Interruption, decision: Decision) -> rule.WarmChoice | None:
+        """Warm or cold for ``decision`` on ``launch`` (None: not a decision a warm restart carries out, or a cold
+        launch); waits while the rule says so. A cold answer is journaled with its reason."""
+        if not launch.warm or not rule.applies(decision, interruption.cls):
+            return None
+        started = time.monotonic()
+        while True:
+            choice = rule.choose(self.views(launch), enabled=True, bad_nodes=interruption.blamed_nodes,
+                                 shrinks=False, in_progress=self.in_progress(launch),
+                                 waited_s=time.monotonic() - started, release_deadline_s=self.release_deadline_s)  # fmt: skip
+            if choice.kind != rule.WAIT:
+                break
+            self.channel.poll(0.1)
+        if choice.kind == rule.COLD:
+            self.ctx.record(ev.warm_restart_skipped(self.ctx.clock(), launch.number, choice.reason))
+        return choice
+
+    def in_progress(self, launch: Launch) -> bool:
+        """Whether the launch's last warm restart never trained: a rank it started again is gone, or has not
+        stepped yet."""
+        newest = [r for r in launch.replaced if r.generation == launch.generation]
+        if not newest:
+            return False
+        views = {v.rank: v for v in self.ranks_of(launch)}
+        return any(r.rank not in views or views[r.rank].beats == 0 or views[r.rank].pid == 0 for r in newest)
+
+    def restart(self, launch: Launch, choice: rule.WarmChoice, order: RestartOrder) -> list[int]:
+        """Carry out a warm choice: the order to every node's agent, the dead ranks started again, the order
+        repeated until the waiting ranks took it. Returns the pids of the ranks replaced (their views are gone)."""
+        dead = [v.pid for v in self.ranks_of(launch) if v.rank in choice.replace]
+        text = restart_order_text(order)
+        for node in launch.nodes:
+            self.channel.send_order(node, text)
+        tpn = self.tasks_per_node
+        started = self.trainer.start_again(launch, order, {r: launch.nodes[r // tpn] for r in choice.replace})
+        launch.generation = order.generation
+        launch.replaced.extend(started)
+        procs = launch.proc if isinstance(launch.proc, LaunchProcs) else LaunchProcs([launch.proc])
+        for rep in started:
+            procs.add(rep.proc)
+        launch.proc = procs
+        self.until_taken(launch, choice, text)
+        return dead
+
+    def until_taken(self, launch: Launch, choice: rule.WarmChoice, text: str) -> None:
+        """Send the order again (datagrams may be lost) until no kept rank still waits for it, at most
+        ``ORDER_TAKEN_WAIT_S``."""
+        deadline = time.monotonic() + ORDER_TAKEN_WAIT_S
+        next_send = time.monotonic() + ORDER_RESEND_S
+        while time.monotonic() < deadline:
+            waiting = [v for v in self.views(launch) if v.rank not in choice.replace and v.awaiting]
+            if not waiting:
+                return
+            if time.monotonic() >= next_send:
+                for node in sorted({v.node for v in waiting}):
+                    self.channel.send_order(node, text)
+                next_send = time.monotonic() + ORDER_RESEND_S
+            self.channel.poll(0.05)

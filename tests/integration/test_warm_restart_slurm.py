@@ -1,0 +1,70 @@
+"""Warm restart on the real local Slurm (issue 23): README's usage with ``[run] warm_restart = "on"`` and a user-style
+program that wraps its training in ``client.restartable`` (tests/integration/programs/warm_train.py: gloo, three
+ranks on three nodes, ``torch.save`` checkpoints). A rank SIGKILLed from outside: the supervisor does not kill the
+step; it orders the two survivors (waiting in their processes) onto a new rendezvous and starts only the dead rank
+again, as its own job step on its node. The survivors keep their pids, the restart is journaled as the next launch
+(``warm``, generation 1, rank 1 started again), the campaign completes, and the final weights are bitwise those of an
+uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from campaign_tools import cancel, launches, wait_for
+from matrix_tools import rank_pid_on, submit_program, wait_printed
+from test_warm_restart_client import WORLD, base_env, free_port, start_rank, wait_all
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+PROGRAM = Path(__file__).parent / "programs" / "warm_train.py"
+STEPS = 30
+
+
+def uninterrupted(tmp: Path) -> dict[str, torch.Tensor]:
+    tmp.mkdir()
+    env = base_env(tmp, free_port())
+    wait_all({r: start_rank(r, env, tmp, "plain") for r in range(WORLD)}, tmp)
+    return torch.load(tmp / "final.pt", weights_only=True)
+
+
+def starts(text: str) -> list[tuple[int, int, int, int]]:
+    """(rank, pid, generation, step) of every ``start`` line."""
+    return [tuple(map(int, m)) for m in re.findall(r"start rank=(\d+) pid=(\d+) generation=(\d+) step=(\d+)", text)]  # type: ignore[misc]
+
+
+def test_a_killed_rank_is_started_again_alone_and_the_survivors_keep_their_processes(tmp_path: Path) -> None:
+    out = tmp_path / "final.pt"
+    camp = submit_program(tmp_path, "--out", str(out), steps=STEPS, ckpt_every=5, step_time=0.2, nodes=3,
+                          config='[run]\nwarm_restart = "on"\n', program=PROGRAM)  # fmt: skip
+    try:
+        wait_printed(camp, 1, 12)
+        pids = {r: rank_pid_on(camp, r) for r in range(WORLD)}
+        os.kill(pids[1], signal.SIGKILL)
+        ended = wait_for("the campaign to complete", camp.ended, 240)
+        assert ended["state"] == "completed", ended
+        first, again = launches(camp)
+        assert first.get("warm") is True and "generation" not in first, first
+        assert again["warm"] is True and again["generation"] == 1 and again["replaced_ranks"] == [1], again
+        assert again["resume_tier"] == "filesystem" and again["resume_step"] % 5 == 0, again
+        skipped = camp.of_type("warm_restart_skipped")
+        assert not skipped, skipped
+        logs = camp.root.glob("logs/*/")
+        log_dir = next(d for d in logs if (d / "train-1.log").exists())
+        seen = starts((log_dir / "train-1.log").read_text(errors="replace"))
+        for r in (0, 2):  # the survivors: generation 0 and 1 in the same process
+            assert [(g, s) for rank, pid, g, s in seen if rank == r and pid == pids[r]] == \
+                [(0, 0), (1, again["resume_step"])], seen  # fmt: skip
+        replaced = starts(next(log_dir.glob("train-*-g1-r1.log")).read_text(errors="replace"))
+        assert [(rank, g, s) for rank, _, g, s in replaced] == [(1, 1, again["resume_step"])], replaced
+        assert replaced[0][1] != pids[1]
+        want = uninterrupted(tmp_path / "plain")
+        got = torch.load(out, weights_only=True)
+        assert all(torch.equal(got[k], want[k]) for k in want), "the warm restart changed the training"
+        report = camp.report()
+        assert [a["outcome"]["class"] if a["outcome"] else None for a in report["attempts"]][-1] == "completed"
+    finally:
+        cancel(camp.job_id)

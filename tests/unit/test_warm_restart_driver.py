@@ -1,0 +1,233 @@
+"""Warm restart's driver parts with in-process fakes: which launches are warm, when the rule is asked and what a
+cold answer journals, the order sent to every node and repeated until the waiting ranks took it, the ranks started
+again with their own identity, the launch's sruns seen as one, its log read from the restart on, the launch's end
+judged from its ranks when srun reports the rank that was replaced, and the agent finding a rank started again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from fakes import FakeChannel, FakeProcess
+
+from supervisor import procstate
+from supervisor.agent.discover import find_ranks
+from supervisor.client.layout import (
+    RANK_FLAG_AWAITING_RESTART,
+    RANK_FLAG_RESTARTABLE,
+    RANK_FLAG_RETURNED,
+)
+from supervisor.client.restart_order import RestartOrder
+from supervisor.decisions import policy
+from supervisor.decisions import warm_restart as rule
+from supervisor.decisions.classify import Interruption
+from supervisor.decisions.placement import TrainingLayout
+from supervisor.driver.context import Context
+from supervisor.driver.launch_log import LaunchLog
+from supervisor.driver.launcher import Launch, LaunchProcs, TrainingLauncher
+from supervisor.driver.warm_restart import WarmRestarts
+from supervisor.driver.watch import Watcher
+from supervisor.heartbeat.table import RankView
+
+RESTARTING = RANK_FLAG_RESTARTABLE | RANK_FLAG_AWAITING_RESTART
+
+
+def view(rank: int, *, alive: bool = True, flags: int = RESTARTING, pid: int = 0, beats: int = 5) -> RankView:
+    return RankView(rank, f"n{rank}", pid=pid or 100 + rank, state=procstate.RUNNING if alive else procstate.GONE,
+                    rank_flags=flags, beats=beats)  # fmt: skip
+
+
+def restart_decision(cls: str = "unknown") -> tuple[Interruption, policy.Decision]:
+    actions = (policy.Action(policy.ALERT, "L2"), policy.Action(policy.KILL_STEP),
+               policy.Action(policy.RESTART_IN_ALLOCATION, params={"exclude": [], "nodes": ["n0", "n1", "n2"]}))  # fmt: skip
+    return Interruption(cls, (), 0.6, ("rank 1 was killed",)), policy.Decision(actions, "running", "relaunch")
+
+
+def launch_of(tmp_path: Path, warm: bool = True) -> Launch:
+    return Launch(1, "train-1", FakeProcess(), tmp_path / "train-1.log", time.monotonic(), ("n0", "n1", "n2"), warm=warm)
+
+
+class Recorded:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+
+def trainer(tmp_path: Path, started: list[tuple[list[str], dict[str, str]]]) -> TrainingLauncher:
+    def start(argv: Any, env: Any, log_path: Path, cwd: str | None = None) -> FakeProcess:
+        started.append((list(argv), dict(env)))
+        return FakeProcess()
+
+    return TrainingLauncher(Context.of(lambda e: None), start=start, layout=TrainingLayout(("n0", "n1", "n2"), 1),
+                            command=("python", "train.py"), cwd=None, srun_args=(), job_id="7", restart_count=0,
+                            campaign=Path("/c"), log_dir=tmp_path, node_addresses={"n0": "10.0.0.1"},
+                            checkpoint_dir_known=True, environ={"RANK": "9", "PATH": "/bin"})  # fmt: skip
+
+
+def warm_restarts(tmp_path: Path, ranks: list[RankView], mode: str = "on", command: tuple[str, ...] = ("python", "t.py"),
+                  started: list[Any] | None = None) -> tuple[WarmRestarts, FakeChannel, Recorded]:  # fmt: skip
+    channel, record = FakeChannel("7"), Recorded()
+    channel.table.ranks = ranks
+    w = WarmRestarts(Context.of(record), mode=mode, command=command, channel=channel,
+                     trainer=trainer(tmp_path, started if started is not None else []),
+                     ranks_of=lambda launch: list(channel.table.ranks), tasks_per_node=1, release_deadline_s=0.3)  # fmt: skip
+    return w, channel, record
+
+
+def test_which_launches_are_warm(tmp_path: Path) -> None:
+    assert warm_restarts(tmp_path, [], mode="on")[0].next_launch_warm()
+    assert not warm_restarts(tmp_path, [], mode="off")[0].next_launch_warm()
+    assert not warm_restarts(tmp_path, [], mode="on", command=("torchrun", "t.py"))[0].next_launch_warm()
+    auto, channel, _ = warm_restarts(tmp_path, [view(0), view(1)], mode="auto")
+    assert not auto.next_launch_warm()  # nothing seen yet: the first launch is cold
+    auto.saw(launch_of(tmp_path, warm=False))
+    assert not auto.next_launch_warm(), "rank 2 was never seen: not every rank is known to restart in place"
+    channel.table.ranks = [view(0), view(1), view(2, flags=0)]
+    auto.saw(launch_of(tmp_path, warm=False))
+    assert not auto.next_launch_warm()
+    channel.table.ranks = [view(r, flags=RANK_FLAG_RESTARTABLE) for r in range(3)]
+    auto.saw(launch_of(tmp_path, warm=False))
+    assert auto.next_launch_warm()
+
+
+def test_a_killed_rank_on_a_warm_launch_is_chosen_warm_and_the_decision_keeps_its_alert(tmp_path: Path) -> None:
+    w, _, record = warm_restarts(tmp_path, [view(0), view(1, alive=False), view(2)])
+    interruption, decision = restart_decision()
+    choice = w.choose(launch_of(tmp_path), interruption, decision)
+    assert choice is not None and choice.kind == rule.WARM and choice.replace == (1,)
+    warm = rule.as_warm(decision, choice)
+    assert [a.kind for a in warm.actions] == [policy.ALERT, policy.WARM_RESTART]
+    assert warm.actions[1].target == ("1",) and not record.events
+    assert w.choose(launch_of(tmp_path, warm=False), interruption, decision) is None  # a cold launch: as before
+    assert w.choose(launch_of(tmp_path), *restart_decision("hang")) is None  # the hung rank is alive: cold
+
+
+def test_a_survivor_that_does_not_let_go_in_time_makes_it_cold_and_journals_why(tmp_path: Path) -> None:
+    w, _, record = warm_restarts(tmp_path, [view(0), view(1, alive=False), view(2, flags=RANK_FLAG_RESTARTABLE)])
+    started = time.monotonic()
+    choice = w.choose(launch_of(tmp_path), *restart_decision())
+    assert choice is not None and choice.kind == rule.COLD and time.monotonic() - started >= 0.3
+    assert record.events[-1]["type"] == "warm_restart_skipped" and "rank 2 did not let go" in record.events[-1]["why"]
+
+
+def test_a_second_fault_before_the_restarted_generation_trained_is_cold(tmp_path: Path) -> None:
+    w, channel, _ = warm_restarts(tmp_path, [view(0), view(1, alive=False), view(2)])
+    launch = launch_of(tmp_path)
+    w.restart(launch, rule.WarmChoice(rule.WARM, (1,)), RestartOrder(1, {"MASTER_PORT": "1"}))
+    channel.table.ranks = [view(0), view(1, pid=555, beats=0), view(2, alive=False)]  # rank 1 never stepped
+    choice = w.choose(launch, *restart_decision())
+    assert choice is not None and choice.kind == rule.COLD and "second fault" in choice.reason
+
+
+def test_the_order_goes_to_every_node_and_again_until_the_waiting_ranks_took_it(tmp_path: Path) -> None:
+    started: list[Any] = []
+    w, channel, _ = warm_restarts(tmp_path, [view(0), view(1, alive=False), view(2)], started=started)
+    launch = launch_of(tmp_path)
+    first_proc = launch.proc
+    order = RestartOrder(1, {"MASTER_PORT": "23456"})
+
+    def take_it_later() -> None:  # the survivors read the order after a few resends
+        time.sleep(1.2)
+        channel.table.ranks = [view(0, flags=RANK_FLAG_RESTARTABLE), view(2, flags=RANK_FLAG_RESTARTABLE)]
+
+    import threading
+
+    helper = threading.Thread(target=take_it_later)
+    helper.start()
+    dead = w.restart(launch, rule.WarmChoice(rule.WARM, (1,)), order)
+    helper.join()
+    assert dead == [101]
+    assert {node for node, _ in channel.orders} == {"n0", "n1", "n2"}
+    assert len(channel.orders) > 3, "the order was not sent again while the ranks still waited"
+    assert json.loads(channel.orders[0][1]) == {"restart": {"generation": 1, "env": {"MASTER_PORT": "23456"}}}
+    (argv, env), = started
+    assert "--job-name=train-1-g1-r1" in argv and "--nodelist=n1" in argv and argv[-2:] == ["python", "train.py"]
+    assert (env["RANK"], env["LOCAL_RANK"], env["NODE_RANK"], env["WORLD_SIZE"]) == ("9", "0", "1", "3")  # user's RANK kept
+    assert env["MASTER_PORT"] == "23456" and env["SUPERVISOR_GENERATION"] == "1" and env["SUPERVISOR_WARM_RESTART"] == "1"
+    assert launch.generation == 1 and [r.rank for r in launch.replaced] == [1]
+    assert isinstance(launch.proc, LaunchProcs) and launch.proc.procs[0] is first_proc
+    assert launch.names == ("train-1", "train-1-g1-r1")
+
+
+def test_the_restart_order_gives_a_fresh_port_and_the_resume_point(tmp_path: Path) -> None:
+    t = trainer(tmp_path, [])
+    t.launches = 2
+    launch = launch_of(tmp_path)
+    launch.number = 2
+    order = t.restart_order(launch, 1, "/ck/step_20", True, 22, "7-0-1", "")
+    env = order.env
+    assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"].isdigit()
+    assert env["SUPERVISOR_RESUME_FROM"] == "/ck/step_20" and env["SUPERVISOR_RESUME_MEMORY_STEP"] == "22"
+    assert env["SUPERVISOR_RESUME_MEMORY_LAUNCH"] == "7-0-1" and env["SUPERVISOR_RESUME_MEMORY_FLUSHED"] is None
+    assert env["SUPERVISOR_LAUNCH"] == "7-0-2" and env["SUPERVISOR_SKIP_STEPS"] is None
+    again = t.restart_order(launch, 2, None, True, None, "", "")
+    assert again.env["MASTER_PORT"] != env["MASTER_PORT"] and again.env["SUPERVISOR_RESUME_MEMORY_STEP"] is None
+
+
+def test_the_launchs_sruns_are_seen_as_one() -> None:
+    a, b = FakeProcess(), FakeProcess()
+    procs = LaunchProcs([a, b])
+    assert procs.poll() is None
+    a.returncode = 137
+    assert procs.poll() is None  # the training step's srun reports the killed rank; the new rank still runs
+    b.returncode = 0
+    assert procs.poll() == 137
+    c = FakeProcess()
+    procs.add(c)
+    procs.kill()
+    assert c.returncode is not None and procs.poll() == 137
+
+
+def test_the_launch_log_is_read_from_the_restart_on(tmp_path: Path) -> None:
+    path = tmp_path / "train-1.log"
+    path.write_text("0: step=1 loss=0.5\nsrun: error: n1: task 1: Killed\n1: RuntimeError: Connection closed by peer\n")
+    log = LaunchLog(path, tasks=3)
+    assert any("Killed" in line for line in log.lines())
+    again = LaunchLog(path, tasks=3).from_now()
+    with path.open("a") as f:
+        f.write("0: step=11 loss=0.4\n0: ValueError: a new failure\n")
+    lines = again.lines()
+    assert not any("Killed" in line or "Connection closed" in line for line in lines), lines
+    assert any("a new failure" in line for line in lines)
+
+
+def test_a_warm_launch_ended_well_although_srun_reports_the_rank_it_replaced(tmp_path: Path) -> None:
+    launch = launch_of(tmp_path)
+    launch.generation = 1
+    rep = SimpleNamespace(generation=1, proc=FakeProcess())
+    rep.proc.returncode = 0
+    launch.replaced = [rep]  # type: ignore[list-item]
+    done = [view(r, alive=False, flags=RANK_FLAG_RESTARTABLE | RANK_FLAG_RETURNED) for r in range(3)]
+    judge = SimpleNamespace(ranks=lambda launch: done)
+    assert Watcher.generation_code(judge, launch, 137) == 0  # type: ignore[arg-type]
+    crashed = [*done[:2], view(2, alive=False, flags=RANK_FLAG_RESTARTABLE)]  # rank 2 never returned
+    assert Watcher.generation_code(SimpleNamespace(ranks=lambda launch: crashed), launch, 137) == 137  # type: ignore[arg-type]
+    rep.proc.returncode = 1  # the rank started again failed
+    assert Watcher.generation_code(judge, launch, 137) == 137  # type: ignore[arg-type]
+    launch.generation = 0
+    assert Watcher.generation_code(judge, launch, 137) == 137  # type: ignore[arg-type]
+
+
+def test_the_agent_finds_a_rank_started_again_under_its_rank_not_its_task_id() -> None:
+    job = f"8{os.getpid()}"
+    env = {**os.environ, "SLURM_JOB_ID": job, "SLURMD_NODENAME": "nodeA", "SLURM_PROCID": "0", "SLURM_STEP_ID": "3",
+           "RANK": "5", "SUPERVISOR_GENERATION": "1"}  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        deadline = time.monotonic() + 20
+        found: dict[int, int] = {}
+        while time.monotonic() < deadline and not found:
+            found = find_ranks(job, "nodeA")
+            time.sleep(0.1)
+        assert found == {5: proc.pid}
+    finally:
+        proc.kill()
+        proc.wait()
