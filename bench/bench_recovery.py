@@ -1,6 +1,6 @@
 """Recovery speed on the real local Slurm: supervised vs Slurm and torch defaults, side by side in one run.
 
-    python bench/bench_recovery.py [--only hang|kill|crash] [--accounting]
+    python bench/bench_recovery.py [--only hang|kill|crash|memory|warm] [--accounting]
 
 Figures (the example training, 2 nodes x 1 rank, gloo on CPU):
   A. hang (SIGSTOP of rank 1, 1 s steps) -> every rank stopped with stacks saved.
@@ -15,6 +15,8 @@ Figures (the example training, 2 nodes x 1 rank, gloo on CPU):
      spare: the agents' failsafe requeues; also the time nothing supervised the job).
   M. the memory tier (issue 27): rank SIGKILL and node crash with a spare, memory tier on vs off, DCP every 50
      steps: steps lost and seconds until training is past the pre-fault step again (`--only memory`).
+  W. warm restart (issue 23): rank SIGKILL of the example with --restartable, [run] warm_restart on vs off: steps
+     lost, seconds until the first step after the fault and until past the pre-fault step again (`--only warm`).
 Each prints seconds and the ratio baseline / supervised. Goals: A <= 10 s, B <= 20 s; C with a spare <= 10 s,
 without <= 20 s, batch host: failsafe within 30 s; M: <= 2 steps lost with the tier on.
 """
@@ -44,7 +46,7 @@ STEP = re.compile(r"^(?:\s*\d+: )?step=(\d+) ", re.M)  # the supervisor's launch
 
 
 def supervise_submit(work: Path, steps: int, step_time: float, run_config: str = "", ckpt_every: int = 5,
-                     nodes: int = 2) -> tuple[str, Path]:  # fmt: skip
+                     nodes: int = 2, extra: tuple[str, ...] = ()) -> tuple[str, Path]:  # fmt: skip
     root, ckpt = work / "campaign", work / "ckpt"
     work.mkdir(parents=True, exist_ok=True)
     (work / "c.toml").write_text(f'[run]\ncheckpoint_dir = "{ckpt}"\n{run_config}')
@@ -52,7 +54,7 @@ def supervise_submit(work: Path, steps: int, step_time: float, run_config: str =
         [sys.executable, "-m", "supervisor.cli", "submit", "-N", str(nodes), "--ntasks-per-node=1", "--time=15",
          "--campaign", str(root), "--config", str(work / "c.toml"), "--", sys.executable, str(EXAMPLE),
          "--steps", str(steps), "--ckpt-dir", str(ckpt), "--ckpt-every", str(ckpt_every), "--step-time", str(step_time),
-         "--timings"],
+         "--timings", *extra],
         capture_output=True, text=True, check=True, cwd=REPO,
     ).stdout  # fmt: skip
     return out.split()[1], root
@@ -297,10 +299,46 @@ def bench_memory(cluster: LocalCluster, work: Path) -> None:
         print(f"| {label} | {'on' if memory == 'auto' else 'off'} | {lost} | {past:.1f} |")
 
 
+def warm_row(cluster: LocalCluster, work: Path, mode: str) -> tuple[int, float, float]:
+    """Rank SIGKILL of the example run with ``--restartable`` (main() inside client.restartable), ``[run]
+    warm_restart`` ``mode`` ("on" or "off"), memory tier on, DCP every 50 steps of 0.1 s: (steps lost, seconds until
+    the first step after the fault, seconds until training is past the pre-fault step again)."""
+    job, root = supervise_submit(work, steps=600, step_time=0.1, ckpt_every=50, extra=("--restartable",),
+                                 run_config=f'warm_restart = "{mode}"\n')  # fmt: skip
+    try:
+        wait_for("training past step 70", lambda: last_printed(root) >= 70 or None, 300)
+        sizes = {p: p.stat().st_size for p in root.glob("logs/*/train-*.log")}
+        pid = int(wait_for("rank 1", lambda: live_rank(root, 1), 30)["pid"])
+        t0, before = time.time(), last_printed(root)
+        os.kill(pid, signal.SIGKILL)
+        relaunch = wait_for("the relaunch", lambda: events(root, "step_launched")[1:] or None, 120)[0]
+        resumed = int(relaunch.get("resume_step") or 0)
+        first = first_step_after(root / "logs", "*/train-*.log", sizes, resumed + 1, 240) - t0
+        past = first_step_after(root / "logs", "*/train-*.log", sizes, before + 1, 240) - t0
+        how = "warm" if relaunch.get("generation") else "cold"
+        print(f"W  rank SIGKILL, warm_restart {mode}: restarted {how} from {relaunch.get('resume_tier')} at step "
+              f"{resumed} ({before - resumed} steps lost), first step after {first:.1f} s, past the pre-fault step "
+              f"{before} after {past:.1f} s", flush=True)  # fmt: skip
+        return before - resumed, first, past
+    finally:
+        cluster.slurm("scancel", job, check=False)
+
+
+def bench_warm(cluster: LocalCluster, work: Path) -> None:
+    """Issue 23: rank SIGKILL, warm restart (only the dead rank started again) vs cold (the step relaunched), the
+    same program and settings, side by side."""
+    rows = {mode: warm_row(cluster, work / f"warm-{mode}", mode) for mode in ("on", "off")}
+    print("\n| rank SIGKILL (2 ranks, 0.1 s steps, memory tier on) | steps lost | s until the first step after | "
+          "s until past the pre-fault step |")  # fmt: skip
+    print("|---|---|---|---|")
+    for mode, (lost, first, past) in rows.items():
+        print(f"| {'warm restart' if mode == 'on' else 'cold relaunch'} | {lost} | {first:.1f} | {past:.1f} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-window", type=float, default=120.0)
-    parser.add_argument("--only", choices=("hang", "kill", "crash", "memory"))
+    parser.add_argument("--only", choices=("hang", "kill", "crash", "memory", "warm"))
     parser.add_argument("--accounting", action="store_true",
                         help="the cluster with slurmdbd, as sites run it (the no-spare requeue then drops the lost "
                              "node from the allocation first; docs/node-loss.md)")  # fmt: skip
@@ -320,6 +358,8 @@ def main() -> int:
             bench_node_crash(cluster, work)
         if args.only in (None, "memory"):
             bench_memory(cluster, work)
+        if args.only in (None, "warm"):
+            bench_warm(cluster, work)
     return 0
 
 

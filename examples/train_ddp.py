@@ -12,6 +12,10 @@ load (DCP), with the RNG streams starting afresh (a warning says so). Own time p
 Its process group is ``init_process_group("gloo", init_method="env://")``: under the supervisor (any launch
 style, docs/launch.md) and torchrun the variables are set; under plain srun it derives them itself.
 
+``--restartable``: ``main`` runs inside ``client.restartable``: when a peer dies, the rank restarts it in its own
+process on the supervisor's order (a warm restart, docs/launch.md), resuming from the memory snapshot or checkpoint
+the order names, instead of ending.
+
 ``--timings``: rank 0 also prints, after its first step, one line on stderr with the wall-clock times (epoch
 seconds) of its start-up stages: ``timings: exec=T python=T torch=T pg=T restored=T step=T`` (the process's exec
 as the kernel recorded it, the interpreter reaching this file, torch imported, the process group built, the
@@ -122,6 +126,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="(tests) never act on the supervisor's checkpoint/stop requests, as a script that does not "
                         "ask for them (client.should_checkpoint) would: SIGTERM ends it at once, unsaved, and "
                         "SIGUSR1 is ignored")  # fmt: skip
+    p.add_argument("--restartable", action="store_true",
+                   help="train inside client.restartable: when a peer dies, this rank restarts main() in its own "
+                        "process on the supervisor's order (warm restart, docs/launch.md) instead of ending")
     args = p.parse_args(argv)
     if args.steps < 0 or args.ckpt_every < 0 or args.batch_size < 1 or args.model_mb <= 0:
         p.error("--steps/--ckpt-every must be >= 0, --batch-size >= 1, --model-mb > 0")
@@ -422,4 +429,5 @@ def leave(code: int) -> NoReturn:
 
 
 if __name__ == "__main__":
-    leave(main())
+    warm = "--restartable" in sys.argv[1:] and hasattr(client, "restartable")
+    leave((client.restartable(main) if warm else main)())  # type: ignore[attr-defined]

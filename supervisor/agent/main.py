@@ -34,7 +34,7 @@ from supervisor.agent.memory_tier import MemoryTier
 from supervisor.agent.replication_wire import replication_key
 from supervisor.agent.sampler import RankSlots
 from supervisor.agent.slotdir import make_slot_dir
-from supervisor.agent.stacks import StackDumps
+from supervisor.agent.stacks import StackDumps, send_checked
 from supervisor.checkpoint.memory import MEMORY_DIR_ENV
 from supervisor.client.restart_order import write_order
 from supervisor.client.slot import check_slot_dir
@@ -154,10 +154,27 @@ class Agent:
             elif cmd.command == wire.CMD_REPORT_MEMORY:
                 if self.memory is not None:
                     self.memory.request()
+            elif cmd.command == wire.CMD_KILL_RANK and cmd.rank != wire.ALL_RANKS:
+                self._kill_rank(cmd.rank)
             elif cmd.command == wire.CMD_EXIT:
                 self.stop_reason = "the supervisor asked the agent to exit"
         if events:
             self.send_events(events)
+
+    def _kill_rank(self, rank: int) -> None:
+        """SIGKILL one rank (a hung one, so that its peers' collectives fail and they restart warm), checked to be
+        the process the rank is (a recycled pid is never signalled); a stopped process dies of SIGKILL too."""
+        rec = self.slots.records.get(rank)
+        pid = rec.pid if rec is not None else self.slots.slotless.get(rank)
+        started_by = rec.start_wall_ns / 1e9 if rec is not None and rec.start_wall_ns > 0 else \
+            self.slots.slotless_since.get(rank)  # fmt: skip
+        if not pid or pid <= 0:
+            self.counters["kill_rank_unknown"] += 1
+            return
+        why = send_checked(pid, signal.SIGKILL, started_by)
+        self.counters["kill_rank_failed" if why else "kill_rank"] += 1
+        if why:
+            print(f"supervisor agent: rank {rank} not killed: {why}", file=sys.stderr, flush=True)
 
     def _obey(self, text: str) -> None:
         """An order of the memory tier (its buddy, shard copies); one that does not parse is counted, not obeyed."""

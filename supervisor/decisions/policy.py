@@ -29,6 +29,7 @@ FLUSH_MEMORY = "flush_memory"
 STOP_STEP = "stop_step"  # L3: ask ranks to checkpoint (params.checkpoint) and exit; kill after params.grace_s
 DUMP_STACKS = "dump_stacks"  # L4: save every rank's stacks before killing
 KILL_STEP = "kill_step"  # L4: kill the training step now
+KILL_RANKS = "kill_ranks"  # instead, before a warm restart: kill only these ranks (target), the hung ones
 # Strike the target nodes in the ledger, by the ledger's weight for params["strike"] (a warning kind): carried
 # out by journaling the action, which Ledger.fold reads. Interruptions never need it: their event's
 # blamed_nodes strike already.

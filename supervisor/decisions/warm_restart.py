@@ -17,9 +17,11 @@ processes in the same rank. Anything else is cold, with the reason the journal g
 - nothing to keep: every rank is replaced.
 
 Which decisions a warm restart may carry out (:func:`applies`): a restart in the allocation without a save first
-(a stop-and-save needs the ranks to end), without a roll back (no rank died: nothing makes them wait), and not for
-a hang (a hung rank is alive: killing it alone first is not done yet, so the restart is cold). :func:`as_warm`
-turns such a decision into the warm one: the step is not killed, and ``warm_restart`` replaces the relaunch.
+(a stop-and-save needs the ranks to end), without a roll back (no rank died: nothing makes them wait) and without
+nodes to leave out. :func:`hung_ranks` names the ranks a hang's warm restart kills alone (a stopped or silent
+rank; a stall of everyone names nobody: cold). :func:`as_warm` turns such a decision into the warm one: instead of
+killing the step, only the hung ranks are killed (``kill_ranks``, after their stacks were saved; their peers'
+collectives then fail and they wait), and ``warm_restart`` replaces the relaunch.
 
 Pure: no I/O; property-tested (tests/unit/test_warm_restart_decision.py).
 """
@@ -31,6 +33,7 @@ from dataclasses import dataclass, replace
 
 from supervisor.decisions import events as ev
 from supervisor.decisions import policy
+from supervisor.decisions.detect.findings import RANK_HANG, RANK_STOPPED, DetectionEvent
 
 WAIT = "wait"
 WARM = "warm"
@@ -100,7 +103,7 @@ def survivors_wait(ranks: Sequence[RankView]) -> bool:
     return 0 < len(alive) < len(ranks) and all(r.awaiting for r in alive)
 
 
-NOT_WARM_CLASSES = frozenset({ev.HANG, ev.NUMERICAL})
+NOT_WARM_CLASSES = frozenset({ev.NUMERICAL})
 
 
 def applies(decision: policy.Decision, interruption_class: str) -> bool:
@@ -113,15 +116,25 @@ def applies(decision: policy.Decision, interruption_class: str) -> bool:
     return interruption_class not in NOT_WARM_CLASSES
 
 
-def as_warm(decision: policy.Decision, choice: WarmChoice) -> policy.Decision:
-    """``decision`` carried out warm: no kill of the step, and ``warm_restart`` (the ranks started again, why)
-    where the relaunch was."""
+def hung_ranks(interruption_class: str, detections: Iterable[DetectionEvent]) -> tuple[int, ...] | None:
+    """The ranks to kill alone before a warm restart: none unless the class is a hang; for a hang, the ranks the
+    detections name stopped or silent (None: no rank is named, as when everyone stalled: no warm restart)."""
+    if interruption_class != ev.HANG:
+        return ()
+    named = sorted({r for d in detections if d.kind in (RANK_HANG, RANK_STOPPED) for r in d.ranks})
+    return tuple(named) or None
+
+
+def as_warm(decision: policy.Decision, kill: Sequence[int] = ()) -> policy.Decision:
+    """``decision`` carried out warm: the step is not killed, only the ranks in ``kill`` (``kill_ranks``), and
+    ``warm_restart`` stands where the relaunch was (the loop then asks :func:`choose`)."""
     actions: list[policy.Action] = []
     for action in decision.actions:
         if action.kind == policy.KILL_STEP:
+            if kill:
+                actions.append(replace(action, kind=policy.KILL_RANKS, target=tuple(str(r) for r in kill)))
             continue
         if action.kind == policy.RESTART_IN_ALLOCATION:
-            action = replace(action, kind=policy.WARM_RESTART, target=tuple(str(r) for r in choice.replace),
-                             reason=choice.reason)  # fmt: skip
+            action = replace(action, kind=policy.WARM_RESTART, reason="restart in the ranks' processes")
         actions.append(action)
     return policy.Decision(tuple(actions), decision.state, decision.message)

@@ -45,6 +45,7 @@ EXIT_STOPPED = 1
 EXIT_REQUEUED = 0  # the job is requeued; this run ends cleanly
 
 KILL_WAIT_S = 15.0  # after scancel of a step, how long srun gets to exit before it is killed
+KILL_RANKS_WAIT_S = 5.0  # after the agents were told to kill hung ranks, how long until they are seen gone
 NODE_LOST_KILL_WAIT_S = 0.2  # srun waits forever for the tasks of a dead node: kill it (nearly) at once
 SLURM_TERM_WAIT_S = 30.0  # when Slurm is ending the job, how long its own SIGTERM/SIGKILL may take
 STACKS_WAIT_S = MAX_DUMP_S + 2.0  # the agents' longest dump (py-spy --native, then --nonblocking) + transit
@@ -97,6 +98,7 @@ class Actuators:
             policy.FLUSH_MEMORY: self.flush_memory,
             policy.DUMP_STACKS: self.dump_stacks,
             policy.KILL_STEP: self.kill_step,
+            policy.KILL_RANKS: self.kill_ranks,
             policy.MARK_SUSPECT: self.mark_suspect,
             policy.DRAIN: self.drain,
             policy.BACKOFF: self.backoff,
@@ -247,6 +249,22 @@ class Actuators:
         wait_s = self._kill_wait(s)
         launcher.kill_step(self.slurm, self.job_id, s.launch.names, s.launch.proc, wait_s=wait_s,
                            background=wait_s == NODE_LOST_KILL_WAIT_S)
+        return None
+
+    def kill_ranks(self, action: policy.Action, s: Situation) -> int | None:
+        """Before a warm restart: the hung ranks alone are killed by their agents (the step keeps the others),
+        then awaited gone (bounded: a rank that does not go makes the warm restart's choice cold)."""
+        targets = {int(r) for r in action.target}
+        deadline, next_send = time.monotonic() + KILL_RANKS_WAIT_S, 0.0
+        while time.monotonic() < deadline:
+            alive = [r for r in self.ranks_of(s.launch) if r.rank in targets and r.state not in procstate.ENDED]
+            if not alive:
+                break
+            if time.monotonic() >= next_send:  # datagrams: sent again while the rank is still there
+                for node in sorted({r.node for r in alive}):
+                    self.channel.send(node, [wire.Command(wire.CMD_KILL_RANK, r.rank) for r in alive if r.node == node])
+                next_send = time.monotonic() + 1.0
+            self.channel.poll(0.1)
         return None
 
     def mark_suspect(self, action: policy.Action, s: Situation) -> int | None:

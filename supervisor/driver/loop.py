@@ -150,10 +150,10 @@ class Supervisor:
                 interruption, decision = straggler_swap.respond(watched.detections[-1], watched.swap, p.config.policy)
             else:
                 interruption, decision = self.decide(launch, found, history)
-            warm = None if request is not None else p.ctx.guard.call(DECIDE, p.warm.choose, launch, interruption,
-                                                                      decision, default=None)  # fmt: skip
-            if warm is not None and warm.warm:  # the same decision, carried out in the ranks' processes
-                decision = warm_rule.as_warm(decision, warm)
+            kill = None if request is not None else p.ctx.guard.call(
+                DECIDE, p.warm.plan, launch, interruption, decision, watched.detections, default=None)  # fmt: skip
+            if kill is not None:  # the same decision, carried out in the ranks' processes (only the hung killed)
+                decision = warm_rule.as_warm(decision, kill)
             restarts = p.ctx.guard.call(EVIDENCE, launch.reader.torchrun_restarts, launch.nodes,
                                         p.layout.tasks_per_node, default={})  # fmt: skip
             p.ctx.record({**interruption.to_event(p.ctx.clock()), "launch": launch.number,
@@ -172,11 +172,13 @@ class Supervisor:
                 if request is not None:
                     stop_request.clear(p.paths.root)
                 return outcome
-            if warm is not None and warm.warm:
-                if p.ctx.guard.call(ACTION + ":warm_restart", self.restart_warm, launch, warm, default=False):
+            if kill is not None:
+                warm = p.ctx.guard.call(DECIDE, p.warm.choose, launch, interruption, default=None)
+                if warm is not None and warm.warm and p.ctx.guard.call(ACTION + ":warm_restart", self.restart_warm,
+                                                                       launch, warm, default=False):  # fmt: skip
                     self.again = launch
                     continue
-                p.actuators.end_launch(launch)  # the warm restart failed half way: cold, as without it
+                p.actuators.end_launch(launch)  # cold after all (journaled why): the step goes, a new launch
             excluded = placement.exclusions_of(decision)
             if any(d.kind == NODE_SILENT for d in watched.detections):  # the agents' silence is not the new launch's
                 hang = p.detector.config.hang

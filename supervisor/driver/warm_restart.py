@@ -1,10 +1,11 @@
 """Warm restart, the supervisor's part: a launch whose ranks restart in their processes (``client.restartable``)
 is restarted by starting only its dead ranks again, instead of killing the step and launching every rank anew.
 
-When the loop's decision is a restart in the allocation that a warm restart can carry out
-(``decisions.warm_restart.applies``), :meth:`WarmRestarts.choose` reads the launch's ranks from the agents' reports
-(alive, restartable, waiting for an order) and asks the pure rule until it says warm or cold (a survivor may take a
-moment to let go of the failed process group). Warm: :meth:`WarmRestarts.restart` picks where to resume as a
+When the loop's decision is a restart in the allocation that a warm restart can carry out (:meth:`WarmRestarts.plan`:
+``decisions.warm_restart.applies``, and for a hang the ranks to kill alone), the decision is carried out warm (its
+stacks saved, only the hung ranks killed, the step left running); then :meth:`WarmRestarts.choose` reads the
+launch's ranks from the agents' reports (alive, restartable, waiting for an order) and asks the pure rule until it
+says warm or cold (a survivor may take a moment to let go of the failed process group). Warm: :meth:`WarmRestarts.restart` picks where to resume as a
 relaunch would (the newest valid checkpoint, the memory tier's newest complete snapshot), sends every node's agent
 the restart order (a new rendezvous port, the resume point, a new launch tag) which the agents write for the
 waiting ranks, starts each dead rank again as its own one-task step on its node, and journals the restart as the
@@ -29,6 +30,7 @@ from supervisor.client.restart_order import RestartOrder
 from supervisor.decisions import events as ev
 from supervisor.decisions import warm_restart as rule
 from supervisor.decisions.classify import Interruption
+from supervisor.decisions.detect import DetectionEvent
 from supervisor.decisions.policy import Decision
 from supervisor.driver import distenv
 from supervisor.driver.context import Context
@@ -69,11 +71,17 @@ class WarmRestarts:
                               bool(r.rank_flags & RANK_FLAG_RESTARTABLE),
                               bool(r.rank_flags & RANK_FLAG_AWAITING_RESTART)) for r in self.ranks_of(launch)]  # fmt: skip
 
-    def choose(self, launch: Launch, interruption: Interruption, decision: Decision) -> rule.WarmChoice | None:
-        """Warm or cold for ``decision`` on ``launch`` (None: not a decision a warm restart carries out, or a cold
-        launch); waits while the rule says so. A cold answer is journaled with its reason."""
+    def plan(self, launch: Launch, interruption: Interruption, decision: Decision,
+             detections: Sequence[DetectionEvent]) -> tuple[int, ...] | None:  # fmt: skip
+        """None: ``decision`` is carried out cold (a cold launch, or not a decision a warm restart carries out);
+        else the ranks to kill alone first (a hang's), () for none."""
         if not launch.warm or not rule.applies(decision, interruption.cls):
             return None
+        return rule.hung_ranks(interruption.cls, detections)
+
+    def choose(self, launch: Launch, interruption: Interruption) -> rule.WarmChoice:
+        """Warm or cold for a restart of ``launch`` carried out warm so far (:meth:`plan`); waits while the rule
+        says so. A cold answer is journaled with its reason."""
         started = time.monotonic()
         while True:
             choice = rule.choose(self.views(launch), enabled=True, bad_nodes=interruption.blamed_nodes,

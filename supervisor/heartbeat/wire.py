@@ -65,6 +65,7 @@ CMD_SET_FLAGS = 1  # arg = flags_arg(control flags for the rank's slot, at_step)
 CMD_DUMP_STACKS = 2
 CMD_EXIT = 3
 CMD_REPORT_MEMORY = 4  # send the memory store's inventory now (before a relaunch picks a snapshot)
+CMD_KILL_RANK = 5  # SIGKILL this one rank's process (a hung rank, before a warm restart); never ALL_RANKS
 COMMAND_NAMES = ("keepalive", "set_flags", "dump_stacks", "exit", "report_memory")
 
 # One event: kind, rank, text length, then UTF-8 text.

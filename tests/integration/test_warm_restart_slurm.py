@@ -1,8 +1,9 @@
 """Warm restart on the real local Slurm (issue 23): README's usage with ``[run] warm_restart = "on"`` and a user-style
 program that wraps its training in ``client.restartable`` (tests/integration/programs/warm_train.py: gloo, three
-ranks on three nodes, ``torch.save`` checkpoints). A rank SIGKILLed from outside: the supervisor does not kill the
-step; it orders the two survivors (waiting in their processes) onto a new rendezvous and starts only the dead rank
-again, as its own job step on its node. The survivors keep their pids, the restart is journaled as the next launch
+ranks on three nodes, ``torch.save`` checkpoints). A rank SIGKILLed from outside, or stopped (SIGSTOP: a hang, its
+peers blocked in a collective): the supervisor does not kill the step; it has the hung rank's stack saved and the
+rank alone killed, orders the two survivors (waiting in their processes) onto a new rendezvous and starts only the
+dead rank again, as its own job step on its node. The survivors keep their pids, the restart is journaled as the next launch
 (``warm``, generation 1, rank 1 started again), the campaign completes, and the final weights are bitwise those of an
 uninterrupted run."""
 
@@ -36,14 +37,17 @@ def starts(text: str) -> list[tuple[int, int, int, int]]:
     return [tuple(map(int, m)) for m in re.findall(r"start rank=(\d+) pid=(\d+) generation=(\d+) step=(\d+)", text)]  # type: ignore[misc]
 
 
-def test_a_killed_rank_is_started_again_alone_and_the_survivors_keep_their_processes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_their_processes(
+    tmp_path: Path, fault: str
+) -> None:
     out = tmp_path / "final.pt"
     camp = submit_program(tmp_path, "--out", str(out), steps=STEPS, ckpt_every=5, step_time=0.2, nodes=3,
                           config='[run]\nwarm_restart = "on"\n', program=PROGRAM)  # fmt: skip
     try:
         wait_printed(camp, 1, 12)
         pids = {r: rank_pid_on(camp, r) for r in range(WORLD)}
-        os.kill(pids[1], signal.SIGKILL)
+        os.kill(pids[1], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
         ended = wait_for("the campaign to complete", camp.ended, 240)
         assert ended["state"] == "completed", ended
         first, again = launches(camp)
@@ -52,6 +56,12 @@ def test_a_killed_rank_is_started_again_alone_and_the_survivors_keep_their_proce
         assert again["resume_tier"] == "filesystem" and again["resume_step"] % 5 == 0, again
         skipped = camp.of_type("warm_restart_skipped")
         assert not skipped, skipped
+        interruption = camp.of_type("interruption")[0]
+        assert interruption["class"] == ("hang" if fault == "stop" else "unknown"), interruption
+        if fault == "stop":  # its stack saved, then it alone killed; the step was not
+            kinds = [a["kind"] for a in camp.of_type("action")]
+            assert "kill_ranks" in kinds and "kill_step" not in kinds, kinds
+            assert [s["rank"] for s in camp.of_type("stacks") if s["result"] == "stacks_saved"], camp.of_type("stacks")
         logs = camp.root.glob("logs/*/")
         log_dir = next(d for d in logs if (d / "train-1.log").exists())
         seen = starts((log_dir / "train-1.log").read_text(errors="replace"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -244,4 +245,27 @@ def test_an_authenticated_restart_order_is_written_for_the_ranks_and_a_forged_on
         assert agent.counters["restart_orders"] == 1 and agent.counters["rejected_mac"] == 1
         assert agent.counters["rejected_order_restart"] == 1
     finally:
+        agent.close()
+
+
+def test_the_agent_kills_one_hung_rank_when_asked_and_never_every_rank_at_once(tmp_path: Path) -> None:
+    """Before a warm restart the supervisor has a hung rank killed alone (its peers' collectives then fail and they
+    restart in their processes); a kill of ALL_RANKS is not obeyed (the step is killed with scancel instead)."""
+    agent = _agent(tmp_path)
+    victims = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        for rank, proc in enumerate(victims):
+            agent.slots.slotless[rank] = proc.pid
+            agent.slots.slotless_since[rank] = time.time()
+        agent.handle(_control(1, [wire.Command(wire.CMD_KILL_RANK, wire.ALL_RANKS)]))
+        time.sleep(0.2)
+        assert [p.poll() for p in victims] == [None, None]
+        os.kill(victims[1].pid, signal.SIGSTOP)  # a stopped rank dies of SIGKILL too
+        agent.handle(_control(2, [wire.Command(wire.CMD_KILL_RANK, 1)]))
+        assert victims[1].wait(timeout=10) == -signal.SIGKILL and victims[0].poll() is None
+        assert agent.counters["kill_rank"] == 1
+    finally:
+        for p in victims:
+            p.kill()
+            p.wait()
         agent.close()

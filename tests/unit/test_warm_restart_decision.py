@@ -68,3 +68,26 @@ def test_warm_only_when_every_kept_rank_restarts_in_place_and_waits(
         assert waited < 20.0
     else:
         assert got.kind == COLD and got.reason
+
+
+def test_which_decisions_a_warm_restart_carries_out() -> None:
+    from supervisor.decisions import policy
+    from supervisor.decisions.detect import GLOBAL_STALL, RANK_HANG, DetectionEvent
+    from supervisor.decisions.warm_restart import applies, as_warm, hung_ranks
+
+    restart = policy.Action(policy.RESTART_IN_ALLOCATION, params={"exclude": []})
+    plain = policy.Decision((policy.Action(policy.DUMP_STACKS), policy.Action(policy.KILL_STEP), restart), "running", "")
+    assert applies(plain, "unknown") and applies(plain, "hang")
+    assert not applies(plain, "numerical")  # a roll back: no rank died, nothing makes the ranks wait
+    moved = policy.Decision((policy.Action(policy.RESTART_IN_ALLOCATION, params={"exclude": ["n1"]}),), "running", "")
+    assert not applies(moved, "hang")  # a node left out: a new placement
+    saved = policy.Decision((policy.Action(policy.STOP_STEP), restart), "running", "")
+    assert not applies(saved, "unknown")
+    requeued = policy.Decision((policy.Action(policy.REQUEUE),), "pending", "")
+    assert not applies(requeued, "node_failure")
+    assert hung_ranks("unknown", ()) == ()
+    assert hung_ranks("hang", (DetectionEvent(RANK_HANG, ranks=(3, 1)),)) == (1, 3)
+    assert hung_ranks("hang", (DetectionEvent(GLOBAL_STALL, ranks=(0, 1)),)) is None
+    kinds = [a.kind for a in as_warm(plain, (3,)).actions]
+    assert kinds == [policy.DUMP_STACKS, policy.KILL_RANKS, policy.WARM_RESTART]
+    assert [a.kind for a in as_warm(plain).actions] == [policy.DUMP_STACKS, policy.WARM_RESTART]

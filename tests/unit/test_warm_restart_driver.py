@@ -101,20 +101,34 @@ def test_which_launches_are_warm(tmp_path: Path) -> None:
 def test_a_killed_rank_on_a_warm_launch_is_chosen_warm_and_the_decision_keeps_its_alert(tmp_path: Path) -> None:
     w, _, record = warm_restarts(tmp_path, [view(0), view(1, alive=False), view(2)])
     interruption, decision = restart_decision()
-    choice = w.choose(launch_of(tmp_path), interruption, decision)
-    assert choice is not None and choice.kind == rule.WARM and choice.replace == (1,)
-    warm = rule.as_warm(decision, choice)
+    kill = w.plan(launch_of(tmp_path), interruption, decision, ())
+    assert kill == ()
+    warm = rule.as_warm(decision, kill)
     assert [a.kind for a in warm.actions] == [policy.ALERT, policy.WARM_RESTART]
-    assert warm.actions[1].target == ("1",) and not record.events
-    assert w.choose(launch_of(tmp_path, warm=False), interruption, decision) is None  # a cold launch: as before
-    assert w.choose(launch_of(tmp_path), *restart_decision("hang")) is None  # the hung rank is alive: cold
+    choice = w.choose(launch_of(tmp_path), interruption)
+    assert choice.kind == rule.WARM and choice.replace == (1,) and not record.events
+    assert w.plan(launch_of(tmp_path, warm=False), interruption, decision, ()) is None  # a cold launch: as before
+
+
+def test_a_hangs_warm_restart_kills_the_hung_rank_alone_and_a_stall_of_everyone_is_cold(tmp_path: Path) -> None:
+    from supervisor.decisions.detect import GLOBAL_STALL, RANK_STOPPED, DetectionEvent
+
+    w, _, _ = warm_restarts(tmp_path, [view(0), view(1, flags=RANK_FLAG_RESTARTABLE), view(2)])
+    interruption, decision = restart_decision("hang")
+    stopped = DetectionEvent(RANK_STOPPED, ranks=(1,), nodes=("n1",))
+    kill = w.plan(launch_of(tmp_path), interruption, decision, (stopped,))
+    assert kill == (1,)
+    warm = rule.as_warm(decision, kill)
+    assert [(a.kind, a.target) for a in warm.actions][1:] == [(policy.KILL_RANKS, ("1",)), (policy.WARM_RESTART, ())]
+    stall = DetectionEvent(GLOBAL_STALL, ranks=(0, 1, 2), nodes=("n0", "n1", "n2"))
+    assert w.plan(launch_of(tmp_path), interruption, decision, (stall,)) is None
 
 
 def test_a_survivor_that_does_not_let_go_in_time_makes_it_cold_and_journals_why(tmp_path: Path) -> None:
     w, _, record = warm_restarts(tmp_path, [view(0), view(1, alive=False), view(2, flags=RANK_FLAG_RESTARTABLE)])
     started = time.monotonic()
-    choice = w.choose(launch_of(tmp_path), *restart_decision())
-    assert choice is not None and choice.kind == rule.COLD and time.monotonic() - started >= 0.3
+    choice = w.choose(launch_of(tmp_path), restart_decision()[0])
+    assert choice.kind == rule.COLD and time.monotonic() - started >= 0.3
     assert record.events[-1]["type"] == "warm_restart_skipped" and "rank 2 did not let go" in record.events[-1]["why"]
 
 
@@ -123,8 +137,8 @@ def test_a_second_fault_before_the_restarted_generation_trained_is_cold(tmp_path
     launch = launch_of(tmp_path)
     w.restart(launch, rule.WarmChoice(rule.WARM, (1,)), RestartOrder(1, {"MASTER_PORT": "1"}))
     channel.table.ranks = [view(0), view(1, pid=555, beats=0), view(2, alive=False)]  # rank 1 never stepped
-    choice = w.choose(launch, *restart_decision())
-    assert choice is not None and choice.kind == rule.COLD and "second fault" in choice.reason
+    choice = w.choose(launch, restart_decision()[0])
+    assert choice.kind == rule.COLD and "second fault" in choice.reason
 
 
 def test_the_order_goes_to_every_node_and_again_until_the_waiting_ranks_took_it(tmp_path: Path) -> None:
