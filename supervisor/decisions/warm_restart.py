@@ -97,10 +97,12 @@ def choose(
 
 
 def survivors_wait(ranks: Sequence[RankView]) -> bool:
-    """Whether a warm launch's watch can end now: a rank is gone and every other already waits for its order (the
-    exit grace that tells a crash from ranks finishing one by one is not needed: the survivors said it failed)."""
+    """Whether a warm launch's watch can end now: every rank still alive waits for its order, because a rank is
+    gone (the exit grace that tells a crash from ranks finishing one by one is not needed: the survivors said it
+    failed) or because the training raised in every rank (a rank's own exception, which its peers' collectives
+    then share: nobody exits, and without this the launch would wait for the ranks to give up)."""
     alive = [r for r in ranks if r.alive]
-    return 0 < len(alive) < len(ranks) and all(r.awaiting for r in alive)
+    return bool(alive) and all(r.awaiting for r in alive)
 
 
 NOT_WARM_CLASSES = frozenset({ev.NUMERICAL})

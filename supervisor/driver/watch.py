@@ -114,7 +114,7 @@ class Watcher:
             ending = self.one_pass(launch, triage, now)
             if ending is not None:
                 return ending
-            if launch.warm and triage.pending and warm_rule.survivors_wait(self.warm_views(launch)):
+            if launch.warm and warm_rule.survivors_wait(self.warm_views(launch)):
                 return WatchResult("detection", detections=triage.with_pending())
             if self.agents.died():
                 self.ctx.guard.call(AGENTS, self.agents.restart, default=None)

@@ -37,27 +37,30 @@ def starts(text: str) -> list[tuple[int, int, int, int]]:
     return [tuple(map(int, m)) for m in re.findall(r"start rank=(\d+) pid=(\d+) generation=(\d+) step=(\d+)", text)]  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("fault", ["kill", "stop"])
+@pytest.mark.parametrize("fault", ["kill", "stop", "raise"])
 def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_their_processes(
     tmp_path: Path, fault: str
 ) -> None:
     out = tmp_path / "final.pt"
-    camp = submit_program(tmp_path, "--out", str(out), steps=STEPS, ckpt_every=5, step_time=0.2, nodes=3,
+    extra = ("--raise-at-step", "12") if fault == "raise" else ()
+    camp = submit_program(tmp_path, "--out", str(out), *extra, steps=STEPS, ckpt_every=5, step_time=0.2, nodes=3,
                           config='[run]\nwarm_restart = "on"\n', program=PROGRAM)  # fmt: skip
     try:
-        wait_printed(camp, 1, 12)
         pids = {r: rank_pid_on(camp, r) for r in range(WORLD)}
-        os.kill(pids[1], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        if fault != "raise":  # (raise: rank 1's training raises a ValueError at step 12 by itself)
+            wait_printed(camp, 1, 12)
+            os.kill(pids[1], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
         ended = wait_for("the campaign to complete", camp.ended, 240)
         assert ended["state"] == "completed", ended
         first, again = launches(camp)
+        replaced = [] if fault == "raise" else [1]  # a rank that raised restarts in its own process too
         assert first.get("warm") is True and "generation" not in first, first
-        assert again["warm"] is True and again["generation"] == 1 and again["replaced_ranks"] == [1], again
+        assert again["warm"] is True and again["generation"] == 1 and again["replaced_ranks"] == replaced, again
         assert again["resume_tier"] == "filesystem" and again["resume_step"] % 5 == 0, again
         skipped = camp.of_type("warm_restart_skipped")
         assert not skipped, skipped
         interruption = camp.of_type("interruption")[0]
-        assert interruption["class"] == ("hang" if fault == "stop" else "unknown"), interruption
+        assert interruption["class"] == {"stop": "hang", "kill": "unknown", "raise": "app_error"}[fault], interruption
         if fault == "stop":  # its stack saved, then it alone killed; the step was not
             kinds = [a["kind"] for a in camp.of_type("action")]
             assert "kill_ranks" in kinds and "kill_step" not in kinds, kinds
@@ -65,12 +68,13 @@ def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_the
         logs = camp.root.glob("logs/*/")
         log_dir = next(d for d in logs if (d / "train-1.log").exists())
         seen = starts((log_dir / "train-1.log").read_text(errors="replace"))
-        for r in (0, 2):  # the survivors: generation 0 and 1 in the same process
+        for r in (0, 2) if fault != "raise" else (0, 1, 2):  # the survivors: generation 0 and 1 in the same process
             assert [(g, s) for rank, pid, g, s in seen if rank == r and pid == pids[r]] == \
                 [(0, 0), (1, again["resume_step"])], seen  # fmt: skip
-        replaced = starts(next(log_dir.glob("train-*-g1-r1.log")).read_text(errors="replace"))
-        assert [(rank, g, s) for rank, _, g, s in replaced] == [(1, 1, again["resume_step"])], replaced
-        assert replaced[0][1] != pids[1]
+        if fault != "raise":
+            started = starts(next(log_dir.glob("train-*-g1-r1.log")).read_text(errors="replace"))
+            assert [(rank, g, s) for rank, _, g, s in started] == [(1, 1, again["resume_step"])], started
+            assert started[0][1] != pids[1]
         want = uninterrupted(tmp_path / "plain")
         got = torch.load(out, weights_only=True)
         assert all(torch.equal(got[k], want[k]) for k in want), "the warm restart changed the training"

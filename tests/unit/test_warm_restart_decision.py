@@ -91,3 +91,21 @@ def test_which_decisions_a_warm_restart_carries_out() -> None:
     kinds = [a.kind for a in as_warm(plain, (3,)).actions]
     assert kinds == [policy.DUMP_STACKS, policy.KILL_RANKS, policy.WARM_RESTART]
     assert [a.kind for a in as_warm(plain).actions] == [policy.DUMP_STACKS, policy.WARM_RESTART]
+
+
+def test_a_warm_launchs_watch_ends_once_every_live_rank_waits() -> None:
+    from supervisor.decisions.warm_restart import survivors_wait
+
+    def v(rank: int, alive: bool, awaiting: bool) -> RankView:
+        return RankView(rank, "n", alive, True, awaiting)
+
+    assert survivors_wait([v(0, True, True), v(1, False, False), v(2, True, True)])  # a rank died, the rest wait
+    assert survivors_wait([v(0, True, True), v(1, True, True)])  # the training raised everywhere: nobody exits
+    assert not survivors_wait([v(0, True, True), v(1, True, False)])  # rank 1 trains (or its death is not seen yet)
+    assert not survivors_wait([v(0, False, False), v(1, False, False)])  # the launch ended: srun's exit says how
+    assert not survivors_wait([])
+
+
+def test_the_training_raising_everywhere_restarts_every_rank_in_its_process() -> None:
+    got = choose(ranks(dead=()), enabled=True, bad_nodes=(), shrinks=False, in_progress=False, waited_s=0)
+    assert (got.kind, got.replace) == (WARM, ())

@@ -10,7 +10,9 @@ Per-parameter all-reduces keep every element's place, so a resumed run is bitwis
 ``train()`` is what any start does: build the process group from the ``env://`` variables, build the model, load
 ``$SUPERVISOR_RESUME_FROM`` (or the newest ``checkpoint-<step>.pt`` in ``--ckpt-dir``), train. Each batch depends
 only on the seed, the step and the rank, so a resumed run trains on exactly the batches an uninterrupted one does.
-Every start prints ``start rank=R pid=P generation=G step=S`` on stderr; rank 0 prints ``step=N loss=X`` per step
+``--raise-at-step N`` (with ``--raise-rank``): once per campaign (a marker file in ``--ckpt-dir``), that rank's
+training raises a ValueError at step N, as a bug in the program would. Every start prints
+``start rank=R pid=P generation=G step=S`` on stderr; rank 0 prints ``step=N loss=X`` per step
 and, at the end, saves the final weights to ``--out``. Rank 0 saves every ``--ckpt-every`` steps (a temporary file
 renamed into place) and all ranks meet at a barrier after it.
 """
@@ -37,6 +39,14 @@ def latest(ckpt_dir: Path) -> Path | None:
     found = [(int(m.group(1)), Path(n)) for n in glob.glob(str(ckpt_dir / "checkpoint-*.pt"))
              if (m := re.search(r"checkpoint-(\d+)\.pt$", n))]  # fmt: skip
     return max(found)[1] if found else None
+
+
+def once(marker: Path) -> bool:
+    try:
+        marker.touch(exist_ok=False)
+        return True
+    except FileExistsError:
+        return False
 
 
 def train(args: argparse.Namespace) -> None:
@@ -67,6 +77,8 @@ def train(args: argparse.Namespace) -> None:
             param.grad /= world
         opt.step()
         client.step(step, loss=float(loss.item()))
+        if step == args.raise_at_step and rank == args.raise_rank and once(ckpt_dir / ".raised"):
+            raise ValueError(f"a bad sample at step {step}")
         if rank == 0:
             print(f"step={step} loss={float(loss.item())!r}", flush=True)
         if step % args.ckpt_every == 0:
@@ -91,6 +103,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--pg-timeout", type=float, default=120.0)
     p.add_argument("--out", required=True)
+    p.add_argument("--raise-at-step", type=int, default=0)
+    p.add_argument("--raise-rank", type=int, default=1)
     args = p.parse_args()
     Path(args.ckpt_dir).mkdir(parents=True, exist_ok=True)
     client.restartable(train)(args)
