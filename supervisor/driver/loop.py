@@ -222,7 +222,8 @@ class Supervisor:
         p.ctx.record({**ev.step_launched(p.ctx.clock(), launch.number, launch.nodes, (), resume),
                       "resume_step": memory_step if memory_step is not None else resume_step, "resume_tier": tier,
                       "master": f"{order.env.get('MASTER_ADDR', '')}:{order.env.get('MASTER_PORT', '')}",
-                      "warm": True, "generation": order.generation, "replaced_ranks": list(choice.replace)})
+                      "warm": True, "generation": order.generation, "replaced_ranks": list(choice.replace),
+                      "log": launch.log_path.name})  # its ranks go on writing the launch's log
         launch.log = launch.reader.from_now()  # the new generation's lines are judged alone
         dead = p.warm.restart(launch, choice, order)
         p.watcher.old_pids.update(dead)  # the replaced ranks' old processes are an earlier launch's
