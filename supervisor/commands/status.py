@@ -149,6 +149,9 @@ def summary_line(summary: dict[str, Any]) -> str:
 
     last = summary.get("last_attempt") or {}
     outcome = (last.get("outcome") or {}).get("class", "running") if last else "-"
+    if last and last.get("generation"):  # restarted warm: the ranks kept their processes
+        outcome += f" (warm restart, generation {last['generation']}, ranks started again: " \
+                   f"{', '.join(map(str, last.get('replaced_ranks') or [])) or 'none'})"  # fmt: skip
     ckpt = summary.get("latest_checkpoint") or {}
     return (f"state {summary['state']}" + (f" ({summary['reason']})" if summary.get("reason") else "")
             + f"  attempts {summary.get('attempts', 0)}  last: {outcome}"

@@ -245,3 +245,23 @@ def test_the_agent_finds_a_rank_started_again_under_its_rank_not_its_task_id() -
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_report_and_status_show_a_warm_restart_and_its_generation() -> None:
+    from supervisor import report_view
+    from supervisor.commands.status import summary_line
+
+    events = [
+        {"v": 1, "t": 1.0, "type": "attempt_started", "job_id": "7", "restart": 0, "nodes": ["n0", "n1"]},
+        {"v": 1, "t": 2.0, "type": "step_launched", "launch": 1, "nodes": ["n0", "n1"], "warm": True},
+        {"v": 1, "t": 9.0, "type": "interruption", "class": "unknown", "blamed_nodes": [], "launch": 1},
+        {"v": 1, "t": 9.1, "type": "step_launched", "launch": 2, "nodes": ["n0", "n1"], "warm": True, "generation": 1,
+         "replaced_ranks": [1], "resume_step": 5, "log": "train-1.log"},
+    ]  # fmt: skip
+    doc = report_view.fold(events, now=10.0)
+    first, again = doc["attempts"]
+    assert "generation" not in first and (again["warm"], again["generation"], again["replaced_ranks"]) == (True, 1, [1])
+    line = summary_line({"state": doc["state"], "attempts": 2, "last_attempt": again})
+    assert "warm restart, generation 1, ranks started again: 1" in line
+    hostile = [*events[:3], {**events[3], "replaced_ranks": 7, "generation": "x"}]
+    assert report_view.fold(hostile, now=10.0)["attempts"][1]["replaced_ranks"] == []
