@@ -114,7 +114,8 @@ class Accounting:
                 "outcome": None,
             }
             if e.get("generation") is not None:  # a warm restart: the same job step, its ranks in a new generation
-                replaced = e.get("replaced_ranks") if isinstance(e.get("replaced_ranks"), list) else []
+                given = e.get("replaced_ranks")
+                replaced: list[Any] = given if isinstance(given, list) else []
                 self.current.update(warm=True, generation=_count(e.get("generation")),
                                     replaced_ranks=[r for r in map(_count, replaced) if r is not None])  # fmt: skip
             self.launches.append(self.current)

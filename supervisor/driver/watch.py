@@ -28,6 +28,7 @@ from supervisor.decisions.detect import (
     GLOBAL_STALL,
     NODE_LOST,
     NODE_SILENT,
+    RANK_EXITED,
     DetectionEvent,
     Detector,
     snapshot_from_live,
@@ -116,6 +117,9 @@ class Watcher:
                 return ending
             if launch.warm and warm_rule.survivors_wait(self.warm_views(launch)):
                 return WatchResult("detection", detections=triage.with_pending())
+            failed = self.replacement_failed(launch)
+            if failed is not None:  # its peers wait for it in the rendezvous: nothing else would end this
+                return WatchResult("detection", detections=triage.with_pending((failed,)))
             if self.agents.died():
                 self.ctx.guard.call(AGENTS, self.agents.restart, default=None)
 
@@ -158,6 +162,17 @@ class Watcher:
         return [warm_rule.RankView(r.rank, r.node, r.state not in procstate.ENDED,
                                    bool(r.rank_flags & RANK_FLAG_RESTARTABLE),
                                    bool(r.rank_flags & RANK_FLAG_AWAITING_RESTART)) for r in self.ranks(launch)]  # fmt: skip
+
+    def replacement_failed(self, launch: Launch) -> DetectionEvent | None:
+        """A rank the last warm restart started again whose srun ended badly before the launch did (the node
+        refused the step, the program died at start): a rank exit the agents may never have seen."""
+        for rep in launch.replaced:
+            code = rep.proc.poll() if rep.generation == launch.generation else None
+            if code:
+                return DetectionEvent(RANK_EXITED, ranks=(rep.rank,), nodes=(rep.node,), metric="exit_code",
+                                      value=float(code), evidence=(f"rank {rep.rank} started again on {rep.node} "
+                                                                   f"(step {rep.name}) ended with code {code}",))  # fmt: skip
+        return None
 
     def generation_code(self, launch: Launch, code: int) -> int:
         """srun's exit code, except after a warm restart: the training step's srun reports the death of the rank

@@ -265,3 +265,20 @@ def test_the_report_and_status_show_a_warm_restart_and_its_generation() -> None:
     assert "warm restart, generation 1, ranks started again: 1" in line
     hostile = [*events[:3], {**events[3], "replaced_ranks": 7, "generation": "x"}]
     assert report_view.fold(hostile, now=10.0)["attempts"][1]["replaced_ranks"] == []
+
+
+def test_a_rank_started_again_that_dies_at_start_ends_the_watch(tmp_path: Path) -> None:
+    """Its peers wait for it in the new rendezvous (the agents may never see it as a rank): the watch ends with
+    its exit, and the next warm choice is cold (the generation never trained)."""
+    launch = launch_of(tmp_path)
+    launch.generation = 1
+    rep = SimpleNamespace(rank=1, node="n1", generation=1, name="train-2-g1-r1", proc=FakeProcess())
+    launch.replaced = [rep]  # type: ignore[list-item]
+    assert Watcher.replacement_failed(SimpleNamespace(), launch) is None  # type: ignore[arg-type]
+    rep.proc.returncode = 0  # ended well: the launch's end says the rest
+    assert Watcher.replacement_failed(SimpleNamespace(), launch) is None  # type: ignore[arg-type]
+    rep.proc.returncode = 1
+    found = Watcher.replacement_failed(SimpleNamespace(), launch)  # type: ignore[arg-type]
+    assert found is not None and found.kind == "rank_exited" and found.ranks == (1,) and "code 1" in found.evidence[0]
+    launch.generation = 2  # an older generation's replacement is history
+    assert Watcher.replacement_failed(SimpleNamespace(), launch) is None  # type: ignore[arg-type]
