@@ -13,7 +13,10 @@ when the supervisor picked a snapshot). Its interpreter, imports and loaded libr
 Letting go matters: the failed process group's sockets must close so that peers still blocked in a collective with
 this rank fail too (gloo: a connection closed) and join the wait. So the exception's traceback (which holds the
 function's frames: the model, the DDP reducer, the process group) is dropped, ``destroy_process_group`` runs and
-the garbage is collected before waiting. No order before the deadline (``SUPERVISOR_RESTART_WAIT_S``, 60 s), or a
+the garbage is collected before waiting. That is not always enough: a gloo group can outlive its destruction
+(seen with a rank whose own code raised: its peers stayed blocked on it until it exited), so the supervisor kills a
+rank that waits while its peers stay stuck (``decisions.warm_restart.holding_back``) and starts it again. No order
+before the deadline (``SUPERVISOR_RESTART_WAIT_S``, 60 s), or a
 supervisor that gives none: the exception is raised again and the process ends as without the wrapper, which the
 supervisor answers with a cold relaunch. ``SystemExit`` and ``KeyboardInterrupt`` are never caught.
 

@@ -105,6 +105,19 @@ def survivors_wait(ranks: Sequence[RankView]) -> bool:
     return bool(alive) and all(r.awaiting for r in alive)
 
 
+HOLD_BACK_GRACE_S = 5.0  # peers blocked on a waiting rank fail within a second when its group really closed
+
+
+def holding_back(ranks: Sequence[RankView], stuck_s: float, grace_s: float = HOLD_BACK_GRACE_S) -> tuple[int, ...]:
+    """The waiting ranks to kill so that their peers' collectives fail: some ranks wait for their order while
+    others, alive, neither step nor wait (``stuck_s``: for how long); a waiting rank's failed group may still hold
+    its connections open, and only its process's end closes them for sure. () while within ``grace_s`` or when
+    nobody waits."""
+    waiting = tuple(sorted(r.rank for r in ranks if r.alive and r.awaiting))
+    others = [r for r in ranks if r.alive and not r.awaiting]
+    return waiting if waiting and others and stuck_s >= grace_s else ()
+
+
 NOT_WARM_CLASSES = frozenset({ev.NUMERICAL})
 
 

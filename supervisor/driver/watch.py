@@ -47,6 +47,7 @@ from supervisor.driver.notify import Notifier
 from supervisor.driver.ports import Channel
 from supervisor.driver.stall_probe import StallProbe
 from supervisor.driver.straggler_swap import SwapJudge
+from supervisor.heartbeat import wire
 
 CHECKPOINT_SCAN_S = 5.0  # how often the checkpoint directory is looked at for new valid checkpoints
 TIMEOUTS_JOURNAL_S = 600.0  # learned timeouts are journaled this often (and whenever a launch ends)
@@ -75,6 +76,8 @@ class Watcher:
         self.stall = stall  # names the rank a stall waits for from the stacks of ranks past their own timeout
         self.held: tuple[DetectionEvent, ...] | None = None  # a global stall held while the stall probe reads stacks
         self.swap = swap  # whether a straggler warning is worth swapping its node for a spare now
+        self.stuck_since: float | None = None  # a warm launch: since when some ranks wait while others are stuck
+        self.released: set[int] = set()  # ranks killed because they held their peers back (once per watch)
 
     def forget_ranks(self) -> None:
         """Called before a new launch: the ranks now in the table belong to earlier launches."""
@@ -84,6 +87,7 @@ class Watcher:
         next_eval = next_scan = next_timeouts = 0.0
         triage = Triage(launch.worker_restarts, self.detector.config.hang.finish_allowance_s)
         self.held = None
+        self.stuck_since, self.released = None, set()
         if self.stall is not None:
             self.stall.reset()
         self.interrupts.watching()
@@ -115,8 +119,11 @@ class Watcher:
             ending = self.one_pass(launch, triage, now)
             if ending is not None:
                 return ending
-            if launch.warm and warm_rule.survivors_wait(self.warm_views(launch)):
-                return WatchResult("detection", detections=triage.with_pending())
+            if launch.warm:
+                views = self.warm_views(launch)
+                if warm_rule.survivors_wait(views):
+                    return WatchResult("detection", detections=triage.with_pending())
+                self.release_held_back(launch, views, now)
             failed = self.replacement_failed(launch)
             if failed is not None:  # its peers wait for it in the rendezvous: nothing else would end this
                 return WatchResult("detection", detections=triage.with_pending((failed,)))
@@ -162,6 +169,23 @@ class Watcher:
         return [warm_rule.RankView(r.rank, r.node, r.state not in procstate.ENDED,
                                    bool(r.rank_flags & RANK_FLAG_RESTARTABLE),
                                    bool(r.rank_flags & RANK_FLAG_AWAITING_RESTART)) for r in self.ranks(launch)]  # fmt: skip
+
+    def release_held_back(self, launch: Launch, views: list[warm_rule.RankView], now: float) -> None:
+        """Ranks waiting for their order while their peers stay stuck (``warm_rule.holding_back``): killed by their
+        agents, once, so the peers' collectives fail; the warm restart then starts them again."""
+        stuck = any(v.awaiting for v in views) and any(v.alive and not v.awaiting for v in views)
+        self.stuck_since = (self.stuck_since or now) if stuck else None
+        kill = warm_rule.holding_back(views, now - self.stuck_since if self.stuck_since is not None else 0.0)
+        kill = tuple(r for r in kill if r not in self.released)
+        if not kill:
+            return
+        self.released.update(kill)
+        self.ctx.record(ev.action_event(self.ctx.clock(), "kill_ranks", None, tuple(map(str, kill)),
+                                        "waiting for the restart order while their peers stay in a collective with "
+                                        "them: their process's end closes the connections", {}))  # fmt: skip
+        nodes = {v.rank: v.node for v in views}
+        for node in sorted({nodes[r] for r in kill}):
+            self.channel.send(node, [wire.Command(wire.CMD_KILL_RANK, r) for r in kill if nodes[r] == node])
 
     def replacement_failed(self, launch: Launch) -> DetectionEvent | None:
         """A rank the last warm restart started again whose srun ended badly before the launch did (the node

@@ -106,6 +106,19 @@ def test_a_warm_launchs_watch_ends_once_every_live_rank_waits() -> None:
     assert not survivors_wait([])
 
 
+def test_a_waiting_rank_whose_peers_stay_stuck_is_killed_after_a_grace() -> None:
+    from supervisor.decisions.warm_restart import holding_back
+
+    def v(rank: int, alive: bool, awaiting: bool) -> RankView:
+        return RankView(rank, "n", alive, True, awaiting)
+
+    stuck = [v(0, True, False), v(1, True, True), v(2, True, False)]
+    assert holding_back(stuck, stuck_s=1.0) == ()  # peers fail within a second when its group really closed
+    assert holding_back(stuck, stuck_s=6.0) == (1,)
+    assert holding_back([v(0, True, True), v(1, False, False)], stuck_s=60.0) == ()  # a dead peer: nobody stuck
+    assert holding_back([v(0, True, False), v(1, True, False)], stuck_s=60.0) == ()  # a hang: nobody waits
+
+
 def test_the_training_raising_everywhere_restarts_every_rank_in_its_process() -> None:
     got = choose(ranks(dead=()), enabled=True, bad_nodes=(), shrinks=False, in_progress=False, waited_s=0)
     assert (got.kind, got.replace) == (WARM, ())
