@@ -17,7 +17,8 @@ the garbage is collected before waiting. That is not always enough: a gloo group
 (seen with a rank whose own code raised: its peers stayed blocked on it until it exited), so the supervisor kills a
 rank that waits while its peers stay stuck (``decisions.warm_restart.holding_back``) and starts it again. No order
 before the deadline (``SUPERVISOR_RESTART_WAIT_S``, 60 s), or a
-supervisor that gives none: the exception is raised again and the process ends as without the wrapper, which the
+supervisor that gives none, or a stop request (SIGTERM, the supervisor's stop flag) while waiting: the exception is
+raised again and the process ends as without the wrapper, which the
 supervisor answers with a cold relaunch. ``SystemExit`` and ``KeyboardInterrupt`` are never caught.
 
 Stdlib only; torch.distributed is used only when the program already imported it.
@@ -129,6 +130,9 @@ def _wait_for_order(bound: tuple[Any, Any], failure: BaseException) -> RestartOr
             order = read_order(slot_dir)
             if order is not None and order.generation > current:
                 return order
+            if api.should_stop():  # the job is being stopped (preemption, cancel, SIGTERM): no restart is coming
+                _say("asked to stop while waiting for a restart order: the process ends")
+                return None
             time.sleep(POLL_S)
         _say(f"no restart order within {wait_s:g} s: the process ends (the supervisor relaunches it)")
         return None

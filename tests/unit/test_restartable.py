@@ -141,3 +141,26 @@ def test_exits_and_interrupts_are_never_caught(warm: Path, exc: BaseException) -
     with pytest.raises(type(exc)):
         train()
     assert time.monotonic() - started < 5
+
+
+def test_a_stop_request_while_waiting_ends_the_wait_at_once(warm: Path) -> None:
+    """Preemption or a cancel while the ranks wait for their order: no restart is coming, the process must end
+    (and Slurm's SIGKILL after KillWait must not be what ends it)."""
+
+    @client.restartable
+    def train() -> None:
+        client.step(3)
+        raise ConnectionError("peer gone")
+
+    def stop_it() -> None:
+        assert _wait_for_flag(warm, S.RANK_FLAG_AWAITING_RESTART)
+        with S.open_slot_for_reading(S.slot_path(warm, 0)) as reader:
+            assert reader.set_control_flags(S.FLAG_STOP)
+
+    helper = threading.Thread(target=stop_it)
+    helper.start()
+    started = time.monotonic()
+    with pytest.raises(ConnectionError):
+        train()  # the fixture's wait is 20 s
+    helper.join()
+    assert time.monotonic() - started < 10
