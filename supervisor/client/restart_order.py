@@ -40,6 +40,10 @@ ORDER_ENV = frozenset({
 })  # fmt: skip
 
 
+# A standby process taking over a rank (client/standby.py) also gets the rank's identity.
+ASSIGN_ENV = ORDER_ENV | frozenset({"RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE"})
+
+
 class OrderError(ValueError):
     """A restart order that is not one (malformed, too big, a name it may not set)."""
 
@@ -63,8 +67,9 @@ def order_path(slot_dir: str | os.PathLike[str]) -> Path:
     return Path(slot_dir) / ORDER_FILE
 
 
-def parse_order(data: bytes) -> RestartOrder:
-    """The order in ``data`` (the file's bytes); :class:`OrderError` names what is wrong."""
+def parse_order(data: bytes, allowed: frozenset[str] = ORDER_ENV) -> RestartOrder:
+    """The order in ``data`` (the file's bytes); :class:`OrderError` names what is wrong. ``allowed``: the
+    variables it may set (:data:`ASSIGN_ENV` for a standby's assignment)."""
     if len(data) > MAX_ORDER_BYTES:
         raise OrderError(f"restart order of {len(data)} bytes (at most {MAX_ORDER_BYTES})")
     try:
@@ -82,7 +87,7 @@ def parse_order(data: bytes) -> RestartOrder:
     if not isinstance(env, dict):
         raise OrderError("restart order's env is not an object")
     for name, value in env.items():
-        if name not in ORDER_ENV:
+        if name not in allowed:
             raise OrderError(f"restart order may not set {name!r}")
         if value is not None and (
             not isinstance(value, str) or len(value) > MAX_VALUE_CHARS or "\0" in value
@@ -93,31 +98,32 @@ def parse_order(data: bytes) -> RestartOrder:
     return RestartOrder(generation, dict(env))
 
 
-def read_order(slot_dir: str | os.PathLike[str]) -> RestartOrder | None:
-    """The order in the slot directory, or None when there is none or it cannot be read as one (a rank waits on,
-    and gives up at its deadline: a bad order is no order)."""
+def read_order(slot_dir: str | os.PathLike[str], name: str = ORDER_FILE,
+               allowed: frozenset[str] = ORDER_ENV) -> RestartOrder | None:  # fmt: skip
+    """The order in the slot directory (``name``: a standby's assignment file), or None when there is none or it
+    cannot be read as one (a rank waits on, and gives up at its deadline: a bad order is no order)."""
     try:
-        with open(order_path(slot_dir), "rb") as f:  # noqa: PTH123 - the bytes, bounded
+        with open(Path(slot_dir) / name, "rb") as f:  # noqa: PTH123 - the bytes, bounded
             data = f.read(MAX_ORDER_BYTES + 1)
-        return parse_order(data)
+        return parse_order(data, allowed)
     except (OSError, OrderError):
         return None
 
 
-def encode_order(order: RestartOrder) -> bytes:
+def encode_order(order: RestartOrder, allowed: frozenset[str] = ORDER_ENV) -> bytes:
     """The file's bytes for ``order`` (checked: what :func:`parse_order` refuses is never written)."""
-    data = json.dumps(
-        {"v": ORDER_VERSION, "generation": order.generation, "env": order.env}, sort_keys=True
-    ).encode()
-    parse_order(data)
+    data = json.dumps({"v": ORDER_VERSION, "generation": order.generation, "env": order.env}, sort_keys=True).encode()
+    parse_order(data, allowed)
     return data
 
 
-def write_order(slot_dir: str | os.PathLike[str], order: RestartOrder) -> Path:
-    """Write ``order`` into the slot directory atomically (0600): a rank never reads half an order."""
-    data = encode_order(order)
-    target = order_path(slot_dir)
-    tmp = target.with_name(f".{ORDER_FILE}.{os.getpid()}.tmp")
+def write_order(slot_dir: str | os.PathLike[str], order: RestartOrder, name: str = ORDER_FILE,
+                allowed: frozenset[str] = ORDER_ENV) -> Path:  # fmt: skip
+    """Write ``order`` into the slot directory atomically (0600) as ``name`` (a standby's assignment file: the rank's
+    identity ``allowed`` too): a rank never reads half an order."""
+    data = encode_order(order, allowed)
+    target = Path(slot_dir) / name
+    tmp = target.with_name(f".{name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, data)

@@ -129,3 +129,67 @@ def test_the_survivors_restart_in_their_processes_and_train_bitwise_as_uninterru
     got = torch.load(tmp / "final.pt", weights_only=True)
     assert got.keys() == expected.keys()
     assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_a_standby_process_takes_over_the_dead_rank(tmp_path: Path, expected: dict[str, torch.Tensor]) -> None:
+    """A standby (``python -m supervisor.client.standby -- SCRIPT ARGS``: interpreter up, torch imported, waiting)
+    is assigned the killed rank's identity and runs the program in its own process; nobody else is started."""
+    from supervisor.client.restart_order import ASSIGN_ENV
+    from supervisor.client.standby import assign_name, ready_name
+
+    slot_dir = tmp_path / "slots"
+    slot_dir.mkdir(mode=0o700)
+    env = {**base_env(tmp_path, free_port()), "SUPERVISOR_SLOT_DIR": str(slot_dir), ENV_WARM: "1"}
+    procs = {r: start_rank(r, env, tmp_path, "g0") for r in range(WORLD)}
+    args = ["--steps", str(STEPS), "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "final.pt")]
+    standby_env = {k: v for k, v in env.items() if k not in ("RANK",)}
+    with open(tmp_path / "standby.err", "wb") as err:
+        standby = subprocess.Popen([sys.executable, "-m", "supervisor.client.standby", "--", str(PROGRAM), *args],
+                                   env={**standby_env, "SUPERVISOR_STANDBY": "s1", "SUPERVISOR_HELPER_STEP": "standby"},
+                                   stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)  # fmt: skip
+    try:
+        wait_for("the standby to be ready", lambda: (slot_dir / ready_name("s1")).exists())
+        wait_for("step 12 on every rank", lambda: all((rec := slot_record(slot_dir, r)) is not None and rec.step >= 12
+                                                      for r in range(WORLD)))  # fmt: skip
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait(timeout=30)
+        wait_for("the survivors to wait", lambda: all(slot_record(slot_dir, r).rank_flags & S.RANK_FLAG_AWAITING_RESTART
+                                                      for r in (0, 2)), timeout_s=60)  # fmt: skip
+        newest = max((tmp_path / "ckpt").glob("checkpoint-*.pt"), key=lambda p: int(re.findall(r"\d+", p.name)[0]))
+        moved = {"MASTER_PORT": str(free_port()), "SUPERVISOR_RESUME_FROM": str(newest)}
+        write_order(slot_dir, RestartOrder(1, moved))
+        write_order(slot_dir, RestartOrder(1, {**moved, "RANK": "1", "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1"}),
+                    name=assign_name("s1"), allowed=ASSIGN_ENV)  # fmt: skip
+        wait_all({0: procs[0], 2: procs[2], 1: standby}, tmp_path)
+    finally:
+        for p in (*procs.values(), standby):
+            if p.poll() is None:
+                p.kill()
+    resumed_at = int(re.findall(r"\d+", newest.name)[0])
+    took_over = re.findall(r"start rank=(\d+) pid=(\d+) generation=(\d+) step=(\d+)", (tmp_path / "standby.err").read_text())
+    assert took_over == [("1", str(standby.pid), "1", str(resumed_at))]
+    assert not (slot_dir / ready_name("s1")).exists()
+    got = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_a_standby_leaves_quietly_when_the_job_ends(tmp_path: Path) -> None:
+    from supervisor.client.standby import ready_name
+
+    slot_dir = tmp_path / "slots"
+    slot_dir.mkdir(mode=0o700)
+    env = {**base_env(tmp_path, free_port()), "SUPERVISOR_SLOT_DIR": str(slot_dir), "SUPERVISOR_STANDBY": "s2"}
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor.client.standby", "--preload", "json", "--", "nothing.py"],
+                            env=env, cwd=ROOT)  # fmt: skip
+    try:
+        wait_for("the standby to be ready", lambda: (slot_dir / ready_name("s2")).exists())
+        for f in slot_dir.iterdir():
+            f.unlink()
+        slot_dir.rmdir()  # the agent removes the slot directory when the job ends
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    bad = subprocess.run([sys.executable, "-m", "supervisor.client.standby", "--", "x.py"], env=base_env(tmp_path, 1),
+                         cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "SUPERVISOR_STANDBY" in bad.stderr

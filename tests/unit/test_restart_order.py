@@ -118,3 +118,16 @@ def test_any_json_parses_to_a_checked_order_or_raises_order_error(doc: dict[str,
     environ: dict[str, str] = {}
     order.apply(environ)
     assert os.environ is not environ and environ[ENV_GENERATION] == str(order.generation)
+
+
+def test_a_standbys_assignment_may_set_the_ranks_identity_a_restart_order_may_not(tmp_path: Path) -> None:
+    from supervisor.client.restart_order import ASSIGN_ENV
+
+    identity = RestartOrder(2, {"RANK": "5", "LOCAL_RANK": "1", "MASTER_PORT": "24000"})
+    with pytest.raises(OrderError, match="may not set 'LOCAL_RANK'|may not set 'RANK'"):
+        write_order(tmp_path, identity)
+    path = write_order(tmp_path, identity, name="standby-s1.assign", allowed=ASSIGN_ENV)
+    assert path.name == "standby-s1.assign" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_order(tmp_path, "standby-s1.assign", ASSIGN_ENV) == identity
+    assert read_order(tmp_path, "standby-s1.assign") is None  # read as a restart order: refused
+    assert not {"LD_PRELOAD", "PATH", "PYTHONPATH", "SUPERVISOR_SLOT_DIR"} & ASSIGN_ENV
