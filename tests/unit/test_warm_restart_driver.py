@@ -282,3 +282,26 @@ def test_a_rank_started_again_that_dies_at_start_ends_the_watch(tmp_path: Path) 
     assert found is not None and found.kind == "rank_exited" and found.ranks == (1,) and "code 1" in found.evidence[0]
     launch.generation = 2  # an older generation's replacement is history
     assert Watcher.replacement_failed(SimpleNamespace(), launch) is None  # type: ignore[arg-type]
+
+
+def test_a_waiting_rank_that_holds_its_peers_back_is_killed_once_after_the_grace(tmp_path: Path) -> None:
+    """Rank 1 waits for its order while ranks 0 and 2, alive, are stuck on it: after the grace its agent is told to
+    kill it, once, and the kill is journaled with the reason."""
+    from supervisor.heartbeat import wire
+
+    channel, record = FakeChannel("7"), Recorded()
+    watcher = SimpleNamespace(stuck_since=None, released=set(), channel=channel, ctx=Context.of(record))
+    views = [rule.RankView(0, "n0", True, True, False), rule.RankView(1, "n1", True, True, True),
+             rule.RankView(2, "n2", True, True, False)]  # fmt: skip
+    launch = launch_of(tmp_path)
+    Watcher.release_held_back(watcher, launch, views, now=100.0)  # type: ignore[arg-type]
+    Watcher.release_held_back(watcher, launch, views, now=103.0)  # type: ignore[arg-type]
+    assert not channel.sent and not record.events  # within the grace
+    Watcher.release_held_back(watcher, launch, views, now=105.5)  # type: ignore[arg-type]
+    Watcher.release_held_back(watcher, launch, views, now=107.0)  # type: ignore[arg-type]
+    assert [(node, [(c.command, c.rank) for c in cmds]) for node, cmds in channel.sent] == \
+        [("n1", [(wire.CMD_KILL_RANK, 1)])]  # fmt: skip
+    assert [e["kind"] for e in record.events] == ["kill_ranks"] and record.events[0]["target"] == ["1"]
+    moving = [rule.RankView(0, "n0", True, True, False), rule.RankView(1, "n1", True, True, False)]
+    Watcher.release_held_back(watcher, launch, moving, now=200.0)  # type: ignore[arg-type]
+    assert watcher.stuck_since is None  # nobody waits: the clock starts again
