@@ -9,6 +9,7 @@ holding the slot directory, so it needs authenticated keepalives (every ~2 s) an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import secrets
@@ -36,8 +37,9 @@ from supervisor.agent.sampler import RankSlots
 from supervisor.agent.slotdir import make_slot_dir
 from supervisor.agent.stacks import StackDumps, send_checked
 from supervisor.checkpoint.memory import MEMORY_DIR_ENV
-from supervisor.client.restart_order import write_order
+from supervisor.client.restart_order import ASSIGN_ENV, write_order
 from supervisor.client.slot import check_slot_dir
+from supervisor.client.standby import assign_name
 from supervisor.errors import ConfigError, SupervisorError, UsageError
 from supervisor.heartbeat import wire
 from supervisor.heartbeat.orders import OrderError, Orders, parse_orders
@@ -193,7 +195,18 @@ class Agent:
                 self.counters["restart_order_errors"] += 1
                 print(f"supervisor agent: cannot write the restart order into {self.slot_dir}: {err}",
                       file=sys.stderr, flush=True)  # fmt: skip
-            if orders == Orders(restart=orders.restart):
+        if orders.assign is not None:  # a standby on this node takes over a rank
+            standby, assignment = orders.assign
+            try:
+                write_order(self.slot_dir, assignment, name=assign_name(standby), allowed=ASSIGN_ENV)
+                self.counters["standby_assignments"] += 1
+            except OSError as err:
+                self.counters["standby_assignment_errors"] += 1
+                print(f"supervisor agent: cannot write standby {standby}'s assignment: {err}", file=sys.stderr,
+                      flush=True)  # fmt: skip
+        if orders.restart is not None or orders.assign is not None:
+            orders = dataclasses.replace(orders, restart=None, assign=None)
+            if orders == Orders():  # nothing for the memory tier in it
                 return
         if self.memory is None:
             self.counters["orders_without_memory"] += 1

@@ -3,7 +3,8 @@ tier's buddy (where this node's new shards are copied) and shard copies before a
 ``rank``'s shard of ``step`` to the node it will run on), the flush of a snapshot to the filesystem before the
 job stops (``flush``: copy these shards into that directory), and the restart order for ranks restarting in their
 processes (``restart``: the generation and the variables it changes, written into the slot directory as
-``client.restart_order`` reads it). Parsing is total: anything not exactly this shape raises
+``client.restart_order`` reads it), and a standby rank's assignment (``assign``: the rank it takes over,
+``client.standby``). Parsing is total: anything not exactly this shape raises
 :class:`OrderError` and is counted, never obeyed."""
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Orders:
     fetches: tuple[Fetch, ...] = ()
     flush: Flush | None = None
     restart: restart_order.RestartOrder | None = None
+    assign: tuple[str, restart_order.RestartOrder] | None = None  # (standby id, its assignment)
 
 
 def _peer(doc: object) -> Peer:
@@ -71,7 +73,7 @@ def parse_orders(text: str) -> Orders:
         doc = json.loads(text)
     except (ValueError, RecursionError):
         raise OrderError("json") from None
-    if not isinstance(doc, dict) or not doc or set(doc) - {"buddy", "fetch", "flush", "restart"}:
+    if not isinstance(doc, dict) or not doc or set(doc) - {"buddy", "fetch", "flush", "restart", "assign"}:
         raise OrderError("keys")
     buddy, no_buddy = None, False
     if "buddy" in doc:
@@ -91,7 +93,24 @@ def parse_orders(text: str) -> Orders:
             raise OrderError("fetch")
         fetches.append(Fetch(_peer(item["to"]), step, rank))
     return Orders(buddy, no_buddy, tuple(fetches), _flush(doc["flush"]) if "flush" in doc else None,
-                  _restart(doc["restart"]) if "restart" in doc else None)  # fmt: skip
+                  _restart(doc["restart"]) if "restart" in doc else None,
+                  _assign(doc["assign"]) if "assign" in doc else None)  # fmt: skip
+
+
+def _assign(doc: object) -> tuple[str, restart_order.RestartOrder]:
+    """A standby's assignment: its id (a file name part) and the order, the rank's identity allowed."""
+    if not isinstance(doc, dict) or set(doc) != {"standby", "generation", "env"}:
+        raise OrderError("assign")
+    standby = doc["standby"]
+    if not isinstance(standby, str) or not 0 < len(standby) <= 64 or \
+            not standby.replace("-", "").replace("_", "").isalnum() or not standby.isascii():  # fmt: skip
+        raise OrderError("assign standby")
+    try:
+        order = restart_order.parse_order(json.dumps({"v": restart_order.ORDER_VERSION, "generation": doc["generation"],
+                                                      "env": doc["env"]}).encode(), restart_order.ASSIGN_ENV)  # fmt: skip
+    except restart_order.OrderError:
+        raise OrderError("assign") from None
+    return standby, order
 
 
 def _restart(doc: object) -> restart_order.RestartOrder:
@@ -147,3 +166,8 @@ def flush_order(directory: str, shards: list[tuple[int, int, str]]) -> str:
 
 def restart_order_text(order: restart_order.RestartOrder) -> str:
     return json.dumps({"restart": {"generation": order.generation, "env": order.env}}, separators=(",", ":"))
+
+
+def assign_order_text(standby: str, order: restart_order.RestartOrder) -> str:
+    return json.dumps({"assign": {"standby": standby, "generation": order.generation, "env": order.env}},
+                      separators=(",", ":"))  # fmt: skip

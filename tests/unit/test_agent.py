@@ -269,3 +269,27 @@ def test_the_agent_kills_one_hung_rank_when_asked_and_never_every_rank_at_once(t
             p.kill()
             p.wait()
         agent.close()
+
+
+def test_a_standbys_assignment_is_written_for_it_and_a_bad_id_or_variable_is_refused(tmp_path: Path) -> None:
+    from supervisor.client.restart_order import ASSIGN_ENV
+    from supervisor.heartbeat.orders import assign_order_text
+
+    agent = _agent(tmp_path)
+
+    def order(seq: int, text: str) -> bytes:
+        return wire.encode_order(KEY, instance=11, seq=seq, wall_ns=time.time_ns(), mono_ns=0, job="9", node="n1",
+                                 text=text)  # fmt: skip
+
+    try:
+        wanted = RestartOrder(1, {"RANK": "3", "LOCAL_RANK": "1", "MASTER_PORT": "24002"})
+        agent.handle(order(1, '{"assign":{"standby":"../x","generation":1,"env":{}}}'))
+        agent.handle(order(2, '{"assign":{"standby":"s1","generation":1,"env":{"PYTHONPATH":"/tmp"}}}'))
+        assert not list(agent.slot_dir.glob("standby-*"))
+        agent.handle(order(3, assign_order_text("s1", wanted)))
+        assert read_order(agent.slot_dir, "standby-s1.assign", ASSIGN_ENV) == wanted
+        assert read_order(agent.slot_dir) is None  # not a restart order for the ranks
+        assert agent.counters["standby_assignments"] == 1 and agent.counters["orders_without_memory"] == 0
+        assert agent.counters["rejected_order_assign standby"] == 1 and agent.counters["rejected_order_assign"] == 1
+    finally:
+        agent.close()
