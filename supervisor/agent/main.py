@@ -9,7 +9,6 @@ holding the slot directory, so it needs authenticated keepalives (every ~2 s) an
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import secrets
@@ -32,14 +31,13 @@ from supervisor.agent.failsafe import Failsafe
 from supervisor.agent.health_thread import HealthThread, health_from_args
 from supervisor.agent.memory_thread import make_store
 from supervisor.agent.memory_tier import MemoryTier
+from supervisor.agent.rank_orders import kill_rank, write_rank_orders
 from supervisor.agent.replication_wire import replication_key
 from supervisor.agent.sampler import RankSlots
 from supervisor.agent.slotdir import make_slot_dir
-from supervisor.agent.stacks import StackDumps, send_checked
+from supervisor.agent.stacks import StackDumps
 from supervisor.checkpoint.memory import MEMORY_DIR_ENV
-from supervisor.client.restart_order import ASSIGN_ENV, write_order
 from supervisor.client.slot import check_slot_dir
-from supervisor.client.standby import assign_name
 from supervisor.errors import ConfigError, SupervisorError, UsageError
 from supervisor.heartbeat import wire
 from supervisor.heartbeat.orders import OrderError, Orders, parse_orders
@@ -157,26 +155,11 @@ class Agent:
                 if self.memory is not None:
                     self.memory.request()
             elif cmd.command == wire.CMD_KILL_RANK and cmd.rank != wire.ALL_RANKS:
-                self._kill_rank(cmd.rank)
+                kill_rank(self.slots, cmd.rank, self.counters)
             elif cmd.command == wire.CMD_EXIT:
                 self.stop_reason = "the supervisor asked the agent to exit"
         if events:
             self.send_events(events)
-
-    def _kill_rank(self, rank: int) -> None:
-        """SIGKILL one rank (a hung one, so that its peers' collectives fail and they restart warm), checked to be
-        the process the rank is (a recycled pid is never signalled); a stopped process dies of SIGKILL too."""
-        rec = self.slots.records.get(rank)
-        pid = rec.pid if rec is not None else self.slots.slotless.get(rank)
-        started_by = rec.start_wall_ns / 1e9 if rec is not None and rec.start_wall_ns > 0 else \
-            self.slots.slotless_since.get(rank)  # fmt: skip
-        if not pid or pid <= 0:
-            self.counters["kill_rank_unknown"] += 1
-            return
-        why = send_checked(pid, signal.SIGKILL, started_by)
-        self.counters["kill_rank_failed" if why else "kill_rank"] += 1
-        if why:
-            print(f"supervisor agent: rank {rank} not killed: {why}", file=sys.stderr, flush=True)
 
     def _obey(self, text: str) -> None:
         """An order of the memory tier (its buddy, shard copies); one that does not parse is counted, not obeyed."""
@@ -187,25 +170,8 @@ class Agent:
             print(f"supervisor agent: an authenticated order that is not one of ours ({err}) was ignored",
                   file=sys.stderr, flush=True)  # fmt: skip
             return
-        if orders.restart is not None:  # for the ranks restarting in their processes: no memory tier needed
-            try:
-                write_order(self.slot_dir, orders.restart)
-                self.counters["restart_orders"] += 1
-            except OSError as err:
-                self.counters["restart_order_errors"] += 1
-                print(f"supervisor agent: cannot write the restart order into {self.slot_dir}: {err}",
-                      file=sys.stderr, flush=True)  # fmt: skip
-        if orders.assign is not None:  # a standby on this node takes over a rank
-            standby, assignment = orders.assign
-            try:
-                write_order(self.slot_dir, assignment, name=assign_name(standby), allowed=ASSIGN_ENV)
-                self.counters["standby_assignments"] += 1
-            except OSError as err:
-                self.counters["standby_assignment_errors"] += 1
-                print(f"supervisor agent: cannot write standby {standby}'s assignment: {err}", file=sys.stderr,
-                      flush=True)  # fmt: skip
         if orders.restart is not None or orders.assign is not None:
-            orders = dataclasses.replace(orders, restart=None, assign=None)
+            orders = write_rank_orders(self.slot_dir, orders, self.counters)
             if orders == Orders():  # nothing for the memory tier in it
                 return
         if self.memory is None:
