@@ -30,7 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
+from supervisor import procstate
+from supervisor.client.layout import RANK_FLAG_AWAITING_RESTART, RANK_FLAG_RESTARTABLE
 from supervisor.decisions import events as ev
 from supervisor.decisions import policy
 from supervisor.decisions.detect.findings import RANK_HANG, RANK_STOPPED, DetectionEvent
@@ -94,6 +97,12 @@ def choose(
         return WarmChoice(COLD, reason=f"rank {holding[0]} did not let go of the failed process group within "
                                        f"{release_deadline_s:g} s")  # fmt: skip
     return WarmChoice(WARM, replace=replace, reason=f"{len(keep)} of {len(ranks)} ranks keep their processes")
+
+
+def views_of(ranks: Iterable[Any]) -> list[RankView]:
+    """The rule's view of the agents' rank reports (``heartbeat.table.RankView``: state and slot flags)."""
+    return [RankView(r.rank, r.node, r.state not in procstate.ENDED, bool(r.rank_flags & RANK_FLAG_RESTARTABLE),
+                     bool(r.rank_flags & RANK_FLAG_AWAITING_RESTART)) for r in ranks]  # fmt: skip
 
 
 def survivors_wait(ranks: Sequence[RankView]) -> bool:

@@ -24,8 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from supervisor import procstate
-from supervisor.client.layout import RANK_FLAG_AWAITING_RESTART, RANK_FLAG_RESTARTABLE
+from supervisor.client.layout import RANK_FLAG_RESTARTABLE
 from supervisor.client.restart_order import RestartOrder
 from supervisor.decisions import events as ev
 from supervisor.decisions import warm_restart as rule
@@ -67,9 +66,7 @@ class WarmRestarts:
             self.seen_restartable = True
 
     def views(self, launch: Launch) -> list[rule.RankView]:
-        return [rule.RankView(r.rank, r.node, r.state not in procstate.ENDED,
-                              bool(r.rank_flags & RANK_FLAG_RESTARTABLE),
-                              bool(r.rank_flags & RANK_FLAG_AWAITING_RESTART)) for r in self.ranks_of(launch)]  # fmt: skip
+        return rule.views_of(self.ranks_of(launch))
 
     def plan(self, launch: Launch, interruption: Interruption, decision: Decision,
              detections: Sequence[DetectionEvent]) -> tuple[int, ...] | None:  # fmt: skip

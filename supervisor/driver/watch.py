@@ -17,9 +17,7 @@ from typing import Any, Protocol
 
 from supervisor import procstate
 from supervisor.client.layout import (
-    RANK_FLAG_AWAITING_RESTART,
     RANK_FLAG_EXITING,
-    RANK_FLAG_RESTARTABLE,
     RANK_FLAG_RETURNED,
 )
 from supervisor.decisions import events as ev
@@ -166,9 +164,7 @@ class Watcher:
         return None
 
     def warm_views(self, launch: Launch) -> list[warm_rule.RankView]:
-        return [warm_rule.RankView(r.rank, r.node, r.state not in procstate.ENDED,
-                                   bool(r.rank_flags & RANK_FLAG_RESTARTABLE),
-                                   bool(r.rank_flags & RANK_FLAG_AWAITING_RESTART)) for r in self.ranks(launch)]  # fmt: skip
+        return warm_rule.views_of(self.ranks(launch))
 
     def release_held_back(self, launch: Launch, views: list[warm_rule.RankView], now: float) -> None:
         """Ranks waiting for their order while their peers stay stuck (``warm_rule.holding_back``): killed by their
