@@ -15,8 +15,9 @@ Figures (the example training, 2 nodes x 1 rank, gloo on CPU):
      spare: the agents' failsafe requeues; also the time nothing supervised the job).
   M. the memory tier (issue 27): rank SIGKILL and node crash with a spare, memory tier on vs off, DCP every 50
      steps: steps lost and seconds until training is past the pre-fault step again (`--only memory`).
-  W. warm restart (issue 23): rank SIGKILL of the example with --restartable, [run] warm_restart on vs off: steps
-     lost, seconds until the first step after the fault and until past the pre-fault step again (`--only warm`).
+  W. warm restart (issue 23): rank SIGKILL of the example with --restartable: warm with a standby taking the rank,
+     warm starting it as a new step, cold relaunch: steps lost, seconds until the first step after the fault and
+     until past the pre-fault step again (`--only warm`).
 Each prints seconds and the ratio baseline / supervised. Goals: A <= 10 s, B <= 20 s; C with a spare <= 10 s,
 without <= 20 s, batch host: failsafe within 30 s; M: <= 2 steps lost with the tier on.
 """
@@ -299,14 +300,18 @@ def bench_memory(cluster: LocalCluster, work: Path) -> None:
         print(f"| {label} | {'on' if memory == 'auto' else 'off'} | {lost} | {past:.1f} |")
 
 
-def warm_row(cluster: LocalCluster, work: Path, mode: str) -> tuple[int, float, float]:
+def warm_row(cluster: LocalCluster, work: Path, mode: str, standbys: str = "off") -> tuple[int, float, float]:
     """Rank SIGKILL of the example run with ``--restartable`` (main() inside client.restartable), ``[run]
-    warm_restart`` ``mode`` ("on" or "off"), memory tier on, DCP every 50 steps of 0.1 s: (steps lost, seconds until
-    the first step after the fault, seconds until training is past the pre-fault step again)."""
+    warm_restart`` ``mode`` ("on" or "off") and ``standbys``, memory tier on, DCP every 50 steps of 0.1 s: (steps
+    lost, seconds until the first step after the fault, seconds until training is past the pre-fault step again).
+    With standbys the fault comes after the pool started and had STANDBY_READY_S to import torch (ahead of need)."""
     job, root = supervise_submit(work, steps=600, step_time=0.1, ckpt_every=50, extra=("--restartable",),
-                                 run_config=f'warm_restart = "{mode}"\n')  # fmt: skip
+                                 run_config=f'warm_restart = "{mode}"\nstandbys = "{standbys}"\n')  # fmt: skip
     try:
         wait_for("training past step 70", lambda: last_printed(root) >= 70 or None, 300)
+        if standbys != "off" and mode == "on":
+            wait_for("the standbys", lambda: events(root, "standbys") or None, 60)
+            time.sleep(STANDBY_READY_S)
         sizes = {p: p.stat().st_size for p in root.glob("logs/*/train-*.log")}
         pid = int(wait_for("rank 1", lambda: live_rank(root, 1), 30)["pid"])
         t0, before = time.time(), last_printed(root)
@@ -316,23 +321,30 @@ def warm_row(cluster: LocalCluster, work: Path, mode: str) -> tuple[int, float, 
         first = first_step_after(root / "logs", "*/train-*.log", sizes, resumed + 1, 240) - t0
         past = first_step_after(root / "logs", "*/train-*.log", sizes, before + 1, 240) - t0
         how = "warm" if relaunch.get("generation") else "cold"
-        print(f"W  rank SIGKILL, warm_restart {mode}: restarted {how} from {relaunch.get('resume_tier')} at step "
-              f"{resumed} ({before - resumed} steps lost), first step after {first:.1f} s, past the pre-fault step "
-              f"{before} after {past:.1f} s", flush=True)  # fmt: skip
+        how += " (a standby took the rank)" if relaunch.get("standby_ranks") else ""
+        print(f"W  rank SIGKILL, warm_restart {mode}, standbys {standbys}: restarted {how} from "
+              f"{relaunch.get('resume_tier')} at step {resumed} ({before - resumed} steps lost), first step after "
+              f"{first:.1f} s, past the pre-fault step {before} after {past:.1f} s", flush=True)  # fmt: skip
         return before - resumed, first, past
     finally:
         cluster.slurm("scancel", job, check=False)
 
 
+STANDBY_READY_S = 5.0
+WARM_ROWS = {"warm restart, a standby takes the rank": ("on", "auto"),
+             "warm restart, the rank started as a new step": ("on", "off"), "cold relaunch": ("off", "off")}
+
+
 def bench_warm(cluster: LocalCluster, work: Path) -> None:
-    """Issue 23: rank SIGKILL, warm restart (only the dead rank started again) vs cold (the step relaunched), the
-    same program and settings, side by side."""
-    rows = {mode: warm_row(cluster, work / f"warm-{mode}", mode) for mode in ("on", "off")}
+    """Issue 23: rank SIGKILL, warm restart with a standby taking the dead rank, warm restart starting it as a new
+    step, and a cold relaunch (the step relaunched): the same program and settings, side by side."""
+    rows = {label: warm_row(cluster, work / f"warm-{mode}-{standbys}", mode, standbys)
+            for label, (mode, standbys) in WARM_ROWS.items()}  # fmt: skip
     print("\n| rank SIGKILL (2 ranks, 0.1 s steps, memory tier on) | steps lost | s until the first step after | "
           "s until past the pre-fault step |")  # fmt: skip
     print("|---|---|---|---|")
-    for mode, (lost, first, past) in rows.items():
-        print(f"| {'warm restart' if mode == 'on' else 'cold relaunch'} | {lost} | {first:.1f} | {past:.1f} |")
+    for label, (lost, first, past) in rows.items():
+        print(f"| {label} | {lost} | {first:.1f} | {past:.1f} |")
 
 
 def main() -> int:

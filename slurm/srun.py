@@ -80,6 +80,22 @@ def replacement(command: Sequence[str], *, launch: int, generation: int, rank: i
     ]  # fmt: skip
 
 
+def standby_job_name(launch: int, standby: str) -> str:
+    """A standby rank of launch ``launch`` (``train-<launch>-standby-<id>``): cancelled by name when idle at the
+    launch's end; once it takes over a rank it is one of the launch's steps."""
+    return f"{training_job_name(launch)}-standby-{standby}"
+
+
+def standby(command: Sequence[str], *, launch: int, standby: str, node: str, extra: Sequence[str] = ()) -> list[str]:
+    """A standby process on ``node``, beside the training step (``--overlap``: it claims no CPU of the ranks;
+    one task, no memory claim). ``command``: the standby's own command line (``python -m supervisor.client.standby
+    -- SCRIPT ARGS``), which becomes a rank when assigned: the step then ends with the rank."""
+    return [
+        "srun", "--overlap", f"--job-name={standby_job_name(launch, standby)}", "--nodes=1", "--ntasks=1",
+        f"--nodelist={node}", "--kill-on-bad-exit=1", "--mem=0", *extra, *command,
+    ]  # fmt: skip
+
+
 def hostfile_text(nodes: Sequence[str], tasks_per_node: int) -> str:
     """SLURM_HOSTFILE for ``--distribution=arbitrary``: one line per task, in rank order."""
     return "".join(f"{n}\n" for n in nodes for _ in range(tasks_per_node))

@@ -86,6 +86,10 @@ class RunConfig:
     # seen restartable (a launch's srun must be told beforehand not to end the step when one task dies); "on":
     # from the first launch (the program is known to use it); "off": every restart is a cold relaunch.
     warm_restart: str = "auto"
+    # Standby ranks for warm restarts (docs/launch.md): processes started ahead of need on each node of a warm
+    # launch (Python up, torch imported) that take over a dead rank instead of a new srun. "auto": one per node
+    # for a plain `python SCRIPT` / `python -m MODULE` command; "off"; or that many per node (0 to 64).
+    standbys: str | int = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,6 +255,9 @@ def _build(section: str, cls: type, values: Mapping[str, Any], source: str) -> A
         if (section, key) == ("run", "memory_snapshots"):
             kwargs[key] = _memory_snapshots(value, source)
             continue
+        if (section, key) == ("run", "standbys"):
+            kwargs[key] = _standbys(value, source)
+            continue
         if (section, key) == ("run", "warm_restart") and value not in WARM_RESTART_VALUES:
             raise ConfigError(f"{source}: run.warm_restart = {value!r} is not allowed (allowed: "
                               f"{', '.join(repr(v) for v in WARM_RESTART_VALUES)})", 'e.g. warm_restart = "auto"')
@@ -296,6 +303,15 @@ def _memory_snapshots(value: Any, source: str) -> str | int:
         return value
     raise ConfigError(f"{source}: run.memory_snapshots = {value!r} is not allowed (allowed: \"auto\", \"off\" or "
                       "a whole number of steps from 1 to 1000000)", 'e.g. memory_snapshots = "auto"')
+
+
+def _standbys(value: Any, source: str) -> str | int:
+    if value in ("auto", "off"):
+        return str(value)
+    if type(value) is int and 0 <= value <= 64:
+        return value
+    raise ConfigError(f"{source}: run.standbys = {value!r} is not allowed (allowed: \"auto\", \"off\" or a whole "
+                      "number of standby processes per node from 0 to 64)", 'e.g. standbys = "auto"')
 
 
 def from_mapping(data: Mapping[str, Any], source: str = "config") -> Config:

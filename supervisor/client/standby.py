@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_IDLE
     order.apply(os.environ)
     os.environ.pop(ENV_STANDBY, None)
-    os.environ.pop("SUPERVISOR_HELPER_STEP", None)
+    os.environ.pop("SUPERVISOR_HELPER_STEP", None)  # (the agents find it by its slot now, as the rank)
     print(f"supervisor standby: taking over rank {os.environ.get('RANK', '?')} in generation "
           f"{os.environ.get(ENV_GENERATION, '?')}", file=sys.stderr, flush=True)  # fmt: skip
     run_target(args.target)

@@ -84,6 +84,7 @@ FAILSAFE = "failsafe"
 REQUEUE_EXPEDITED = "requeue_expedited"
 SITE = "site"
 WARM_RESTART_SKIPPED = "warm_restart_skipped"
+STANDBYS = "standbys"
 JOURNAL_RESUMED = "journal_resumed"  # written by supervisor.journal itself; readers drop it
 
 EVENT_TYPES: tuple[str, ...] = (
@@ -110,6 +111,7 @@ EVENT_TYPES: tuple[str, ...] = (
     AGENTS_MISSING,
     AGENTS_RESTARTED,
     WARM_RESTART_SKIPPED,
+    STANDBYS,
     REQUEUE_SKIPPED,
     EXCLUSION_SKIPPED,
     TIMEOUTS_LEARNED,
@@ -302,6 +304,15 @@ def warm_restart_skipped(t: float, launch: int, why: str) -> Event:
     """A restart in the allocation that could not be warm (decisions/warm_restart.py says why): the launch is
     relaunched cold."""
     return {"type": WARM_RESTART_SKIPPED, "t": t, "launch": launch, "why": why[:500]}
+
+
+def standbys(t: float, launch: int, started: Mapping[str, str], why: str = "") -> Event:
+    """Standby ranks of a warm launch (decisions/standbys.py): ``started`` maps each new standby's id to its node;
+    ``why``: none can be kept for this launch (said once)."""
+    event: Event = {"type": STANDBYS, "t": t, "launch": launch, "started": dict(sorted(started.items()))}
+    if why:
+        event["why"] = why[:500]
+    return event
 
 
 def memory_buddies(t: float, ring: dict[str, str]) -> Event:

@@ -61,6 +61,7 @@ from supervisor.driver.requeue import JobActions
 from supervisor.driver.signals import SignalInbox
 from supervisor.driver.site_link import SiteLink
 from supervisor.driver.stall_probe import StallProbe
+from supervisor.driver.standbys import Standbys
 from supervisor.driver.straggler_swap import SwapJudge
 from supervisor.driver.time_limit_watch import JobDeadline, TimeLimitClock
 from supervisor.driver.warm_restart import WarmRestarts
@@ -201,6 +202,9 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
                                                                        enabled=memory_mode != "off"), site),
                       health=health, nodeloss=watch_nodes,
                       stall=StallProbe(ctx, channel, paths.root), swap=swap)  # fmt: skip
+    standbys = Standbys(ctx, setting=run.standbys, command=spec.command, trainer=trainer, slurm=a.slurm,
+                        job_id=job_id, ranks_of=watcher.ranks, tasks_per_node=layout.tasks_per_node)  # fmt: skip
+    watcher.standbys = standbys  # (it asks the watcher for the launch's ranks)
     jobs = JobActions(ctx, slurm=a.slurm, channel=channel, inbox=a.inbox, job_id=job_id,
                       restart_count=env.restart_count, scheduled_end=deadline.current,
                       released=lambda: site.released(spec.site_excluded,
@@ -224,7 +228,8 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
             memory_flush=memory_flush, tasks_per_node=layout.tasks_per_node,
         ),
         warm=WarmRestarts(ctx, mode=run.warm_restart, command=spec.command, channel=channel, trainer=trainer,
-                          ranks_of=watcher.ranks, tasks_per_node=layout.tasks_per_node),
+                          ranks_of=watcher.ranks, tasks_per_node=layout.tasks_per_node, standbys=standbys),
+        standbys=standbys,
         no_kill=has_option(spec.sbatch_flags, "--no-kill", "-k"),
         site=site,
     )  # fmt: skip

@@ -80,6 +80,18 @@ def plain_python(command: Sequence[str]) -> bool:
     return re.fullmatch(r"python[0-9.]*", command[0].rsplit("/", 1)[-1]) is not None
 
 
+def standby_command(command: Sequence[str]) -> list[str] | None:
+    """The command of a standby rank for the training ``command`` (``client/standby.py``): the same interpreter
+    running ``-m supervisor.client.standby -- SCRIPT ARGS``; None when ``command`` is not ``python SCRIPT ...`` or
+    ``python -m MODULE ...`` (interpreter options, a wrapper script, torchrun: a standby cannot take it over)."""
+    if not plain_python(command) or len(command) < 2:
+        return None
+    target = list(command[1:])
+    if target[0] == "-m" and len(target) >= 2 or not target[0].startswith("-"):
+        return [command[0], "-m", "supervisor.client.standby", "--", *target]
+    return None
+
+
 def torchrun_restarts_on(command: Sequence[str], user_env: Mapping[str, str]) -> bool:
     """Whether ``command`` runs torchrun with its own restarts turned on: ``--max-restarts N`` (or
     ``--max_restarts``) with N > 0, else the user's ``PET_MAX_RESTARTS`` > 0 (the supervisor's default is 0)."""

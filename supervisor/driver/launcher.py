@@ -23,9 +23,11 @@ from pathlib import Path
 from slurm import srun
 from slurm.client import SlurmClient
 from slurm.errors import SlurmError
+from supervisor.agent.discover import HELPER_ENV
 from supervisor.checkpoint import memory
 from supervisor.client.restart_order import ENV_GENERATION, ENV_WARM, RestartOrder
 from supervisor.client.rollback import ENV_SKIP_STEPS
+from supervisor.client.standby import ENV_STANDBY as STANDBY_ENV
 from supervisor.decisions import events as ev
 from supervisor.decisions import placement
 from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, LogSignature
@@ -88,6 +90,22 @@ class LaunchProcs:
         for p in self.procs:
             if p.poll() is None:
                 p.kill()
+
+
+@dataclasses.dataclass(frozen=True)
+class Standby:
+    """A standby process beside a launch (``client/standby.py``): its own one-task step, idle until it takes over
+    a rank."""
+
+    ident: str
+    node: str
+    name: str
+    proc: Process
+    log_path: Path
+
+    def as_rank(self, rank: int, generation: int) -> Replacement:
+        """The standby once it took over ``rank``: one of the launch's steps from then on."""
+        return Replacement(rank, self.node, generation, self.name, self.proc, self.log_path)
 
 
 @dataclasses.dataclass
@@ -260,24 +278,49 @@ class TrainingLauncher:
     def start_again(self, launch: Launch, order: RestartOrder, ranks: Mapping[int, str]) -> list[Replacement]:
         """Start each of ``ranks`` (rank -> node) again as its own one-task step beside ``launch``'s, in the order's
         generation, with the identity the launch gave that rank and the order's rendezvous and resume point."""
-        tasks = self.layout.tasks_per_node
         started = []
         for rank, node in sorted(ranks.items()):
             name = srun.replacement_job_name(launch.number, order.generation, rank)
             argv = srun.replacement(self.command, launch=launch.number, generation=order.generation, rank=rank,
                                     node=node, extra=self.srun_args)  # fmt: skip
-            env = self.step_env(None)
+            env = self.rank_step_env(launch)
             order.apply(env)
-            dumps = flight_dumps.dump_dir(launch.log_path)
-            env.update(distenv.flight_recorder_env(str(dumps / flight_dumps.PREFIX), self.environ))
-            own = {"WORLD_SIZE": str(len(launch.nodes) * tasks), "LOCAL_WORLD_SIZE": str(tasks), "RANK": str(rank),
-                   "LOCAL_RANK": str(rank % tasks), "NODE_RANK": str(rank // tasks)}  # fmt: skip
-            env.update({k: v for k, v in own.items() if k not in self.environ})
-            env[ENV_WARM] = "1"
+            env.update(self.rank_identity(launch, rank))
             log_path = self.log_dir / f"{name}.log"
             proc = self.start(argv, env, log_path, self.cwd)
             started.append(Replacement(rank, node, order.generation, name, proc, log_path))
         return started
+
+    def rank_step_env(self, launch: Launch) -> dict[str, str]:
+        """The environment of a one-rank step beside ``launch``'s (a rank started again, a standby): the attempt's,
+        the launch's flight-recorder dumps, warm."""
+        env = self.step_env(None)
+        dumps = flight_dumps.dump_dir(launch.log_path)
+        env.update(distenv.flight_recorder_env(str(dumps / flight_dumps.PREFIX), self.environ))
+        env[ENV_WARM] = "1"
+        return env
+
+    def rank_identity(self, launch: Launch, rank: int) -> dict[str, str]:
+        """The variables that make a process ``rank`` of ``launch`` (as the launch's own srun gave them), except
+        those the user set for every rank."""
+        tasks = self.layout.tasks_per_node
+        own = {"WORLD_SIZE": str(len(launch.nodes) * tasks), "LOCAL_WORLD_SIZE": str(tasks), "RANK": str(rank),
+               "LOCAL_RANK": str(rank % tasks), "NODE_RANK": str(rank // tasks)}  # fmt: skip
+        return {k: v for k, v in own.items() if k not in self.environ}
+
+    def assignment(self, launch: Launch, order: RestartOrder, rank: int) -> RestartOrder:
+        """A standby's assignment to take over ``rank`` in ``order``'s generation: the order and the rank's identity."""
+        return RestartOrder(order.generation, {**order.env, **self.rank_identity(launch, rank)})
+
+    def start_standby(self, launch: Launch, node: str, standby: str, command: Sequence[str]) -> Standby:
+        """Start a standby process (``command``: ``distenv.standby_command``) on ``node`` beside ``launch``, as its
+        own one-task step."""
+        name = srun.standby_job_name(launch.number, standby)
+        argv = srun.standby(command, launch=launch.number, standby=standby, node=node, extra=self.srun_args)
+        env = self.rank_step_env(launch)
+        env.update({STANDBY_ENV: standby, HELPER_ENV: "standby"})
+        log_path = self.log_dir / f"{name}.log"
+        return Standby(standby, node, name, self.start(argv, env, log_path, self.cwd), log_path)
 
     def _dist_env(self, nodes: tuple[str, ...], moved: bool) -> distenv.DistEnv:
         """torch's env:// variables (and torchrun's defaults) for this launch; the user's own win."""

@@ -53,6 +53,7 @@ from supervisor.driver.preempt_watch import PreemptionPoller
 from supervisor.driver.progress import ProgressLog
 from supervisor.driver.requeue import JobActions
 from supervisor.driver.site_link import SiteLink
+from supervisor.driver.standbys import Standbys
 from supervisor.driver.warm_restart import WarmRestarts
 from supervisor.driver.watch import Watcher
 from supervisor.paths import CampaignPaths
@@ -91,12 +92,14 @@ class Parts:
     no_kill: bool  # the job keeps running when one of its nodes fails (``--no-kill``, set for spare nodes)
     site: SiteLink  # the site-wide node ledger (does nothing without ``[site] url``)
     warm: WarmRestarts  # whether a restart is carried out in the ranks' processes, and how
+    standbys: Standbys  # pre-started processes beside a warm launch that take over its dead ranks
 
     def close(self) -> None:
         """End the attempt's side parts: pollers and probes, the agents' step (quickly after a node loss: its
         agent never answers), the channel, queued alerts (bounded) and the metrics endpoint."""
         self.preemption.close()
         self.nodeloss.close()
+        self.ctx.guard.call("action:standbys", self.standbys.retire, default=None)
         self.agents.stop(wait_s=AGENTS_STOP_AFTER_LOSS_S if self.nodeloss.lost else 5.0)
         self.channel.close()
         self.notifier.close()
@@ -168,6 +171,8 @@ class Supervisor:
                     p.checkpoints.diverged_from(min(normal))
                 p.ctx.guard.call(CHECKPOINT_SCAN, p.checkpoints.quarantine_after_divergence, default=None)
                 p.memory.diverged_after(p.trainer.launch_tag(launch.number), p.checkpoints.last_finite_loss_step)
+            if kill is None or outcome is not None:  # the launch is over: its idle standbys go with it
+                p.ctx.guard.call(ACTION + ":standbys", p.standbys.retire, default=None)
             if outcome is not None:
                 if request is not None:
                     stop_request.clear(p.paths.root)
@@ -178,6 +183,7 @@ class Supervisor:
                                                                        launch, warm, default=False):  # fmt: skip
                     self.again = launch
                     continue
+                p.ctx.guard.call(ACTION + ":standbys", p.standbys.retire, default=None)
                 p.actuators.end_launch(launch)  # cold after all (journaled why): the step goes, a new launch
             excluded = placement.exclusions_of(decision)
             if any(d.kind == NODE_SILENT for d in watched.detections):  # the agents' silence is not the new launch's
@@ -217,15 +223,17 @@ class Supervisor:
         launch.number = p.trainer.launches
         order = p.trainer.restart_order(launch, launch.generation + 1, resume, picked is not None, memory_step,
                                         snapshot.launch if snapshot else "", p.memory.flushed_dir(snapshot))  # fmt: skip
+        taken = p.ctx.guard.call(ACTION + ":standbys", p.warm.take_standbys, launch, choice, default=None) or {}
         told = order.env.get("SUPERVISOR_RESUME_FROM")
         tier = "memory" if memory_step is not None else "filesystem" if told else "fresh" if told == "" else "unknown"
         p.ctx.record({**ev.step_launched(p.ctx.clock(), launch.number, launch.nodes, (), resume),
                       "resume_step": memory_step if memory_step is not None else resume_step, "resume_tier": tier,
                       "master": f"{order.env.get('MASTER_ADDR', '')}:{order.env.get('MASTER_PORT', '')}",
                       "warm": True, "generation": order.generation, "replaced_ranks": list(choice.replace),
+                      **({"standby_ranks": {str(r): s.ident for r, s in taken.items()}} if taken else {}),
                       "log": launch.log_path.name})  # its ranks go on writing the launch's log
         launch.log = launch.reader.from_now()  # the new generation's lines are judged alone
-        dead = p.warm.restart(launch, choice, order)
+        dead = p.warm.restart(launch, choice, order, taken)
         p.watcher.old_pids.update(dead)  # the replaced ranks' old processes are an earlier launch's
         return True
 

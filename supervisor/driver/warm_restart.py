@@ -21,7 +21,7 @@ task there is a node's torchrun, not a rank).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from supervisor.client.layout import RANK_FLAG_RESTARTABLE
@@ -33,9 +33,10 @@ from supervisor.decisions.detect import DetectionEvent
 from supervisor.decisions.policy import Decision
 from supervisor.driver import distenv
 from supervisor.driver.context import Context
-from supervisor.driver.launcher import Launch, LaunchProcs, TrainingLauncher
+from supervisor.driver.launcher import Launch, LaunchProcs, Standby, TrainingLauncher
 from supervisor.driver.ports import Channel
-from supervisor.heartbeat.orders import restart_order_text
+from supervisor.driver.standbys import Standbys
+from supervisor.heartbeat.orders import assign_order_text, restart_order_text
 
 ORDER_RESEND_S = 0.5  # the order travels in datagrams: sent again until the waiting ranks took it
 ORDER_TAKEN_WAIT_S = 10.0
@@ -44,8 +45,9 @@ ORDER_TAKEN_WAIT_S = 10.0
 class WarmRestarts:
     def __init__(self, ctx: Context, *, mode: str, command: Sequence[str], channel: Channel,
                  trainer: TrainingLauncher, ranks_of: Callable[[Launch], Sequence[Any]], tasks_per_node: int,
-                 release_deadline_s: float = rule.DEFAULT_RELEASE_DEADLINE_S) -> None:  # fmt: skip
-        self.ctx, self.mode, self.channel, self.trainer = ctx, mode, channel, trainer
+                 release_deadline_s: float = rule.DEFAULT_RELEASE_DEADLINE_S,
+                 standbys: Standbys | None = None) -> None:  # fmt: skip
+        self.ctx, self.mode, self.channel, self.trainer, self.standbys = ctx, mode, channel, trainer, standbys
         self.ranks_of, self.tasks_per_node, self.release_deadline_s = ranks_of, tasks_per_node, release_deadline_s
         self.torchrun = distenv.runs_torchrun(command)
         self.seen_restartable = False  # "auto": a launch of this run had every rank inside client.restartable
@@ -100,35 +102,57 @@ class WarmRestarts:
         views = {v.rank: v for v in self.ranks_of(launch)}
         return any(r.rank not in views or views[r.rank].beats == 0 or views[r.rank].pid == 0 for r in newest)
 
-    def restart(self, launch: Launch, choice: rule.WarmChoice, order: RestartOrder) -> list[int]:
-        """Carry out a warm choice: the order to every node's agent, the dead ranks started again, the order
-        repeated until the waiting ranks took it. Returns the pids of the ranks replaced (their views are gone)."""
+    def take_standbys(self, launch: Launch, choice: rule.WarmChoice) -> dict[int, Standby]:
+        """The standbys that take over ``choice``'s dead ranks (on their nodes); the others start as new steps."""
+        if self.standbys is None:
+            return {}
+        return self.standbys.take(launch, {r: launch.nodes[r // self.tasks_per_node] for r in choice.replace})
+
+    def restart(self, launch: Launch, choice: rule.WarmChoice, order: RestartOrder,
+                taken: Mapping[int, Standby] | None = None) -> list[int]:  # fmt: skip
+        """Carry out a warm choice: the order to every node's agent, the dead ranks given to ``taken`` standbys or
+        started again, the orders repeated until the ranks took them. Returns the pids of the ranks replaced
+        (their views are gone)."""
+        taken = dict(taken or {})
         dead = [v.pid for v in self.ranks_of(launch) if v.rank in choice.replace]
         text = restart_order_text(order)
         for node in launch.nodes:
             self.channel.send_order(node, text)
+        assigns = {rank: (standby.node, assign_order_text(standby.ident, self.trainer.assignment(launch, order, rank)))
+                   for rank, standby in taken.items()}  # fmt: skip
+        for node, assign in assigns.values():
+            self.channel.send_order(node, assign)
         tpn = self.tasks_per_node
-        started = self.trainer.start_again(launch, order, {r: launch.nodes[r // tpn] for r in choice.replace})
+        rest = {r: launch.nodes[r // tpn] for r in choice.replace if r not in taken}
+        started = self.trainer.start_again(launch, order, rest)
+        started += [standby.as_rank(rank, order.generation) for rank, standby in taken.items()]
         launch.generation = order.generation
         launch.replaced.extend(started)
         procs = launch.proc if isinstance(launch.proc, LaunchProcs) else LaunchProcs([launch.proc])
         for rep in started:
             procs.add(rep.proc)
         launch.proc = procs
-        self.until_taken(launch, choice, text)
+        self.until_taken(launch, choice, text, assigns, set(dead))
         return dead
 
-    def until_taken(self, launch: Launch, choice: rule.WarmChoice, text: str) -> None:
-        """Send the order again (datagrams may be lost) until no kept rank still waits for it, at most
-        ``ORDER_TAKEN_WAIT_S``."""
+    def until_taken(self, launch: Launch, choice: rule.WarmChoice, text: str,
+                    assigns: Mapping[int, tuple[str, str]] | None = None, gone: set[int] | None = None) -> None:  # fmt: skip
+        """Send the orders again (datagrams may be lost) until no kept rank still waits for the restart order and
+        every standby given a rank shows up as that rank (a process not among ``gone``, the replaced ranks' pids),
+        at most ``ORDER_TAKEN_WAIT_S``."""
+        assigns, gone = assigns or {}, gone or set()
         deadline = time.monotonic() + ORDER_TAKEN_WAIT_S
         next_send = time.monotonic() + ORDER_RESEND_S
         while time.monotonic() < deadline:
-            waiting = [v for v in self.views(launch) if v.rank not in choice.replace and v.awaiting]
-            if not waiting:
+            ranks = list(self.ranks_of(launch))
+            waiting = [v for v in rule.views_of(ranks) if v.rank not in choice.replace and v.awaiting]
+            unseen = [rank for rank in assigns if rank not in {r.rank for r in ranks if r.pid not in gone}]
+            if not waiting and not unseen:
                 return
             if time.monotonic() >= next_send:
                 for node in sorted({v.node for v in waiting}):
                     self.channel.send_order(node, text)
+                for rank in unseen:
+                    self.channel.send_order(*assigns[rank])
                 next_send = time.monotonic() + ORDER_RESEND_S
             self.channel.poll(0.05)

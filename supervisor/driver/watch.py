@@ -36,7 +36,7 @@ from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoint_tracker import CheckpointTracker
 from supervisor.driver.context import Context
 from supervisor.driver.evidence import WatchResult
-from supervisor.driver.guard import AGENTS, CHECKPOINT_SCAN, DETECT, EVIDENCE, HEALTH
+from supervisor.driver.guard import ACTION, AGENTS, CHECKPOINT_SCAN, DETECT, EVIDENCE, HEALTH
 from supervisor.driver.health_watch import HealthWatch
 from supervisor.driver.interrupts import Interrupts
 from supervisor.driver.launcher import Launch
@@ -44,6 +44,7 @@ from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.notify import Notifier
 from supervisor.driver.ports import Channel
 from supervisor.driver.stall_probe import StallProbe
+from supervisor.driver.standbys import Standbys
 from supervisor.driver.straggler_swap import SwapJudge
 from supervisor.heartbeat import wire
 
@@ -63,7 +64,7 @@ class Watcher:
         self, ctx: Context, *, channel: Channel, detector: Detector, checkpoints: CheckpointTracker,
         agents: AgentStep, interrupts: Interrupts, loop_interval_s: float, notifier: Notifier | None = None,
         observers: Sequence[Observer] = (), health: HealthWatch | None = None, nodeloss: NodeLossWatch | None = None,
-        stall: StallProbe | None = None, swap: SwapJudge | None = None,
+        stall: StallProbe | None = None, swap: SwapJudge | None = None, standbys: Standbys | None = None,
     ) -> None:  # fmt: skip
         self.ctx, self.channel, self.detector, self.checkpoints = ctx, channel, detector, checkpoints
         self.agents, self.interrupts, self.loop_interval_s = agents, interrupts, loop_interval_s
@@ -76,6 +77,7 @@ class Watcher:
         self.swap = swap  # whether a straggler warning is worth swapping its node for a spare now
         self.stuck_since: float | None = None  # a warm launch: since when some ranks wait while others are stuck
         self.released: set[int] = set()  # ranks killed because they held their peers back (once per watch)
+        self.standbys = standbys  # a warm launch's pre-started processes, topped up while it trains
 
     def forget_ranks(self) -> None:
         """Called before a new launch: the ranks now in the table belong to earlier launches."""
@@ -118,6 +120,8 @@ class Watcher:
             if ending is not None:
                 return ending
             if launch.warm:
+                if self.standbys is not None:
+                    self.ctx.guard.call(ACTION + ":standbys", self.standbys.keep, launch, default=None)
                 views = self.warm_views(launch)
                 if warm_rule.survivors_wait(views):
                     return WatchResult("detection", detections=triage.with_pending())

@@ -39,16 +39,20 @@ def starts(text: str) -> list[tuple[int, int, int, int]]:
     return [tuple(map(int, m)) for m in re.findall(r"start rank=(\d+) pid=(\d+) generation=(\d+) step=(\d+)", text)]  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("fault", ["kill", "stop", "raise"])
+@pytest.mark.parametrize(("fault", "standbys"), [("kill", "off"), ("kill", "auto"), ("stop", "auto"), ("raise", "auto")])
 def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_their_processes(
-    tmp_path: Path, fault: str
+    tmp_path: Path, fault: str, standbys: str
 ) -> None:
     out = tmp_path / "final.pt"
     extra = ("--raise-at-step", "12") if fault == "raise" else ()
+    config = f'[run]\nwarm_restart = "on"\nstandbys = "{standbys}"\n'
     camp = submit_program(tmp_path, "--out", str(out), *extra, steps=STEPS, ckpt_every=5, step_time=0.2, nodes=3,
-                          config='[run]\nwarm_restart = "on"\n', program=PROGRAM)  # fmt: skip
+                          config=config, program=PROGRAM)  # fmt: skip
     try:
         pids = {r: rank_pid_on(camp, r) for r in range(WORLD)}
+        if fault == "kill" and standbys == "auto":  # once the pool is up: rank 1 goes to n2's standby, not a new step
+            pool = wait_for("the standbys to start", lambda: camp.of_type("standbys"), 120)[0]
+            assert sorted(pool["started"].values()) == sorted(launches(camp)[0]["nodes"]), pool
         if fault != "raise":  # (raise: rank 1's training raises a ValueError at step 12 by itself)
             wait_printed(camp, 1, 12)
             os.kill(pids[1], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
@@ -76,7 +80,13 @@ def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_the
         for r in (0, 2):  # the survivors: generation 0 and 1 in the same process
             assert [(g, s) for rank, pid, g, s in seen if rank == r and pid == pids[r]] == \
                 [(0, 0), (1, again["resume_step"])], seen  # fmt: skip
-        started = starts(next(log_dir.glob("train-*-g1-r1.log")).read_text(errors="replace"))
+        taken = again.get("standby_ranks")
+        if fault == "kill" and standbys == "auto":
+            assert list(taken) == ["1"], again
+        if standbys == "off":
+            assert taken is None and not camp.of_type("standbys"), again
+        log = f"train-1-standby-{taken['1']}.log" if taken else "train-*-g1-r1.log"
+        started = starts(next(log_dir.glob(log)).read_text(errors="replace"))
         assert [(rank, g, s) for rank, _, g, s in started] == [(1, 1, again["resume_step"])], started
         assert started[0][1] != pids[1]
         want = uninterrupted(tmp_path / "plain")

@@ -1,0 +1,57 @@
+"""Standby ranks: how many pre-started processes each node of a warm launch keeps, when to start them, and which
+one takes over a dead rank.
+
+WHY: a warm restart keeps the survivors' processes, but the rank started again pays srun, Python and ``import
+torch`` while its peers wait for it (about three seconds here; minutes at scale with containers). A standby
+(``python -m supervisor.client.standby``) has paid that before the fault and only waits for an assignment. It
+costs a process's memory (torch imported, no device context: it has not run the program yet) on each node, so:
+
+- how many per node (:func:`per_node`): ``[run] standbys`` "auto" is one, for a warm launch of a plain Python
+  command (the standby runs the script itself; a shell wrapper or torchrun cannot be taken over this way); "off"
+  or 0 none; N each node's N;
+- when (:func:`to_start`): only once every rank of the launch's current generation trains, so that a standby's
+  imports never slow the launch's own start, and again after one was taken (the pool is topped up);
+- which (:func:`assign`): a dead rank goes to an idle standby on its own node (its device, its local memory
+  snapshot), the oldest first; ranks without one are started again as new steps, as without standbys.
+
+Pure: no I/O; tested in tests/unit/test_standbys.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+AUTO_PER_NODE = 1
+STANDBY_VALUES = ("auto", "off")
+
+
+def per_node(setting: str | int, *, warm: bool, plain_python: bool) -> int:
+    """Standbys each node of the launch keeps: 0 for a cold launch (nothing would take them) or a command a
+    standby cannot run (not ``python SCRIPT``/``python -m MODULE``)."""
+    if not warm or not plain_python or setting == "off":
+        return 0
+    if setting == "auto":
+        return AUTO_PER_NODE
+    return max(0, int(setting))
+
+
+def to_start(nodes: Sequence[str], idle: Mapping[str, int], *, per_node: int, training: bool) -> list[str]:
+    """The nodes to start one more standby on (a node as often as it lacks one), in ``nodes``' order; none while
+    the launch is not training yet. ``idle``: live unassigned standbys by node (started or starting)."""
+    if not training or per_node <= 0:
+        return []
+    return [node for node in dict.fromkeys(nodes) for _ in range(max(0, per_node - idle.get(node, 0)))]
+
+
+def assign(dead: Mapping[int, str], idle: Mapping[str, Sequence[str]]) -> dict[int, str]:
+    """Which idle standby takes over which dead rank (rank -> standby id): on the rank's node, in ``idle``'s order
+    (oldest first), each standby once. Ranks missing from the answer are started again as new steps."""
+    used: Counter[str] = Counter()
+    out: dict[int, str] = {}
+    for rank, node in sorted(dead.items()):
+        pool = idle.get(node, ())
+        if used[node] < len(pool):
+            out[rank] = pool[used[node]]
+            used[node] += 1
+    return out
