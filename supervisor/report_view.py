@@ -65,6 +65,11 @@ def render_text(report: dict[str, Any]) -> str:
     for cls, entry in (g.get("by_class") or {}).items():
         parts = ", ".join(f"{k} {v:.1f} s" for k, v in entry["badput_s"].items() if v)
         lines.append(f"  {cls} x{entry['interruptions']}: {entry['total_s']:.1f} s ({parts or 'nothing'})")
+    if g.get("by_restart"):
+        lines.append("badput by how the training came back (warm restart, relaunch, requeue):")
+    for how, entry in (g.get("by_restart") or {}).items():
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in entry["badput_s"].items() if v)
+        lines.append(f"  {how} x{entry['interruptions']}: {entry['total_s']:.1f} s ({parts or 'nothing'})")
     return "\n".join(lines)
 
 

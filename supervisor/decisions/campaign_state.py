@@ -186,6 +186,12 @@ class Accounting:
                           "total_s": sum(entry["buckets_ms"].values()) / 1000}
                     for cls, entry in sorted(book["by_class"].items())
                 },  # fmt: skip
+                "by_restart": {  # the same costs by how the training came back (warm, relaunch, requeue)
+                    how: {"interruptions": entry["count"],
+                          "badput_s": goodput.to_seconds(_every_bucket(entry["buckets_ms"])),
+                          "total_s": sum(entry["buckets_ms"].values()) / 1000}
+                    for how, entry in sorted(book["by_restart"].items())
+                },  # fmt: skip
             },
         }
 

@@ -37,6 +37,9 @@ BUCKETS: tuple[str, ...] = ("productive", "slow_steps", "lost_work", "checkpoint
                             "restart", "preflight", "other")  # fmt: skip
 BADPUT: tuple[str, ...] = BUCKETS[1:]
 HANG_DETECTIONS = ("rank_hang", "global_stall", "rank_stopped")
+# How a launch followed the interrupted one: restarted in the ranks' processes (a warm restart), a new srun in the
+# same Slurm run, or the first launch of a new Slurm run (a requeue).
+RESTART_KINDS = ("warm", "relaunch", "requeue")
 PREFLIGHT = ev.PREFLIGHT  # node checks before a launch, journaled with their ``duration_s``
 _COMPUTE = "compute"  # a piece of a launch between first and last step: always covered by kept/lost
 
@@ -53,6 +56,7 @@ class _Launch:
     last_step: int | None = None
     hang_ms: int = 0
     best_ckpt: int | None = None  # newest committed checkpoint when it ended
+    how: str = "relaunch"  # how it started after the launch before it: RESTART_KINDS
 
 
 def _ms(t: Any) -> int:
@@ -122,7 +126,8 @@ class _Fold:
             if self.state == "launch":
                 self._close_launch(ev.UNKNOWN)
             row = len(self.launches)
-            self.launches.append(_Launch(row, self.now, _int(e.get("resume_step"))))
+            how = "warm" if e.get("generation") is not None else "requeue" if self.state == "restart" else "relaunch"
+            self.launches.append(_Launch(row, self.now, _int(e.get("resume_step")), how=how))
             self._enter("launch", row, row - 1 if row else None)
         elif kind == ev.INTERRUPTION:
             if self.state == "launch":
@@ -263,7 +268,9 @@ def _step_samples(launch: _Launch, pts: list[tuple[int, int]]) -> list[tuple[flo
 
 def ledger(events: Iterable[Event], now: float) -> dict[str, Any]:
     """The ledger of a campaign: ``buckets_ms`` (campaign), ``rows`` (per launch: span and buckets), ``by_class``
-    (interruption class -> count and buckets it caused), ``ideal_step_s``. All times in integer ms."""
+    (interruption class -> count and buckets it caused), ``by_restart`` (the same by how the next launch came back,
+    :data:`RESTART_KINDS`: a warm restart's ``teardown`` is the survivors' release and the order, its ``restart``
+    the rendezvous, state load and first step), ``ideal_step_s``. All times in integer ms."""
     f = _Fold()
     for e in events:
         try:
@@ -272,7 +279,7 @@ def ledger(events: Iterable[Event], now: float) -> dict[str, Any]:
             continue  # a field of the wrong type (a bug, a hand edit): that event is skipped, never the report
     if f.start is None:
         return {"wall_ms": 0, "buckets_ms": dict.fromkeys(BUCKETS, 0), "rows": [], "pre_launch_ms": {},
-                "by_class": {}, "ideal_step_s": None, "causes": {}}  # fmt: skip
+                "by_class": {}, "by_restart": {}, "ideal_step_s": None, "causes": {}}  # fmt: skip
     end = f.finish(now)
     ivs: list[_Interval] = []
     spans = []
@@ -357,8 +364,17 @@ def ledger(events: Iterable[Event], now: float) -> dict[str, Any]:
         entry["count"] += 1
         for k, v in causes.get(i, {}).items():
             entry["buckets_ms"][k] = entry["buckets_ms"].get(k, 0) + v
+    by_restart: dict[str, dict[str, Any]] = {}  # the same costs by how the training came back
+    for i, launch in enumerate(f.launches[:-1]):
+        if launch.cls is None or launch.cls not in ev.RESTART_CLASSES:
+            continue
+        entry = by_restart.setdefault(f.launches[i + 1].how, {"count": 0, "buckets_ms": {}})
+        entry["count"] += 1
+        for k, v in causes.get(i, {}).items():
+            entry["buckets_ms"][k] = entry["buckets_ms"].get(k, 0) + v
     return {"wall_ms": end - f.start, "buckets_ms": totals, "rows": out_rows, "pre_launch_ms": pre,
-            "by_class": by_class, "ideal_step_s": None if ideal is None else round(ideal / 1000, 6)}  # fmt: skip
+            "by_class": by_class, "by_restart": by_restart,
+            "ideal_step_s": None if ideal is None else round(ideal / 1000, 6)}  # fmt: skip
 
 
 def _paint(ivs: list[_Interval]) -> list[tuple[int, int, _Interval]]:

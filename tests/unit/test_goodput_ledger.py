@@ -13,7 +13,7 @@ from supervisor.decisions.goodput import BUCKETS, ideal_step_ms, ledger
 from supervisor.driver.context import Context
 from supervisor.driver.progress import ProgressLog
 from supervisor.journal import Journal, read
-from supervisor.report_view import fold
+from supervisor.report_view import fold, render_text
 
 
 def progress(t: float, launch: int, step: int, step_t: float | None = None) -> dict:
@@ -274,3 +274,37 @@ def test_stalls_seen_late_do_not_take_steps_out_of_their_stretch() -> None:
     assert 0.3 <= book["ideal_step_s"] < 0.33
     assert sum(book["buckets_ms"].values()) == book["wall_ms"]
     assert book["buckets_ms"]["checkpoint"] == 133 + 83 + 120 + 157  # one per checkpoint, its slowest rank's
+
+
+def test_by_restart_tells_warm_restarts_from_relaunches_and_requeues() -> None:
+    """A rank dies at 20 s: restarted warm (2 s to the order, 3 s to its first step); its training raises at 40 s:
+    relaunched cold (5 s teardown, 7 s start-up); a requeue after a time limit at 70 s (20 s queue)."""
+    events = [
+        ev.campaign_started(0.0, "/c", ["train"], "1"),
+        ev.attempt_started(0.0, "1", 0, ["n1", "n2"], None),
+        {**ev.step_launched(1.0, 1, ["n1", "n2"]), "resume_step": None},
+        progress(2.0, 1, 1),
+        progress(19.0, 1, 18),
+        {**ev.interruption_event(20.0, "unknown", [], 0.6, ["rank 1 was killed"]), "last_step": 18},
+        {**ev.step_launched(22.0, 2, ["n1", "n2"]), "resume_step": 18, "warm": True, "generation": 1,
+         "replaced_ranks": [1]},
+        progress(25.0, 2, 19),
+        progress(39.0, 2, 33),
+        {**ev.interruption_event(40.0, "app_error", [], 0.9, ["ValueError"]), "last_step": 33},
+        {**ev.step_launched(45.0, 3, ["n1", "n2"]), "resume_step": 33},
+        progress(52.0, 3, 34),
+        progress(69.0, 3, 51),
+        {**ev.interruption_event(70.0, "timeout", [], 0.9, ["time limit"]), "last_step": 51},
+        ev.attempt_ended(71.0, "1", "timeout"),
+        ev.attempt_started(91.0, "1", 1, ["n1", "n2"], None),
+        {**ev.step_launched(93.0, 1, ["n1", "n2"]), "resume_step": 51},
+        progress(95.0, 1, 52),
+    ]
+    by = ledger(events, now=100.0)["by_restart"]
+    assert set(by) == {"warm", "relaunch", "requeue"}
+    assert by["warm"] == {"count": 1, "buckets_ms": {"detection": 1_000, "teardown": 2_000, "restart": 3_000}}
+    assert by["relaunch"] == {"count": 1, "buckets_ms": {"detection": 1_000, "teardown": 5_000, "restart": 7_000}}
+    assert by["requeue"]["count"] == 1 and by["requeue"]["buckets_ms"]["queue"] == 20_000
+    doc = fold(events, now=100.0)
+    assert doc["goodput"]["by_restart"]["warm"]["badput_s"]["restart"] == 3.0
+    assert "  warm x1: 6.0 s (detection 1.0 s, teardown 2.0 s, restart 3.0 s)" in render_text(doc).splitlines()
