@@ -77,7 +77,7 @@ class RankSlots:
             life = rec.last_sign_of_life_ns()
             out.append(wire.RankEntry(
                 rank=rec.rank, pid=rec.pid, step=rec.step, phase=rec.phase, state=state,
-                rank_flags=rec.rank_flags & 0xFF, control_flags=(ctl.flags if ctl else 0) & 0xFF,
+                rank_flags=rec.rank_flags & 0xFFFF, control_flags=(ctl.flags if ctl else 0) & 0xFF,
                 beat_age_ms=wire.NO_BEAT if life <= 0 else max(0, (now - life) // 1_000_000),
                 ewma_s=rec.iter_ewma_ns / 1e9, min_s=rec.iter_min_ns / 1e9, max_s=rec.iter_max_ns / 1e9,
                 loss=rec.loss, loss_step=rec.loss_step, beats=rec.beats, exit_code=wire.EXIT_UNKNOWN, exit_signal=0, cpu_s=cpu,

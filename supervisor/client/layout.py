@@ -91,6 +91,8 @@ RANK_FLAG_WAITS = 1 << 4  # the rank stamps its collective waits in the wait rin
 RANK_FLAG_RESTARTABLE = 1 << 5  # the rank trains inside ``client.restartable``: it can restart in its process
 RANK_FLAG_AWAITING_RESTART = 1 << 6  # its training raised; it waits for the supervisor's restart order (no hang)
 RANK_FLAG_RETURNED = 1 << 7  # its ``client.restartable`` function returned: this rank's training ended well
+RANK_FLAG_PEER_FAILED = 1 << 8  # with AWAITING_RESTART: what it raised was a collective's failure (a peer died,
+#                                 hung past the backend's timeout or closed the connection), not its own error
 
 # Sent by the agent to a rank pid to get all thread stacks appended to ``rank-N.stacks``. A
 # real-time signal because Slurm uses SIGUSR1/SIGUSR2 and glibc reserves the first two RT signals.

@@ -119,6 +119,9 @@ def _wait_for_order(bound: tuple[Any, Any], failure: BaseException) -> RestartOr
     the slot; None at the deadline."""
     writer, slot_dir = bound
     current = generation()
+    peer = collective_failure(failure)
+    if peer:
+        _flag(writer, _layout.RANK_FLAG_PEER_FAILED, True)
     _flag(writer, _layout.RANK_FLAG_AWAITING_RESTART, True)
     try:
         _release_process_group()
@@ -138,6 +141,31 @@ def _wait_for_order(bound: tuple[Any, Any], failure: BaseException) -> RestartOr
         return None
     finally:
         _flag(writer, _layout.RANK_FLAG_AWAITING_RESTART, False)
+        if peer:
+            _flag(writer, _layout.RANK_FLAG_PEER_FAILED, False)
+
+
+# What torch.distributed raises when a collective fails because of a peer (its errors' classes, and the text of the
+# RuntimeErrors older backends raise); matched by name so the client needs no torch.
+DIST_ERROR_NAMES = frozenset({"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
+PEER_FAILURE_TEXT = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "ProcessGroupGloo",
+                     "ProcessGroupNCCL", "NCCL error", "Socket Timeout", "Timed out waiting")  # fmt: skip
+
+
+def collective_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a collective's failure caused by a peer rather than this
+    rank's own error: the supervisor then never takes this rank for the one holding the others back
+    (``decisions.warm_restart.holding_back``), and a peer that neither steps nor waits is the hung one."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if any(k.__name__ in DIST_ERROR_NAMES for k in type(link).__mro__):
+            return True
+        if isinstance(link, RuntimeError) and any(t in str(link) for t in PEER_FAILURE_TEXT):
+            return True
+        link = link.__cause__ or link.__context__
+    return False
 
 
 def _flag(writer: Any, flag: int, on: bool) -> None:

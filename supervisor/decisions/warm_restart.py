@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor import procstate
-from supervisor.client.layout import RANK_FLAG_AWAITING_RESTART, RANK_FLAG_RESTARTABLE
+from supervisor.client.layout import RANK_FLAG_AWAITING_RESTART, RANK_FLAG_PEER_FAILED, RANK_FLAG_RESTARTABLE
 from supervisor.decisions import events as ev
 from supervisor.decisions import policy
 from supervisor.decisions.detect.findings import RANK_HANG, RANK_STOPPED, DetectionEvent
@@ -53,6 +53,7 @@ class RankView:
     alive: bool  # its process exists (a stopped or hung one counts as alive until killed)
     restartable: bool  # it trains inside client.restartable
     awaiting: bool  # it let go of the failed process group and waits for its order
+    peer_failed: bool = False  # awaiting because a collective failed on a peer, not because of its own error
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ def choose(
 def views_of(ranks: Iterable[Any]) -> list[RankView]:
     """The rule's view of the agents' rank reports (``heartbeat.table.RankView``: state and slot flags)."""
     return [RankView(r.rank, r.node, r.state not in procstate.ENDED, bool(r.rank_flags & RANK_FLAG_RESTARTABLE),
-                     bool(r.rank_flags & RANK_FLAG_AWAITING_RESTART)) for r in ranks]  # fmt: skip
+                     bool(r.rank_flags & RANK_FLAG_AWAITING_RESTART), bool(r.rank_flags & RANK_FLAG_PEER_FAILED))
+            for r in ranks]  # fmt: skip
 
 
 def survivors_wait(ranks: Sequence[RankView]) -> bool:
@@ -118,13 +120,26 @@ HOLD_BACK_GRACE_S = 5.0  # peers blocked on a waiting rank fail within a second 
 
 
 def holding_back(ranks: Sequence[RankView], stuck_s: float, grace_s: float = HOLD_BACK_GRACE_S) -> tuple[int, ...]:
-    """The waiting ranks to kill so that their peers' collectives fail: some ranks wait for their order while
-    others, alive, neither step nor wait (``stuck_s``: for how long); a waiting rank's failed group may still hold
-    its connections open, and only its process's end closes them for sure. () while within ``grace_s`` or when
-    nobody waits."""
-    waiting = tuple(sorted(r.rank for r in ranks if r.alive and r.awaiting))
+    """The waiting ranks to kill so that their peers' collectives fail: some ranks wait for their order after
+    their own error while others, alive, neither step nor wait (``stuck_s``: for how long); a waiting rank's failed
+    group may still hold its connections open, and only its process's end closes them for sure. A rank that waits
+    because a collective failed on a peer (``peer_failed``) is not holding anyone back: never killed here (the
+    stuck one is then hung: :func:`hung_by_peers`). () while within ``grace_s`` or when nobody waits."""
+    waiting = tuple(sorted(r.rank for r in ranks if r.alive and r.awaiting and not r.peer_failed))
     others = [r for r in ranks if r.alive and not r.awaiting]
     return waiting if waiting and others and stuck_s >= grace_s else ()
+
+
+def hung_by_peers(ranks: Sequence[RankView], stuck_s: float, grace_s: float = HOLD_BACK_GRACE_S) -> tuple[int, ...]:
+    """The ranks that hang by their peers' account: every waiting rank's collective failed on a peer (the
+    backend's timeout, a closed connection) while these, alive, neither step nor wait for ``grace_s``. Seen when
+    the backend times out before the supervisor's own hang timeout (gloo's, during the learned timeouts' warm-up):
+    these are then the hung ranks, killed alone like any hang's. () otherwise."""
+    waiting = [r for r in ranks if r.alive and r.awaiting]
+    stuck = tuple(sorted(r.rank for r in ranks if r.alive and not r.awaiting))
+    if not waiting or not stuck or stuck_s < grace_s or not all(r.peer_failed for r in waiting):
+        return ()
+    return stuck
 
 
 NOT_WARM_CLASSES = frozenset({ev.NUMERICAL})

@@ -27,10 +27,12 @@ from supervisor.decisions.detect import (
     NODE_LOST,
     NODE_SILENT,
     RANK_EXITED,
+    RANK_HANG,
     DetectionEvent,
     Detector,
     snapshot_from_live,
 )
+from supervisor.decisions.detect.findings import of_silence
 from supervisor.decisions.triage import Triage
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoint_tracker import CheckpointTracker
@@ -125,7 +127,9 @@ class Watcher:
                 views = self.warm_views(launch)
                 if warm_rule.survivors_wait(views):
                     return WatchResult("detection", detections=triage.with_pending())
-                self.release_held_back(launch, views, now)
+                hung = self.release_held_back(launch, views, now)
+                if hung is not None:  # its peers' collectives timed out on it: a hang, its rank named
+                    return WatchResult("detection", detections=triage.with_pending((hung,)))
             failed = self.replacement_failed(launch)
             if failed is not None:  # its peers wait for it in the rendezvous: nothing else would end this
                 return WatchResult("detection", detections=triage.with_pending((failed,)))
@@ -170,15 +174,26 @@ class Watcher:
     def warm_views(self, launch: Launch) -> list[warm_rule.RankView]:
         return warm_rule.views_of(self.ranks(launch))
 
-    def release_held_back(self, launch: Launch, views: list[warm_rule.RankView], now: float) -> None:
-        """Ranks waiting for their order while their peers stay stuck (``warm_rule.holding_back``): killed by their
-        agents, once, so the peers' collectives fail; the warm restart then starts them again."""
+    def release_held_back(self, launch: Launch, views: list[warm_rule.RankView], now: float) -> DetectionEvent | None:
+        """Ranks waiting for their order after their own error while their peers stay stuck
+        (``warm_rule.holding_back``): killed by their agents, once, so the peers' collectives fail; the warm
+        restart then starts them again. Ranks stuck while every waiting one failed on a peer
+        (``warm_rule.hung_by_peers``): a ``rank_hang`` naming them, returned to end the watch."""
         stuck = any(v.awaiting for v in views) and any(v.alive and not v.awaiting for v in views)
         self.stuck_since = (self.stuck_since or now) if stuck else None
-        kill = warm_rule.holding_back(views, now - self.stuck_since if self.stuck_since is not None else 0.0)
+        stuck_s = now - self.stuck_since if self.stuck_since is not None else 0.0
+        hung = warm_rule.hung_by_peers(views, stuck_s)
+        if hung:
+            waiting = ", ".join(str(v.rank) for v in views if v.awaiting)
+            return of_silence(RANK_HANG, hung, (v.node for v in views if v.rank in hung), "stuck_s", stuck_s,
+                              warm_rule.HOLD_BACK_GRACE_S,
+                              f"rank {', '.join(map(str, hung))} neither steps nor waits for a restart order while "
+                              f"every waiting rank ({waiting}) saw its collective fail on a peer (the backend's "
+                              "timeout or a closed connection)")  # fmt: skip
+        kill = warm_rule.holding_back(views, stuck_s)
         kill = tuple(r for r in kill if r not in self.released)
         if not kill:
-            return
+            return None
         self.released.update(kill)
         self.ctx.record(ev.action_event(self.ctx.clock(), "kill_ranks", None, tuple(map(str, kill)),
                                         "waiting for the restart order while their peers stay in a collective with "
@@ -186,6 +201,7 @@ class Watcher:
         nodes = {v.rank: v.node for v in views}
         for node in sorted({nodes[r] for r in kill}):
             self.channel.send(node, [wire.Command(wire.CMD_KILL_RANK, r) for r in kill if nodes[r] == node])
+        return None
 
     def replacement_failed(self, launch: Launch) -> DetectionEvent | None:
         """A rank the last warm restart started again whose srun ended badly before the launch did (the node

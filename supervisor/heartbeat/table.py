@@ -220,12 +220,13 @@ class LiveTable:
                 span = (st.sent_mono_ns - st.base_mono_ns) / 1e9
                 base = {t[0]: t for t in unpack(st.base_body)}
             for (rank, pid, step, phase, state, rflags, cflags, age, ewma, mn, mx, loss, loss_step, beats, ecode,
-                 esig, cpu, ckpt_ms, ckpt_step, own) in unpack(st.body):
+                 esig, rflags_hi, cpu, ckpt_ms, ckpt_step, own) in unpack(st.body):
+                rflags |= rflags_hi << 8
                 rate = cpu_frac = None
                 b = base.get(rank)
                 if b is not None and span > 0 and b[1] == pid and step >= b[2]:
                     rate = (step - b[2]) / span
-                    cpu_frac = max(0.0, cpu - b[16]) / span
+                    cpu_frac = max(0.0, cpu - b[17]) / span
                 append(RankView(
                     rank, node, pid, step, _PHASE[phase], None if age == no_beat else age / 1000.0 + since,
                     _STATE[state], ewma if ewma > 0 else None, mn if mn > 0 else None, mx if mx > 0 else None,

@@ -25,7 +25,7 @@ import struct
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from supervisor import procstate
 
@@ -49,10 +49,11 @@ HEADER = struct.Struct("<4sBBHQQqQBB")
 
 # One rank, 84 bytes: rank, pid, step, phase, state, rank flags, control flags, beat age ms,
 # iteration EWMA / min / max seconds, last loss, step of that loss (-1: no loss ever given, then the loss
-# is NaN and means nothing), beats, exit code, exit signal, (pad), cpu seconds, checkpoint ms (time the
+# is NaN and means nothing), beats, exit code, exit signal, rank flags' high byte (bits 8-15: a byte that was
+# padding, 0 in every older agent's frames, so no version change), cpu seconds, checkpoint ms (time the
 # process spent in checkpoint phases, measured by the client, modulo 2**32), step of its last checkpoint (-1),
 # own-time EWMA seconds (step time less collective waits; 0: not measured). Version 2's entries end before it.
-RANK = struct.Struct("<IIqBBBBIfffdqQhBxdIqf")
+RANK = struct.Struct("<IIqBBBBIfffdqQhBBdIqf")
 RANK_V2_SIZE = 84
 MAX_RANKS = (MAX_FRAME - HEADER.size - 2 * MAX_NAME - MAC_LEN) // RANK.size
 
@@ -178,7 +179,8 @@ def pack_rank(entry: RankEntry) -> bytes:
         e.beat_age_ms if e.beat_age_ms == NO_BEAT else _clamp_u32(e.beat_age_ms),
         _f32(e.ewma_s), _f32(e.min_s), _f32(e.max_s), float(e.loss),
         max(-(2**63), min(e.loss_step, 2**63 - 1)), e.beats & 0xFFFFFFFFFFFFFFFF,
-        max(-32768, min(e.exit_code, 32767)), e.exit_signal & 0xFF, float(e.cpu_s), e.ckpt_ms & 0xFFFFFFFF,
+        max(-32768, min(e.exit_code, 32767)), e.exit_signal & 0xFF, (e.rank_flags >> 8) & 0xFF, float(e.cpu_s),
+        e.ckpt_ms & 0xFFFFFFFF,
         max(-(2**63), min(e.ckpt_step, 2**63 - 1)), _f32(e.own_s),
     )
 
@@ -283,7 +285,12 @@ def decode(key: bytes, data: bytes, job: str | None = None) -> Frame:
 
 def iter_ranks(body: bytes) -> Iterator[RankEntry]:
     """Decode a summary body lazily (the aggregator keeps bodies as bytes until a snapshot needs them)."""
-    return map(RankEntry._make, RANK.iter_unpack(body))
+    return map(_entry, RANK.iter_unpack(body))
+
+
+def _entry(t: tuple[Any, ...]) -> RankEntry:
+    """One unpacked rank: the rank flags' two bytes joined (the high one sits after the exit signal)."""
+    return RankEntry._make((*t[:5], t[5] | t[16] << 8, *t[6:16], *t[17:]))
 
 
 def commands(frame: Frame) -> list[Command]:

@@ -33,9 +33,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_rank(rank: int, env: dict[str, str], tmp: Path, tag: str) -> subprocess.Popen[bytes]:
+def start_rank(rank: int, env: dict[str, str], tmp: Path, tag: str, steps: int = STEPS) -> subprocess.Popen[bytes]:
     with open(tmp / f"rank{rank}-{tag}.err", "wb") as err, open(tmp / f"rank{rank}-{tag}.out", "wb") as out:
-        return subprocess.Popen([sys.executable, str(PROGRAM), "--steps", str(STEPS), "--ckpt-dir", str(tmp / "ckpt"),
+        return subprocess.Popen([sys.executable, str(PROGRAM), "--steps", str(steps), "--ckpt-dir", str(tmp / "ckpt"),
                                  "--out", str(tmp / "final.pt")],
                                 env={**env, "RANK": str(rank)}, stdout=out, stderr=err, cwd=ROOT)  # fmt: skip
 

@@ -27,10 +27,10 @@ PROGRAM = Path(__file__).parent / "programs" / "warm_train.py"
 STEPS = 30
 
 
-def uninterrupted(tmp: Path) -> dict[str, torch.Tensor]:
+def uninterrupted(tmp: Path, steps: int = STEPS) -> dict[str, torch.Tensor]:
     tmp.mkdir()
     env = base_env(tmp, free_port())
-    wait_all({r: start_rank(r, env, tmp, "plain") for r in range(WORLD)}, tmp)
+    wait_all({r: start_rank(r, env, tmp, "plain", steps) for r in range(WORLD)}, tmp)
     return torch.load(tmp / "final.pt", weights_only=True)
 
 
@@ -39,21 +39,26 @@ def starts(text: str) -> list[tuple[int, int, int, int]]:
     return [tuple(map(int, m)) for m in re.findall(r"start rank=(\d+) pid=(\d+) generation=(\d+) step=(\d+)", text)]  # type: ignore[misc]
 
 
-@pytest.mark.parametrize(("fault", "standbys"), [("kill", "off"), ("kill", "auto"), ("stop", "auto"), ("raise", "auto")])
+@pytest.mark.parametrize(("fault", "standbys"), [("kill", "off"), ("kill", "auto"), ("stop", "auto"), ("hang", "auto"),
+                                                  ("hang-early", "auto"), ("raise", "auto")])  # fmt: skip
 def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_their_processes(
     tmp_path: Path, fault: str, standbys: str
 ) -> None:
     out = tmp_path / "final.pt"
-    extra = ("--raise-at-step", "12") if fault == "raise" else ()
+    # hang: rank 1 sleeps once the hang timeout is learned (the stall probe names it from the stacks);
+    # hang-early: during the warm-up (timeout 300 s), so its peers' gloo collectives time out on it first (15 s)
+    extra = {"raise": ("--raise-at-step", "12"), "hang": ("--hang-at-step", "50"),
+             "hang-early": ("--hang-at-step", "12", "--pg-timeout", "15")}.get(fault, ())  # fmt: skip
     config = f'[run]\nwarm_restart = "on"\nstandbys = "{standbys}"\n'
-    camp = submit_program(tmp_path, "--out", str(out), *extra, steps=STEPS, ckpt_every=5, step_time=0.2, nodes=3,
+    steps = 70 if fault == "hang" else STEPS
+    camp = submit_program(tmp_path, "--out", str(out), *extra, steps=steps, ckpt_every=5, step_time=0.2, nodes=3,
                           config=config, program=PROGRAM)  # fmt: skip
     try:
         pids = {r: rank_pid_on(camp, r) for r in range(WORLD)}
         if fault == "kill" and standbys == "auto":  # once the pool is up: rank 1 goes to n2's standby, not a new step
             pool = wait_for("the standbys to start", lambda: camp.of_type("standbys"), 120)[0]
             assert sorted(pool["started"].values()) == sorted(launches(camp)[0]["nodes"]), pool
-        if fault != "raise":  # (raise: rank 1's training raises a ValueError at step 12 by itself)
+        if fault in ("kill", "stop"):  # (raise, hang: rank 1's training raises at step 12, or sleeps, by itself)
             wait_printed(camp, 1, 12)
             os.kill(pids[1], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
         ended = wait_for("the campaign to complete", camp.ended, 240)
@@ -65,14 +70,16 @@ def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_the
         skipped = camp.of_type("warm_restart_skipped")
         assert not skipped, skipped
         interruption = camp.of_type("interruption")[0]
-        assert interruption["class"] == {"stop": "hang", "kill": "unknown", "raise": "app_error"}[fault], interruption
+        assert interruption["class"] == {"stop": "hang", "hang": "hang", "hang-early": "hang", "kill": "unknown",
+                                         "raise": "app_error"}[fault], interruption  # fmt: skip
         kinds = [a["kind"] for a in camp.of_type("action")]
         assert "kill_step" not in kinds, kinds
         if fault == "raise":  # it waited in its process, its peers stuck on it: its process's end released them
             killed = [a for a in camp.of_type("action") if a["kind"] == "kill_ranks"]
             assert killed and killed[0]["target"] == ["1"] and "waiting for the restart order" in killed[0]["reason"]
-        if fault == "stop":  # its stack saved, then it alone killed; the step was not
-            assert "kill_ranks" in kinds, kinds
+        if fault.startswith("hang") or fault == "stop":  # its stack saved, then it alone killed; the step was not
+            killed = [a for a in camp.of_type("action") if a["kind"] == "kill_ranks"]
+            assert killed and killed[0]["target"] == ["1"], kinds
             assert [s["rank"] for s in camp.of_type("stacks") if s["result"] == "stacks_saved"], camp.of_type("stacks")
         logs = camp.root.glob("logs/*/")
         log_dir = next(d for d in logs if (d / "train-1.log").exists())
@@ -89,7 +96,7 @@ def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_the
         started = starts(next(log_dir.glob(log)).read_text(errors="replace"))
         assert [(rank, g, s) for rank, _, g, s in started] == [(1, 1, again["resume_step"])], started
         assert started[0][1] != pids[1]
-        want = uninterrupted(tmp_path / "plain")
+        want = uninterrupted(tmp_path / "plain", steps)
         got = torch.load(out, weights_only=True)
         assert all(torch.equal(got[k], want[k]) for k in want), "the warm restart changed the training"
         report = camp.report()

@@ -48,6 +48,23 @@ def test_sampler_reports_a_live_rank_with_its_step_age_and_cpu(tmp_path: Path) -
     w.close()
 
 
+def test_sampler_passes_rank_flags_above_the_first_byte(tmp_path: Path) -> None:
+    """RANK_FLAG_PEER_FAILED (bit 8) reaches the wire: without it the supervisor would kill the peers of a hung
+    rank as if they held it back."""
+    from supervisor.client.slot import RANK_FLAG_AWAITING_RESTART, RANK_FLAG_PEER_FAILED
+
+    d = slot_dir(tmp_path)
+    w = SlotWriter.create(d, 5, 1, 8)
+    w.beat(1, 0.5)
+    w.set_async_flag(RANK_FLAG_AWAITING_RESTART | RANK_FLAG_PEER_FAILED)
+    slots = RankSlots(d)
+    slots.scan()
+    (e,) = slots.sample()
+    assert e.rank_flags & RANK_FLAG_PEER_FAILED and e.rank_flags & RANK_FLAG_AWAITING_RESTART
+    slots.close()
+    w.close()
+
+
 def test_sampler_sees_a_dead_rank_as_gone_then_follows_its_restart(tmp_path: Path) -> None:
     d = slot_dir(tmp_path)
     code = ("import sys; from supervisor.client.slot import SlotWriter; "

@@ -84,6 +84,7 @@ def test_a_failed_attempt_waits_for_its_order_then_runs_again_with_it(
     seen: list[tuple[int, str | None]] = []
     held: list[weakref.ref[Held]] = []
     freed_before_order: list[bool] = []
+    peer_failed: list[bool] = []
 
     @client.restartable
     def train(steps: int) -> str:
@@ -97,6 +98,7 @@ def test_a_failed_attempt_waits_for_its_order_then_runs_again_with_it(
 
     def supervisor() -> None:
         assert _wait_for_flag(warm, S.RANK_FLAG_AWAITING_RESTART)
+        peer_failed.append(bool(_flags(warm) & S.RANK_FLAG_PEER_FAILED))
         gc.collect()
         freed_before_order.append(held[0]() is None)
         write_order(warm, RestartOrder(1, {"MASTER_PORT": "29123"}))
@@ -107,7 +109,8 @@ def test_a_failed_attempt_waits_for_its_order_then_runs_again_with_it(
     helper.join()
     assert seen == [(0, None), (1, "29123")]
     assert freed_before_order == [True]  # the failed attempt's objects were let go before the wait
-    assert not _flags(warm) & S.RANK_FLAG_AWAITING_RESTART
+    assert not _flags(warm) & (S.RANK_FLAG_AWAITING_RESTART | S.RANK_FLAG_PEER_FAILED)
+    assert peer_failed == [True], "a closed connection is a peer's failure: the supervisor must not kill this rank"
     assert client.generation() == 1
     err = capsys.readouterr().err
     assert "RuntimeError: Connection closed by peer" in err  # the traceback, as an uncaught exception prints it
@@ -164,3 +167,42 @@ def test_a_stop_request_while_waiting_ends_the_wait_at_once(warm: Path) -> None:
         train()  # the fixture's wait is 20 s
     helper.join()
     assert time.monotonic() - started < 10
+
+
+def test_a_collective_failure_is_told_from_the_ranks_own_error() -> None:
+    from supervisor.client.restart import collective_failure
+
+    class DistBackendError(RuntimeError):  # torch.distributed's, matched by name (the client imports no torch)
+        pass
+
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms")
+    assert collective_failure(gloo) and collective_failure(DistBackendError("NCCL communicator was aborted"))
+    wrapped = ValueError("while averaging gradients")
+    wrapped.__cause__ = RuntimeError("Connection reset by peer")
+    assert collective_failure(wrapped)
+    for own in (ValueError("a bad sample at step 12"), RuntimeError("CUDA out of memory"), KeyError("x")):
+        assert not collective_failure(own), own
+    loop = ValueError("a")
+    loop.__context__ = loop  # a cycle ends the walk
+    assert not collective_failure(loop)
+
+
+def test_a_rank_waiting_on_its_own_error_is_not_marked_peer_failed(warm: Path) -> None:
+    marked: list[bool] = []
+
+    @client.restartable
+    def train() -> str:
+        if client.generation() == 0:
+            raise ValueError("a bad sample")
+        return "ok"
+
+    def supervisor() -> None:
+        assert _wait_for_flag(warm, S.RANK_FLAG_AWAITING_RESTART)
+        marked.append(bool(_flags(warm) & S.RANK_FLAG_PEER_FAILED))
+        write_order(warm, RestartOrder(1, {}))
+
+    helper = threading.Thread(target=supervisor)
+    helper.start()
+    assert train() == "ok"
+    helper.join()
+    assert marked == [False]

@@ -119,6 +119,37 @@ def test_a_waiting_rank_whose_peers_stay_stuck_is_killed_after_a_grace() -> None
     assert holding_back([v(0, True, False), v(1, True, False)], stuck_s=60.0) == ()  # a hang: nobody waits
 
 
+def test_a_rank_waiting_because_a_peer_failed_it_is_never_killed_and_the_stuck_peer_is_hung() -> None:
+    """The live hang the backend saw first (gloo's timeout before the supervisor's warm-up timeout): ranks 0 and 2
+    wait, their collectives having timed out on rank 1, which sleeps. Killing the waiting ones (as for a rank
+    whose own code raised) would kill the victims: rank 1 is the hung one."""
+    from supervisor.decisions.warm_restart import holding_back, hung_by_peers
+
+    def v(rank: int, awaiting: bool, peer_failed: bool = False) -> RankView:
+        return RankView(rank, "n", True, True, awaiting, peer_failed)
+
+    timed_out = [v(0, True, True), v(1, False), v(2, True, True)]
+    assert holding_back(timed_out, stuck_s=60.0) == ()
+    assert hung_by_peers(timed_out, stuck_s=1.0) == () and hung_by_peers(timed_out, stuck_s=6.0) == (1,)
+    own_error = [v(0, False), v(1, True), v(2, False)]  # rank 1 raised by itself: it holds its peers back
+    assert hung_by_peers(own_error, stuck_s=60.0) == () and holding_back(own_error, stuck_s=60.0) == (1,)
+    mixed = [v(0, True, True), v(1, True), v(2, False)]  # one waits on its own error: that is the one to kill
+    assert holding_back(mixed, stuck_s=60.0) == (1,) and hung_by_peers(mixed, stuck_s=60.0) == ()
+
+
+@given(st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=1, max_size=6),
+       st.floats(0, 100))  # fmt: skip
+def test_the_ranks_killed_for_holding_back_and_those_named_hung_never_meet(flags: list[tuple[bool, bool, bool]],
+                                                                          stuck_s: float) -> None:  # fmt: skip
+    from supervisor.decisions.warm_restart import holding_back, hung_by_peers
+
+    views = [RankView(r, "n", alive, True, awaiting, peer) for r, (alive, awaiting, peer) in enumerate(flags)]
+    held, hung = holding_back(views, stuck_s), hung_by_peers(views, stuck_s)
+    assert not (held and hung), "one picture, two culprits"
+    assert all(views[r].alive and views[r].awaiting and not views[r].peer_failed for r in held)
+    assert all(views[r].alive and not views[r].awaiting for r in hung)
+
+
 def test_the_training_raising_everywhere_restarts_every_rank_in_its_process() -> None:
     got = choose(ranks(dead=()), enabled=True, bad_nodes=(), shrinks=False, in_progress=False, waited_s=0)
     assert (got.kind, got.replace) == (WARM, ())

@@ -305,3 +305,24 @@ def test_a_waiting_rank_that_holds_its_peers_back_is_killed_once_after_the_grace
     moving = [rule.RankView(0, "n0", True, True, False), rule.RankView(1, "n1", True, True, False)]
     Watcher.release_held_back(watcher, launch, moving, now=200.0)  # type: ignore[arg-type]
     assert watcher.stuck_since is None  # nobody waits: the clock starts again
+
+
+def test_ranks_stuck_while_every_waiting_rank_failed_on_a_peer_end_the_watch_as_a_hang_of_those(tmp_path: Path) -> None:
+    """Ranks 0 and 2 wait after their collectives timed out on rank 1 (the backend saw the hang first): nobody is
+    killed for holding back; after the grace the watch gets a rank_hang naming rank 1, which the warm restart then
+    kills alone (its stack saved) like any hang's."""
+    from supervisor.decisions.detect import RANK_HANG
+
+    channel, record = FakeChannel("7"), Recorded()
+    watcher = SimpleNamespace(stuck_since=None, released=set(), channel=channel, ctx=Context.of(record))
+    views = [rule.RankView(0, "n0", True, True, True, True), rule.RankView(1, "n1", True, True, False),
+             rule.RankView(2, "n2", True, True, True, True)]  # fmt: skip
+    launch = launch_of(tmp_path)
+    assert Watcher.release_held_back(watcher, launch, views, now=100.0) is None  # type: ignore[arg-type]
+    hung = Watcher.release_held_back(watcher, launch, views, now=106.0)  # type: ignore[arg-type]
+    assert hung is not None and hung.kind == RANK_HANG and hung.ranks == (1,) and hung.nodes == ("n1",)
+    assert "collective fail on a peer" in hung.evidence[0]
+    assert not channel.sent and not record.events, "a victim was killed"
+    interruption, decision = restart_decision("hang")
+    w, _, _ = warm_restarts(tmp_path, [])
+    assert w.plan(launch, interruption, decision, (hung,)) == (1,)

@@ -209,3 +209,16 @@ def test_any_in_range_rank_entry_round_trips_exactly(e: wire.RankEntry) -> None:
     (out,) = wire.iter_ranks(wire.decode(KEY, summary(ranks=[e])).body)
     for name, a, b in zip(wire.RankEntry._fields, out, e, strict=True):
         assert a == b or (a != a and b != b), name  # NaN == NaN here
+
+
+def test_rank_flags_above_the_first_byte_travel_in_the_byte_that_was_padding() -> None:
+    """RANK_FLAG_PEER_FAILED is bit 8: it rides in the entry's former pad byte, which older agents leave 0."""
+    from supervisor.client.layout import RANK_FLAG_AWAITING_RESTART, RANK_FLAG_PEER_FAILED
+
+    flags = RANK_FLAG_AWAITING_RESTART | RANK_FLAG_PEER_FAILED
+    ranks = [entry(0)._replace(rank_flags=flags), entry(1)]
+    out = list(wire.iter_ranks(wire.decode(KEY, summary(ranks=ranks), job="123").body))
+    assert [e.rank_flags for e in out] == [flags, ranks[1].rank_flags]
+    table = LiveTable(KEY, "123", wall_ns=lambda: NOW)
+    assert table.feed(summary(ranks=ranks))
+    assert [r.rank_flags for r in table.rank_views()] == [flags, ranks[1].rank_flags]

@@ -11,7 +11,8 @@ Per-parameter all-reduces keep every element's place, so a resumed run is bitwis
 ``$SUPERVISOR_RESUME_FROM`` (or the newest ``checkpoint-<step>.pt`` in ``--ckpt-dir``), train. Each batch depends
 only on the seed, the step and the rank, so a resumed run trains on exactly the batches an uninterrupted one does.
 ``--raise-at-step N`` (with ``--raise-rank``): once per campaign (a marker file in ``--ckpt-dir``), that rank's
-training raises a ValueError at step N, as a bug in the program would. Every start prints
+training raises a ValueError at step N, as a bug in the program would; ``--hang-at-step N``: once per campaign,
+that rank sleeps forever after step N (a live hang: its process runs, its peers block in the next all_reduce). Every start prints
 ``start rank=R pid=P generation=G step=S`` on stderr; rank 0 prints ``step=N loss=X`` per step
 and, at the end, saves the final weights to ``--out``. Rank 0 saves every ``--ckpt-every`` steps (a temporary file
 renamed into place) and all ranks meet at a barrier after it.
@@ -79,6 +80,9 @@ def train(args: argparse.Namespace) -> None:
         client.step(step, loss=float(loss.item()))
         if step == args.raise_at_step and rank == args.raise_rank and once(ckpt_dir / ".raised"):
             raise ValueError(f"a bad sample at step {step}")
+        if step == args.hang_at_step and rank == args.raise_rank and once(ckpt_dir / ".hung"):
+            while True:  # a live hang: the process runs (sleeps), its peers block in the next all_reduce
+                time.sleep(1)
         if rank == 0:
             print(f"step={step} loss={float(loss.item())!r}", flush=True)
         if step % args.ckpt_every == 0:
@@ -104,7 +108,8 @@ def main() -> None:
     p.add_argument("--pg-timeout", type=float, default=120.0)
     p.add_argument("--out", required=True)
     p.add_argument("--raise-at-step", type=int, default=0)
-    p.add_argument("--raise-rank", type=int, default=1)
+    p.add_argument("--raise-rank", type=int, default=1, help="the rank that raises or hangs")
+    p.add_argument("--hang-at-step", type=int, default=0)
     args = p.parse_args()
     Path(args.ckpt_dir).mkdir(parents=True, exist_ok=True)
     client.restartable(train)(args)
