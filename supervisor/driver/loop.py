@@ -26,6 +26,7 @@ from supervisor.decisions.classify import Evidence, Interruption
 from supervisor.decisions.detect import LOSS_DIVERGED, NODE_SILENT, Detector
 from supervisor.decisions.respond import last_step, respond
 from supervisor.driver import flight_dumps, prelaunch
+from supervisor.driver import warm_restart as warm_restarts
 from supervisor.driver.actuators import Actuators, Situation
 from supervisor.driver.agents import AgentStep
 from supervisor.driver.checkpoint_tracker import CheckpointTracker
@@ -233,8 +234,13 @@ class Supervisor:
                       **({"standby_ranks": {str(r): s.ident for r, s in taken.items()}} if taken else {}),
                       "log": launch.log_path.name})  # its ranks go on writing the launch's log
         launch.log = launch.reader.from_now()  # the new generation's lines are judged alone
-        dead = p.warm.restart(launch, choice, order, taken)
+        dead, untaken = p.warm.restart(launch, choice, order, taken)
         p.watcher.old_pids.update(dead)  # the replaced ranks' old processes are an earlier launch's
+        if untaken:  # a rank that never takes its order would wedge the new generation: cold after all
+            p.ctx.record(ev.warm_restart_skipped(
+                p.ctx.clock(), launch.number, f"rank {', '.join(map(str, untaken))} did not take the restart order "
+                f"within {warm_restarts.ORDER_TAKEN_WAIT_S:g} s"))  # fmt: skip
+            return False
         return True
 
     def with_site_exclusions(self, excluded: tuple[str, ...]) -> tuple[str, ...]:

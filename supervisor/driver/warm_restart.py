@@ -109,10 +109,10 @@ class WarmRestarts:
         return self.standbys.take(launch, {r: launch.nodes[r // self.tasks_per_node] for r in choice.replace})
 
     def restart(self, launch: Launch, choice: rule.WarmChoice, order: RestartOrder,
-                taken: Mapping[int, Standby] | None = None) -> list[int]:  # fmt: skip
+                taken: Mapping[int, Standby] | None = None) -> tuple[list[int], tuple[int, ...]]:  # fmt: skip
         """Carry out a warm choice: the order to every node's agent, the dead ranks given to ``taken`` standbys or
         started again, the orders repeated until the ranks took them. Returns the pids of the ranks replaced
-        (their views are gone)."""
+        (their views are gone) and the kept ranks that never took the order (the restart cannot go on warm)."""
         taken = dict(taken or {})
         dead = [v.pid for v in self.ranks_of(launch) if v.rank in choice.replace]
         text = restart_order_text(order)
@@ -132,14 +132,17 @@ class WarmRestarts:
         for rep in started:
             procs.add(rep.proc)
         launch.proc = procs
-        self.until_taken(launch, choice, text, assigns, set(dead))
-        return dead
+        untaken = self.until_taken(launch, choice, text, assigns, set(dead))
+        return dead, untaken
 
     def until_taken(self, launch: Launch, choice: rule.WarmChoice, text: str,
-                    assigns: Mapping[int, tuple[str, str]] | None = None, gone: set[int] | None = None) -> None:  # fmt: skip
+                    assigns: Mapping[int, tuple[str, str]] | None = None,
+                    gone: set[int] | None = None) -> tuple[int, ...]:  # fmt: skip
         """Send the orders again (datagrams may be lost) until no kept rank still waits for the restart order and
         every standby given a rank shows up as that rank (a process not among ``gone``, the replaced ranks' pids),
-        at most ``ORDER_TAKEN_WAIT_S``."""
+        at most ``ORDER_TAKEN_WAIT_S``. Returns the kept ranks still waiting then: a rank takes its order within
+        a poll of its arrival, so one that did not in all that time never will (a standby slow to show up as its
+        rank is left to the watch: its program may take long to reach the client)."""
         assigns, gone = assigns or {}, gone or set()
         deadline = time.monotonic() + ORDER_TAKEN_WAIT_S
         next_send = time.monotonic() + ORDER_RESEND_S
@@ -148,7 +151,7 @@ class WarmRestarts:
             waiting = [v for v in rule.views_of(ranks) if v.rank not in choice.replace and v.awaiting]
             unseen = [rank for rank in assigns if rank not in {r.rank for r in ranks if r.pid not in gone}]
             if not waiting and not unseen:
-                return
+                return ()
             if time.monotonic() >= next_send:
                 for node in sorted({v.node for v in waiting}):
                     self.channel.send_order(node, text)
@@ -156,3 +159,5 @@ class WarmRestarts:
                     self.channel.send_order(*assigns[rank])
                 next_send = time.monotonic() + ORDER_RESEND_S
             self.channel.poll(0.05)
+        return tuple(sorted(v.rank for v in rule.views_of(self.ranks_of(launch))
+                            if v.rank not in choice.replace and v.awaiting))  # fmt: skip

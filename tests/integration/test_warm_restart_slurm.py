@@ -103,3 +103,32 @@ def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_the
         assert [a["outcome"]["class"] if a["outcome"] else None for a in report["attempts"]][-1] == "completed"
     finally:
         cancel(camp.job_id)
+
+
+@pytest.mark.parametrize("fallback", ["ignores-order", "second-fault"])
+def test_a_warm_restart_that_cannot_go_on_falls_back_to_a_cold_relaunch(tmp_path: Path, fallback: str) -> None:
+    """Rank 1 SIGKILLed; then either rank 2 waits but never takes its restart order (a client that cannot read
+    it), or the rank taking over rank 1 fails at its start (a second fault during the warm restart). Neither may
+    wedge the job: the warm restart is given up (``warm_restart_skipped`` says why), the step is killed and the
+    training relaunched cold, and it completes with the weights of an uninterrupted run."""
+    out = tmp_path / "final.pt"
+    extra = ("--ignore-order-rank", "2") if fallback == "ignores-order" else ("--fail-generation", "1")
+    camp = submit_program(tmp_path, "--out", str(out), *extra, steps=STEPS, ckpt_every=5, step_time=0.2, nodes=3,
+                          config='[run]\nwarm_restart = "on"\n', program=PROGRAM)  # fmt: skip
+    try:
+        pid = rank_pid_on(camp, 1)
+        wait_printed(camp, 1, 12)
+        os.kill(pid, signal.SIGKILL)
+        ended = wait_for("the campaign to complete", camp.ended, 240)
+        assert ended["state"] == "completed", ended
+        first, warm, cold = launches(camp)
+        assert warm.get("generation") == 1 and warm["replaced_ranks"] == [1], warm
+        assert "generation" not in cold and cold["resume_tier"] == "filesystem", cold
+        skipped = camp.of_type("warm_restart_skipped")
+        want = "rank 2 did not take the restart order" if fallback == "ignores-order" else "second fault"
+        assert skipped and want in skipped[-1]["why"], skipped
+        want_weights = uninterrupted(tmp_path / "plain")
+        got = torch.load(out, weights_only=True)
+        assert all(torch.equal(got[k], want_weights[k]) for k in want_weights), "the fallback changed the training"
+    finally:
+        cancel(camp.job_id)

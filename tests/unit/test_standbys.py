@@ -223,8 +223,9 @@ def test_a_warm_restart_hands_the_dead_rank_to_its_nodes_standby(tmp_path: Path)
 
     helper = threading.Thread(target=take_it_later)
     helper.start()
-    w.restart(launch, warm_rule.WarmChoice(warm_rule.WARM, (1,)), RestartOrder(1, {"MASTER_PORT": "23456"}),
-              {1: standby})  # fmt: skip
+    _, untaken = w.restart(launch, warm_rule.WarmChoice(warm_rule.WARM, (1,)), RestartOrder(1, {"MASTER_PORT": "23456"}),
+                           {1: standby})  # fmt: skip
+    assert untaken == ()
     helper.join()
     assert started == [], "the rank was not started as a new step: its node's standby took it"
     assigns = [(node, parse_orders(text).assign) for node, text in channel.orders if '"assign"' in text]

@@ -132,6 +132,28 @@ def test_a_survivor_that_does_not_let_go_in_time_makes_it_cold_and_journals_why(
     assert record.events[-1]["type"] == "warm_restart_skipped" and "rank 2 did not let go" in record.events[-1]["why"]
 
 
+def test_a_kept_rank_that_never_takes_its_order_is_returned_for_a_cold_fallback(tmp_path: Path,
+                                                                                monkeypatch: Any) -> None:  # fmt: skip
+    from supervisor.driver import warm_restart as driver
+
+    monkeypatch.setattr(driver, "ORDER_TAKEN_WAIT_S", 1.0)
+    w, channel, _ = warm_restarts(tmp_path, [view(0), view(1, alive=False), view(2)])
+
+    def rank_0_takes_it() -> None:
+        time.sleep(0.3)
+        channel.table.ranks = [view(0, flags=RANK_FLAG_RESTARTABLE), view(2)]
+
+    import threading
+
+    helper = threading.Thread(target=rank_0_takes_it)
+    helper.start()
+    started = time.monotonic()
+    _, untaken = w.restart(launch_of(tmp_path), rule.WarmChoice(rule.WARM, (1,)), RestartOrder(1, {}))
+    helper.join()
+    assert untaken == (2,) and time.monotonic() - started >= 1.0
+    assert [n for n, _ in channel.orders].count("n2") > 1, "the order was not sent again to the rank still waiting"
+
+
 def test_a_second_fault_before_the_restarted_generation_trained_is_cold(tmp_path: Path) -> None:
     w, channel, _ = warm_restarts(tmp_path, [view(0), view(1, alive=False), view(2)])
     launch = launch_of(tmp_path)
@@ -156,9 +178,9 @@ def test_the_order_goes_to_every_node_and_again_until_the_waiting_ranks_took_it(
 
     helper = threading.Thread(target=take_it_later)
     helper.start()
-    dead = w.restart(launch, rule.WarmChoice(rule.WARM, (1,)), order)
+    dead, untaken = w.restart(launch, rule.WarmChoice(rule.WARM, (1,)), order)
     helper.join()
-    assert dead == [101]
+    assert dead == [101] and untaken == ()
     assert {node for node, _ in channel.orders} == {"n0", "n1", "n2"}
     assert len(channel.orders) > 3, "the order was not sent again while the ranks still waited"
     assert json.loads(channel.orders[0][1]) == {"restart": {"generation": 1, "env": {"MASTER_PORT": "23456"}}}

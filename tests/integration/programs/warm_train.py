@@ -12,7 +12,9 @@ Per-parameter all-reduces keep every element's place, so a resumed run is bitwis
 only on the seed, the step and the rank, so a resumed run trains on exactly the batches an uninterrupted one does.
 ``--raise-at-step N`` (with ``--raise-rank``): once per campaign (a marker file in ``--ckpt-dir``), that rank's
 training raises a ValueError at step N, as a bug in the program would; ``--hang-at-step N``: once per campaign,
-that rank sleeps forever after step N (a live hang: its process runs, its peers block in the next all_reduce). Every start prints
+that rank sleeps forever after step N (a live hang: its process runs, its peers block in the next all_reduce);
+``--fail-generation G``: that rank exits 3 at its start in generation G (a second fault during a warm restart);
+``--ignore-order-rank R``: rank R waits like the others but never sees a restart order. Every start prints
 ``start rank=R pid=P generation=G step=S`` on stderr; rank 0 prints ``step=N loss=X`` per step
 and, at the end, saves the final weights to ``--out``. Rank 0 saves every ``--ckpt-every`` steps (a temporary file
 renamed into place) and all ranks meet at a barrier after it.
@@ -52,6 +54,10 @@ def once(marker: Path) -> bool:
 
 def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
+    if args.fail_generation and client.generation() == args.fail_generation and \
+            int(os.environ.get("RANK", "-1")) == args.raise_rank:  # fmt: skip
+        print(f"rank {args.raise_rank} cannot start in generation {args.fail_generation}", file=sys.stderr, flush=True)
+        raise SystemExit(3)  # a second fault while a warm restart is under way
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=args.pg_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
@@ -110,8 +116,15 @@ def main() -> None:
     p.add_argument("--raise-at-step", type=int, default=0)
     p.add_argument("--raise-rank", type=int, default=1, help="the rank that raises or hangs")
     p.add_argument("--hang-at-step", type=int, default=0)
+    p.add_argument("--fail-generation", type=int, default=0, help="that rank exits 3 at its start in this generation")
+    p.add_argument("--ignore-order-rank", type=int, default=-1, help="this rank never sees a restart order")
     args = p.parse_args()
     Path(args.ckpt_dir).mkdir(parents=True, exist_ok=True)
+    if args.ignore_order_rank >= 0 and int(os.environ.get("RANK", "-1")) == args.ignore_order_rank:
+        # a client that cannot read its orders (a test's stand-in)
+        from supervisor.client import restart as _restart
+
+        _restart.read_order = lambda *a, **k: None  # type: ignore[assignment]
     client.restartable(train)(args)
     sys.stdout.flush()
     sys.stderr.flush()
