@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--memory-stall", type=float, default=0.03,
                    help="with --memory-tier: the training blocked per snapshot, s (default 0.03: a 350 MB state "
                         "per GPU at the copy rate bench_memory_snapshot measures)")
+    s.add_argument("--warm-restart", type=float, default=None, metavar="S",
+                   help="a program in client.restartable: relaunches in the allocation that a warm restart carries "
+                        "out cost S seconds instead of --restart (docs/goodput.md: 20 at 16,384 GPUs)")
     s.add_argument("--config", metavar="FILE.toml", help="take [policy] and [ledger] from this supervisor config")
     n = p.add_argument_group("naive Slurm requeue and both")
     n.add_argument("--naive-stall", type=float, default=30.0, help="synchronous checkpoint stall, s")
@@ -65,8 +68,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             faults = trace.llama3(args.seed, args.gpus, args.days, args.gpus_per_node, args.rate_scale)
         for name in ("stall", "write", "restart", "detect_hang", "detect_crash", "preflight", "naive_stall",
-                     "naive_restart", "hang_timeout", "queue", "operator", "recur_h", "memory_stall"):  # fmt: skip
-            if getattr(args, name) < 0:
+                     "naive_restart", "hang_timeout", "queue", "operator", "recur_h", "memory_stall",
+                     "warm_restart"):  # fmt: skip
+            if (getattr(args, name) or 0) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
         if args.naive_interval <= 0 or args.days <= 0 or args.gpus < 1 or args.gpus_per_node < 1 or args.spares < 0:
             raise ValueError("--naive-interval and --days must be > 0, --gpus and --gpus-per-node >= 1, --spares >= 0")
@@ -88,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
                             args.detect_crash, preflight_s=args.preflight, spares=args.spares)  # fmt: skip
     policy_config, ledger_config = _decision_configs(args.config)
     sup = replace(sup, operator_s=args.operator, policy_config=policy_config, ledger_config=ledger_config,
-                  memory_stall_s=args.memory_stall if args.memory_tier else None)  # fmt: skip
+                  memory_stall_s=args.memory_stall if args.memory_tier else None,
+                  warm_restart_s=args.warm_restart)  # fmt: skip
     naive = replace(engine.naive(args.naive_stall, args.naive_interval, args.naive_restart, args.queue,
                                  args.hang_timeout), operator_s=args.operator)  # fmt: skip
     result = compare.compare(world, faults, naive, sup)

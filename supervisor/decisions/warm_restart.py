@@ -28,7 +28,7 @@ Pure: no I/O; property-tested (tests/unit/test_warm_restart_decision.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -145,13 +145,16 @@ def hung_by_peers(ranks: Sequence[RankView], stuck_s: float, grace_s: float = HO
 NOT_WARM_CLASSES = frozenset({ev.NUMERICAL})
 
 
-def applies(decision: policy.Decision, interruption_class: str) -> bool:
-    """Whether ``decision`` is a restart in the allocation a warm restart can carry out (see the module text)."""
+def applies(decision: policy.Decision, interruption_class: str, running: Collection[str]) -> bool:
+    """Whether ``decision`` is a restart in the allocation a warm restart can carry out (see the module text) for a
+    launch on ``running``. Nodes the decision leaves out matter only when the launch runs on them: the policy's
+    ``exclude`` also lists the nodes left out long before (the ledger's), and those do not move any rank."""
     kinds = {a.kind for a in decision.actions}
     if policy.RESTART_IN_ALLOCATION not in kinds or kinds & {policy.STOP_STEP, policy.CHECKPOINT_NOW, policy.DRAIN}:
         return False
-    if any(a.params.get("rollback") or a.params.get("exclude") for a in decision.actions):
-        return False  # a roll back, or nodes to leave out: a new placement (moving ranks is not done warm yet)
+    on = set(running)
+    if any(a.params.get("rollback") or on.intersection(a.params.get("exclude") or ()) for a in decision.actions):
+        return False  # a roll back, or a node of the launch to leave out: a new placement (not done warm yet)
     return interruption_class not in NOT_WARM_CLASSES
 
 

@@ -74,7 +74,7 @@ class WarmRestarts:
              detections: Sequence[DetectionEvent]) -> tuple[int, ...] | None:  # fmt: skip
         """None: ``decision`` is carried out cold (a cold launch, or not a decision a warm restart carries out);
         else the ranks to kill alone first (a hang's), () for none."""
-        if not launch.warm or not rule.applies(decision, interruption.cls):
+        if not launch.warm or not rule.applies(decision, interruption.cls, launch.nodes):
             return None
         return rule.hung_ranks(interruption.cls, detections)
 

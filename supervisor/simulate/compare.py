@@ -69,7 +69,7 @@ def render_text(c: Comparison) -> str:
     s = c.supervised
     ratio = "-" if c.ratio is None else f"{c.ratio:.2f}x"
     lines.append(f"(b)/(a) = {ratio}; (b) is {100 * (o.goodput - s.goodput):.2f} points below (c); (b) relaunched "
-                 f"{s.relaunches}x in place, requeued {s.requeues}x, stopped for a person {s.stops}x, mean checkpoint "
+                 f"{s.relaunches}x in place ({s.warm_restarts} of them warm), requeued {s.requeues}x, stopped for a person {s.stops}x, mean checkpoint "
                  f"interval {s.to_dict()['mean_interval_s']} s")  # fmt: skip
     lines.append("(b) interruptions by class: " + ", ".join(f"{k} {v}" for k, v in sorted(s.interruptions.items())))
     lines.append("(b) badput by class, h: " + ", ".join(f"{k} {_hours(v)}" for k, v in

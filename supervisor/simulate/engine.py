@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from supervisor.decisions import checkpoint_interval as ci
 from supervisor.decisions import policy
+from supervisor.decisions import warm_restart as warm_rule
 from supervisor.decisions.classify import classify
 from supervisor.decisions.ledger import Ledger, LedgerConfig
 from supervisor.simulate import fault_evidence as sim_evidence
@@ -80,6 +81,11 @@ class Strategy:
     # newest snapshot; a requeue or a stop loses node memory: the work since the filesystem checkpoint, whose
     # interval is then computed from those faults alone.
     memory_stall_s: float | None = None
+    # Warm restart (docs/launch.md): None: off (every relaunch costs ``restart_s``); else a relaunch in the
+    # allocation that ``decisions.warm_restart`` would carry out in the ranks' processes (not a roll back, no node
+    # left out, a hang only when it names its rank) costs this instead: the survivors keep their processes, CUDA
+    # contexts and imports, a standby takes the dead rank; left is the communicators' re-creation and the state load.
+    warm_restart_s: float | None = None
     policy_config: policy.PolicyConfig = field(default_factory=policy.PolicyConfig)
     ledger_config: LedgerConfig = field(default_factory=LedgerConfig)
 
@@ -110,6 +116,7 @@ class Outcome:
     recurrences: int = 0  # faults of broken nodes that were used again
     requeues: int = 0
     relaunches: int = 0  # restarts inside the allocation
+    warm_restarts: int = 0  # of those, carried out in the ranks' processes (warm_restart_s)
     stops: int = 0  # the policy stopped/held the campaign and a person resubmitted it
     checkpoints: int = 0
     intervals: list[float] = field(default_factory=list)
@@ -124,7 +131,8 @@ class Outcome:
             "buckets_s": {k: round(v, 3) for k, v in self.buckets.items()},
             "badput_by_class_s": {k: round(v, 3) for k, v in sorted(self.badput_by_class.items())},
             "interruptions": dict(sorted(self.interruptions.items())), "recurrences": self.recurrences,
-            "requeues": self.requeues, "relaunches": self.relaunches, "stops": self.stops,
+            "requeues": self.requeues, "relaunches": self.relaunches, "warm_restarts": self.warm_restarts,
+            "stops": self.stops,
             "checkpoints": self.checkpoints,
             "mean_interval_s": round(sum(self.intervals) / len(self.intervals), 2) if self.intervals else None,
         }  # fmt: skip
@@ -233,8 +241,17 @@ class _Campaign:
         self.restarts_here = 0
         self.out.requeues += 1
 
-    def launch(self, cls: str | None) -> None:
-        """Preflight (may find broken nodes and swap them for healthy spares), then the restart."""
+    def launch(self, cls: str | None, warm: bool = False) -> None:
+        """Preflight (may find broken nodes and swap them for healthy spares), then the restart (``warm``: in the
+        ranks' processes, no preflight: the launch's step goes on)."""
+        if warm:
+            assert self.s.warm_restart_s is not None
+            t_launch = self.t
+            self.spend("restart", self.s.warm_restart_s, cls)
+            self.out.warm_restarts += 1
+            if self.rec is not None:
+                self.rec.launched(t_launch, self.t, self.running, self.step)
+            return
         if self.s.preflight_s > 0:
             self.spend("preflight", self.s.preflight_s, cls)
             rng = random.Random(zlib.crc32(f"{self.world.seed}:{self.t}".encode()))
@@ -286,7 +303,8 @@ class _Campaign:
             self.launch(cls)
             return cls
         spent = self.spend("detection", detect, None)  # charged to the class once it is known
-        interruption = classify(sim_evidence.evidence(fault.kind, node, how, t_fault, tuple(self.running)))
+        evidence = sim_evidence.evidence(fault.kind, node, how, t_fault, tuple(self.running))
+        interruption = classify(evidence)
         cls = interruption.cls
         if self.rec is not None:
             self.rec.interrupted(self.t, detect, how == sim_evidence.HANG, cls, interruption.blamed_nodes,
@@ -314,10 +332,15 @@ class _Campaign:
             self.requeue(sorted(self.ledger.excluded_nodes(self.t)) + found, cls, interruption.blamed_nodes, last_step)
         elif policy.RESTART_IN_ALLOCATION in actions:
             params = actions[policy.RESTART_IN_ALLOCATION].params
+            before = self.running
             self.set_running(params["nodes"], left_out=params["exclude"])
             self.restarts_here += 1
             self.out.relaunches += 1
             self.in_place = True
+            if self.s.warm_restart_s is not None and warm_rule.applies(decision, cls, before) and \
+                    warm_rule.hung_ranks(cls, (d for _, d in evidence.detections)) is not None:  # fmt: skip
+                self.launch(cls, warm=True)
+                return cls
         else:  # REQUEUE / AWAIT_REQUEUE
             chosen = actions.get(policy.REQUEUE) or actions.get(policy.AWAIT_REQUEUE)
             exclude = list(chosen.params.get("exclude", [])) if chosen else []

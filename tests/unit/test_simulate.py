@@ -250,3 +250,27 @@ def test_simulate_command_takes_the_memory_tier(capsys: pytest.CaptureFixture[st
     off = json.loads(capsys.readouterr().out)
     assert on["supervised"] != off["supervised"]  # the snapshots' cost is accounted, with or without faults
     assert cli.main(["simulate", "--memory-tier", "--memory-stall", "-1"]) != 0
+
+
+def test_a_warm_restart_costs_its_own_restart_only_where_the_real_rule_allows_it() -> None:
+    """A software fault answered in the allocation restarts warm (``--warm-restart`` seconds instead of the cold
+    relaunch's); a hardware fault whose node the policy leaves out moves ranks to a spare: cold, as the supervisor
+    does today (decisions/warm_restart.applies)."""
+    world = engine.World(gpus=64, days=1.0, bad_node_p=0.0)
+    cold = engine.supervised(interval_s=3000.0, write_s=0.0, restart_s=60.0)
+    warm = replace(cold, warm_restart_s=5.0)
+    software = [Fault(5000.0, "software", "n00001")]
+    a, b = engine.simulate(world, cold, software), engine.simulate(world, warm, software)
+    assert (a.warm_restarts, b.warm_restarts) == (0, 1) and a.relaunches == b.relaunches == 1
+    assert a.buckets["restart"] - b.buckets["restart"] == pytest.approx(55.0)
+    assert sum(b.buckets.values()) == pytest.approx(world.horizon_s)
+    hardware = [Fault(5000.0, "hbm3", "n00001")]
+    moved = engine.simulate(engine.World(gpus=64, days=1.0, bad_node_p=1.0), warm, hardware)
+    assert moved.relaunches == 1 and moved.warm_restarts == 0, "the faulty node's ranks moved to a spare: cold"
+
+
+def test_simulate_command_takes_the_warm_restart_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["simulate", "--gpus", "64", "--days", "5", "--warm-restart", "10", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "warm_restarts" in doc["supervised"]
+    assert cli.main(["simulate", "--warm-restart", "-1"]) != 0

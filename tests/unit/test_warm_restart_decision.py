@@ -77,14 +77,16 @@ def test_which_decisions_a_warm_restart_carries_out() -> None:
 
     restart = policy.Action(policy.RESTART_IN_ALLOCATION, params={"exclude": []})
     plain = policy.Decision((policy.Action(policy.DUMP_STACKS), policy.Action(policy.KILL_STEP), restart), "running", "")
-    assert applies(plain, "unknown") and applies(plain, "hang")
-    assert not applies(plain, "numerical")  # a roll back: no rank died, nothing makes the ranks wait
+    on = ("n0", "n1")
+    assert applies(plain, "unknown", on) and applies(plain, "hang", on)
+    assert not applies(plain, "numerical", on)  # a roll back: no rank died, nothing makes the ranks wait
     moved = policy.Decision((policy.Action(policy.RESTART_IN_ALLOCATION, params={"exclude": ["n1"]}),), "running", "")
-    assert not applies(moved, "hang")  # a node left out: a new placement
+    assert not applies(moved, "hang", on)  # a node of the launch left out: a new placement
+    assert applies(moved, "hang", ("n0", "n2")), "a node left out long ago (the ledger's) moves no rank"
     saved = policy.Decision((policy.Action(policy.STOP_STEP), restart), "running", "")
-    assert not applies(saved, "unknown")
+    assert not applies(saved, "unknown", on)
     requeued = policy.Decision((policy.Action(policy.REQUEUE),), "pending", "")
-    assert not applies(requeued, "node_failure")
+    assert not applies(requeued, "node_failure", on)
     assert hung_ranks("unknown", ()) == ()
     assert hung_ranks("hang", (DetectionEvent(RANK_HANG, ranks=(3, 1)),)) == (1, 3)
     assert hung_ranks("hang", (DetectionEvent(GLOBAL_STALL, ranks=(0, 1)),)) is None

@@ -108,6 +108,12 @@ def test_a_killed_rank_on_a_warm_launch_is_chosen_warm_and_the_decision_keeps_it
     choice = w.choose(launch_of(tmp_path), interruption)
     assert choice.kind == rule.WARM and choice.replace == (1,) and not record.events
     assert w.plan(launch_of(tmp_path, warm=False), interruption, decision, ()) is None  # a cold launch: as before
+    left_out = policy.Action(policy.RESTART_IN_ALLOCATION, params={"exclude": ["n9"], "nodes": ["n0", "n1", "n2"]})
+    earlier = policy.Decision((*decision.actions[:2], left_out), "running", "relaunch")
+    assert w.plan(launch_of(tmp_path), interruption, earlier, ()) == (), "a node the ledger left out long ago"
+    moved = policy.Decision((*decision.actions[:2], policy.Action(policy.RESTART_IN_ALLOCATION,
+                                                                  params={"exclude": ["n1"]})), "running", "")  # fmt: skip
+    assert w.plan(launch_of(tmp_path), interruption, moved, ()) is None, "rank 1's node left out: ranks move"
 
 
 def test_a_hangs_warm_restart_kills_the_hung_rank_alone_and_a_stall_of_everyone_is_cold(tmp_path: Path) -> None:
