@@ -40,6 +40,7 @@ class LaunchLog:
         self.digest.offset = self.digest.partial_start = start
         self.file: BinaryIO | None = None
         self.finished = False
+        self.rank_logs: list[tuple[int, Path, int]] = []  # (rank, its own log, offset read from): ranks started again
 
     def from_now(self) -> LaunchLog:
         """A reading of the same log from the end of its last whole line: after a warm restart, the new
@@ -52,7 +53,16 @@ class LaunchLog:
                 start = size - len(data) + data.rfind(b"\n") + 1 if b"\n" in data else self.start
         except OSError:
             start = self.start
-        return LaunchLog(self.path, start=start, **self.settings)  # type: ignore[arg-type]
+        again = LaunchLog(self.path, start=start, **self.settings)  # type: ignore[arg-type]
+        for rank, path, _ in self.rank_logs:  # a rank started again earlier may still run: its lines from now
+            again.add_rank_log(rank, path, _size(path))
+        return again
+
+    def add_rank_log(self, rank: int, path: Path, start: int = 0) -> None:
+        """A rank started again by a warm restart writes its own log (its one-task step's, or a standby's): its
+        last lines are judged with the launch's, labelled with its rank as srun labels the launch's own lines
+        (so they count as that rank's output, never as srun's or Slurm's)."""
+        self.rank_logs.append((rank, path, start))
 
     def _open(self) -> BinaryIO | None:
         if self.file is None:
@@ -115,11 +125,13 @@ class LaunchLog:
         return dict(list(out.items())[-TAIL_LINES:])
 
     def lines(self) -> list[str]:
-        """What to judge: the digest's lines and the tail's, in log order (finishes the read first)."""
+        """What to judge: the digest's lines and the tail's, in log order (finishes the read first); then the last
+        lines of each rank started again, labelled with its rank."""
         self.finish()
         merged = dict(self.digest.lines())
         merged.update(self._tail())
-        return [text for _, text in sorted(merged.items())]
+        own = [f"{rank}: {text}" for rank, path, start in self.rank_logs for text in _last_lines(path, start)]
+        return [text for _, text in sorted(merged.items())] + own
 
     def torchrun_restarts(self, step_nodes: Sequence[str], tasks_per_node: int = 1) -> dict[str, int]:
         """node -> restarts of its workers by torchrun itself during the launch (``--max-restarts`` > 0), from
@@ -132,3 +144,26 @@ class LaunchLog:
             node = nodes[task] if task < len(nodes) else f"task {task}"
             out[node] = out.get(node, 0) + n
         return out
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _last_lines(path: Path, start: int, limit: int = TAIL_LINES) -> list[str]:
+    """The last lines of a rank's own log after ``start`` (its last ``TAIL_BYTES``; a line cut at the front left
+    out; split at \n only, as the launch log); [] when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            begin = max(start, size - TAIL_BYTES)
+            f.seek(begin)
+            data = f.read(TAIL_BYTES)
+    except OSError:
+        return []
+    if begin > start:
+        data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+    return [raw.decode(errors="replace") for raw in data.split(b"\n") if raw][-limit:]

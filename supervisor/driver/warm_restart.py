@@ -128,6 +128,8 @@ class WarmRestarts:
         started += [standby.as_rank(rank, order.generation) for rank, standby in taken.items()]
         launch.generation = order.generation
         launch.replaced.extend(started)
+        for rep in started:  # its traceback, if it fails, is in its own log
+            launch.reader.add_rank_log(rep.rank, rep.log_path)
         procs = launch.proc if isinstance(launch.proc, LaunchProcs) else LaunchProcs([launch.proc])
         for rep in started:
             procs.add(rep.proc)

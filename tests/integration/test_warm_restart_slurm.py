@@ -127,6 +127,9 @@ def test_a_warm_restart_that_cannot_go_on_falls_back_to_a_cold_relaunch(tmp_path
         skipped = camp.of_type("warm_restart_skipped")
         want = "rank 2 did not take the restart order" if fallback == "ignores-order" else "second fault"
         assert skipped and want in skipped[-1]["why"], skipped
+        if fallback == "second-fault":  # the taking-over rank's own log is read: its error is the evidence
+            second = camp.of_type("interruption")[1]
+            assert any("cannot start in generation 1" in line for line in second["evidence"]), second
         want_weights = uninterrupted(tmp_path / "plain")
         got = torch.load(out, weights_only=True)
         assert all(torch.equal(got[k], want_weights[k]) for k in want_weights), "the fallback changed the training"

@@ -354,3 +354,22 @@ def test_ranks_stuck_while_every_waiting_rank_failed_on_a_peer_end_the_watch_as_
     interruption, decision = restart_decision("hang")
     w, _, _ = warm_restarts(tmp_path, [])
     assert w.plan(launch, interruption, decision, (hung,)) == (1,)
+
+
+def test_a_rank_started_again_has_its_own_log_judged_labelled_with_its_rank(tmp_path: Path) -> None:
+    """The rank started again writes its own log: its traceback is part of the evidence of the next failure, as
+    rank 1's line (never as an unlabelled line, which the classifier would take for srun's or Slurm's own)."""
+    w, channel, _ = warm_restarts(tmp_path, [view(0, flags=RANK_FLAG_RESTARTABLE), view(2, flags=RANK_FLAG_RESTARTABLE)])
+    launch = launch_of(tmp_path)
+    launch.log_path.write_text("0: step=11\n")
+    w.restart(launch, rule.WarmChoice(rule.WARM, (1,)), RestartOrder(1, {}))
+    (rep,) = launch.replaced
+    rep.log_path.write_text("Traceback (most recent call last):\nsrun: error: Node failure on n0\n"
+                            "ValueError: a bad sample\n")  # fmt: skip
+    lines = launch.reader.lines()
+    assert lines[-3:] == ["1: Traceback (most recent call last):", "1: srun: error: Node failure on n0",
+                          "1: ValueError: a bad sample"], lines  # fmt: skip
+    again = launch.reader.from_now()  # the next generation: rank 1's process still runs, its new lines count
+    with open(rep.log_path, "a") as f:
+        f.write("RuntimeError: later\n")
+    assert again.lines()[-1:] == ["1: RuntimeError: later"]

@@ -56,7 +56,8 @@ def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     if args.fail_generation and client.generation() == args.fail_generation and \
             int(os.environ.get("RANK", "-1")) == args.raise_rank:  # fmt: skip
-        print(f"rank {args.raise_rank} cannot start in generation {args.fail_generation}", file=sys.stderr, flush=True)
+        print(f"ValueError: rank {args.raise_rank} cannot start in generation {args.fail_generation}", file=sys.stderr,
+              flush=True)  # fmt: skip
         raise SystemExit(3)  # a second fault while a warm restart is under way
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=args.pg_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
