@@ -1,6 +1,6 @@
 """Recovery speed on the real local Slurm: supervised vs Slurm and torch defaults, side by side in one run.
 
-    python bench/bench_recovery.py [--only hang|kill|crash|memory|warm] [--accounting]
+    python bench/bench_recovery.py [--only hang|kill|crash|memory|warm|warm-crash] [--accounting]
 
 Figures (the example training, 2 nodes x 1 rank, gloo on CPU):
   A. hang (SIGSTOP of rank 1, 1 s steps) -> every rank stopped with stacks saved.
@@ -178,12 +178,20 @@ def training_victim(root: Path, job: str, batch_host: bool = False) -> str:
 
 
 def crash_supervised(cluster: LocalCluster, work: Path, label: str, run_config: str = "",
-                     batch_host: bool = False) -> tuple[float, float | None]:
-    """Crash a node of a supervised run; seconds to the first resumed iteration (and to the failsafe)."""
-    job, root = supervise_submit(work, steps=400, step_time=0.3, run_config=run_config)
+                     batch_host: bool = False, warm: bool = False) -> tuple[float, float | None]:
+    """Crash a node of a supervised run; seconds to the first resumed iteration (and to the failsafe). ``warm``:
+    the example runs inside client.restartable and warm restart is on; the crash comes once the standbys (one on
+    the spare) had ``STANDBY_READY_S`` to import torch."""
+    extra = ("--restartable",) if warm else ()
+    if warm:
+        run_config += 'warm_restart = "on"\n'
+    job, root = supervise_submit(work, steps=400, step_time=0.3, run_config=run_config, extra=extra)
     victim = ""
     try:
         wait_for("training", lambda: live_rank(root, 0, 12), 300)
+        if warm:
+            wait_for("the standbys", lambda: events(root, "standbys") or None, 60)
+            time.sleep(STANDBY_READY_S)
         victim = training_victim(root, job, batch_host)
         launched = len(events(root, "step_launched"))
         sizes = {p: p.stat().st_size for p in root.glob("logs/*/train-*.log")}
@@ -194,15 +202,18 @@ def crash_supervised(cluster: LocalCluster, work: Path, label: str, run_config: 
         wait_for("the next launch", lambda: len(events(root, "step_launched")) > launched or None, 240)
         log = events(root, "step_launched")[-1]
         restart = events(root, "attempt_started")[-1]["restart"]
-        pattern = f"job*-restart{restart}/train-{log['launch']}.log"
-        seen = first_step_after(root / "logs", pattern, sizes, 1, 240)
+        name = log.get("log") or f"train-{log['launch']}.log"  # a warm restart goes on in the launch's log
+        pattern = f"job*-restart{restart}/{name}"
+        seen = first_step_after(root / "logs", pattern, sizes, 1, 240, marker="resumed from" if warm else "")
         ours = seen - t0
         failsafe = [e["t"] - t0 for e in events(root, "failsafe")]
         how = "failsafe requeue" if batch_host else "requeue" if restart else "relaunch on the spare"
+        if log.get("generation"):
+            how = "warm restart, " + ("a standby on the spare took the rank" if log.get("standby_ranks") else
+                                      "the rank started on the spare")  # fmt: skip
         extra = f"; failsafe acted after {failsafe[0]:.1f} s (nothing supervised the job until then)" if failsafe else ""
         print(f"C  {label}: node crash ({victim}) -> first resumed step ({how}): {ours:.1f} s{extra}", flush=True)
-        program = crash_timeline.program_timings([root / "logs" / f"job{job}-restart{restart}" /
-                                                  f"train-{log['launch']}.log"])  # fmt: skip
+        program = crash_timeline.program_timings([root / "logs" / f"job{job}-restart{restart}" / name])
         print(crash_timeline.render(label, crash_timeline.marks(t0, events(root), states.stop(), program) +
                                     [(ours, "first resumed step seen by the bench")]), flush=True)  # fmt: skip
         return ours, (failsafe[0] if failsafe else None)
@@ -240,17 +251,22 @@ def bench_node_crash(cluster: LocalCluster, work: Path) -> dict[str, float]:
     base = crash_plain(cluster, work / "crash-plain")
     nospare, _ = crash_supervised(cluster, work / "crash-nospare", "supervised, no spare")
     spare, _ = crash_supervised(cluster, work / "crash-spare", "supervised, 1 spare", "spare_nodes = 1\n")
+    warm, _ = crash_supervised(cluster, work / "crash-warm", "supervised, 1 spare, warm restart", "spare_nodes = 1\n",
+                               warm=True)  # fmt: skip
     host, failsafe = crash_supervised(cluster, work / "crash-batch", "supervised, 1 spare, batch host crashed",
                                       "spare_nodes = 1\n", batch_host=True)  # fmt: skip
     print("\n| node crash -> first resumed step | seconds | `sbatch --requeue` / this |\n|---|---|---|")
     print(f"| plain `sbatch --requeue` | {base:.1f} | 1.0x |")
     for label, value in (("supervisor, no spare (requeue at our verdict)", nospare),
                          ("supervisor, 1 spare (replaced in the allocation)", spare),
+                         ("supervisor, 1 spare, warm restart (`--restartable`: a standby on the spare takes the lost "
+                          "node's rank, the other rank keeps its process)", warm),
                          ("supervisor, 1 spare, batch host crashed (failsafe requeue)", host)):  # fmt: skip
         print(f"| {label} | {value:.1f} | {base / value:.1f}x |")
     if failsafe is not None:
         print(f"(batch host crash: the failsafe requeued the job {failsafe:.1f} s after the crash)")
-    return {"plain": base, "no_spare": nospare, "spare": spare, "batch_host": host, "failsafe": failsafe or -1.0}
+    return {"plain": base, "no_spare": nospare, "spare": spare, "warm_spare": warm, "batch_host": host,
+            "failsafe": failsafe or -1.0}
 
 
 def last_printed(root: Path) -> int:
@@ -350,7 +366,7 @@ def bench_warm(cluster: LocalCluster, work: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-window", type=float, default=120.0)
-    parser.add_argument("--only", choices=("hang", "kill", "crash", "memory", "warm"))
+    parser.add_argument("--only", choices=("hang", "kill", "crash", "memory", "warm", "warm-crash"))
     parser.add_argument("--accounting", action="store_true",
                         help="the cluster with slurmdbd, as sites run it (the no-spare requeue then drops the lost "
                              "node from the allocation first; docs/node-loss.md)")  # fmt: skip
@@ -372,6 +388,12 @@ def main() -> int:
             bench_memory(cluster, work)
         if args.only in (None, "warm"):
             bench_warm(cluster, work)
+        if args.only == "warm-crash":  # (part of "crash"): the spare relaunch cold vs warm, side by side
+            cold, _ = crash_supervised(cluster, work / "crash-spare", "supervised, 1 spare", "spare_nodes = 1\n")
+            warm, _ = crash_supervised(cluster, work / "crash-warm", "supervised, 1 spare, warm restart",
+                                       "spare_nodes = 1\n", warm=True)  # fmt: skip
+            print(f"\n| node crash, 1 spare -> first resumed step | seconds |\n|---|---|\n| cold relaunch | {cold:.1f} |"
+                  f"\n| warm restart | {warm:.1f} |")  # fmt: skip
     return 0
 
 

@@ -44,7 +44,10 @@ def training(
     exactly those nodes; ``arbitrary``: tasks go where SLURM_HOSTFILE says, in its order (ranks moved to other
     nodes, see :func:`hostfile_text`). ``extra``: the user's own srun options (``[run] srun_args``). ``warm``: the
     ranks restart in their processes (``client.restartable``), so one task's death must not end the step
-    (``--kill-on-bad-exit=0``; the supervisor ends it itself when it restarts cold)."""
+    (``--kill-on-bad-exit=0``), nor one node's (``--no-kill``: the step goes on without the node's tasks, measured
+    on 22.05: srun says "Node failure on NODE" and ends with the other tasks; the job itself survives the node only
+    when submitted with ``--no-kill``, as with spare nodes). The supervisor ends the step itself when it restarts
+    cold."""
     # With an arbitrary distribution the hostfile places every task; Slurm 24.11's srun refuses --nodes beside it
     # ("--nodes is incompatible with --distribution=arbitrary"), 22.05 accepted it.
     shape = [] if arbitrary else [f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}"]
@@ -52,7 +55,7 @@ def training(
         # --overlap: after a node failure Slurm may keep the dead step's CPUs on the survivors booked until the
         # lost node is cleaned up; the relaunch must not wait for that ("Requested nodes are busy").
         "srun", "--overlap", f"--job-name={training_job_name(launch)}", *shape, f"--ntasks={nodes * tasks_per_node}",
-        f"--kill-on-bad-exit={0 if warm else 1}", "--mem=0",
+        f"--kill-on-bad-exit={0 if warm else 1}", *(["--no-kill"] if warm else []), "--mem=0",
         "--label",  # "N: " before each line: log lines name their rank and node (decisions/tasklog.py)
     ]  # fmt: skip
     if nodelist:

@@ -60,7 +60,7 @@ def ledger_exclusions(layout: TrainingLayout, suspects: Collection[str]) -> tupl
 def exclusions_of(decision: policy.Decision) -> tuple[str, ...]:
     """The nodes the policy's relaunch in the allocation leaves out (none when it decided something else)."""
     for action in decision.actions:
-        if action.kind == policy.RESTART_IN_ALLOCATION:
+        if action.kind in (policy.RESTART_IN_ALLOCATION, policy.WARM_RESTART):  # (the same, carried out warm)
             return tuple(action.params.get("exclude", ()))
     return ()
 

@@ -9,6 +9,8 @@ costs a process's memory (torch imported, no device context: it has not run the 
 - how many per node (:func:`per_node`): ``[run] standbys`` "auto" is one, for a warm launch of a plain Python
   command (the standby runs the script itself; a shell wrapper or torchrun cannot be taken over this way); "off"
   or 0 none; N each node's N;
+- where (:func:`wanted`): ``per_node`` on each node of the launch, and on each spare node enough for a whole node's
+  ranks (a lost node's ranks move there);
 - when (:func:`to_start`): only once every rank of the launch's current generation trains, so that a standby's
   imports never slow the launch's own start, and again after one was taken (the pool is topped up);
 - which (:func:`assign`): a dead rank goes to an idle standby on its own node (its device, its local memory
@@ -36,12 +38,23 @@ def per_node(setting: str | int, *, warm: bool, plain_python: bool) -> int:
     return max(0, int(setting))
 
 
-def to_start(nodes: Sequence[str], idle: Mapping[str, int], *, per_node: int, training: bool) -> list[str]:
-    """The nodes to start one more standby on (a node as often as it lacks one), in ``nodes``' order; none while
+def wanted(nodes: Sequence[str], spares: Sequence[str], *, per_node: int, tasks_per_node: int) -> dict[str, int]:
+    """How many standbys each node keeps: ``per_node`` on the launch's ``nodes``; on a spare node (of the
+    allocation, usable, not in the launch) enough to take over a whole lost node's ranks (``tasks_per_node``, at
+    least ``per_node``), so that a node's loss costs no srun either. None anywhere when ``per_node`` is 0."""
+    if per_node <= 0:
+        return {}
+    out = dict.fromkeys(nodes, per_node)
+    out.update({n: max(per_node, tasks_per_node) for n in spares if n not in out})
+    return out
+
+
+def to_start(want: Mapping[str, int], idle: Mapping[str, int], *, training: bool) -> list[str]:
+    """The nodes to start one more standby on (a node as often as it lacks one), in ``want``'s order; none while
     the launch is not training yet. ``idle``: live unassigned standbys by node (started or starting)."""
-    if not training or per_node <= 0:
+    if not training:
         return []
-    return [node for node in dict.fromkeys(nodes) for _ in range(max(0, per_node - idle.get(node, 0)))]
+    return [node for node, n in want.items() for _ in range(max(0, n - idle.get(node, 0)))]
 
 
 def assign(dead: Mapping[int, str], idle: Mapping[str, Sequence[str]]) -> dict[int, str]:

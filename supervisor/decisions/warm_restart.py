@@ -28,7 +28,7 @@ Pure: no I/O; property-tested (tests/unit/test_warm_restart_decision.py).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -82,13 +82,15 @@ def choose(
         return WarmChoice(COLD, reason="a second fault during a warm restart")
     if shrinks:
         return WarmChoice(COLD, reason="the world shrinks (no spare for a lost node): every rank reloads resharded")
-    not_restartable = sorted(r.rank for r in ranks if not r.restartable)
-    if not_restartable:
-        return WarmChoice(COLD, reason=f"rank {not_restartable[0]} does not restart in its process "
-                                       "(the program does not use client.restartable)")  # fmt: skip
     bad = frozenset(bad_nodes)
     replace = tuple(sorted(r.rank for r in ranks if not r.alive or r.node in bad))
     keep = [r for r in ranks if r.rank not in replace]
+    # only the ranks kept must restart in their processes: a dead one is started anew (and its last report may
+    # have lost its flags with its slot)
+    not_restartable = sorted(r.rank for r in keep if not r.restartable)
+    if not_restartable:
+        return WarmChoice(COLD, reason=f"rank {not_restartable[0]} does not restart in its process "
+                                       "(the program does not use client.restartable)")  # fmt: skip
     if not keep:
         return WarmChoice(COLD, reason="every rank is replaced: nothing to keep")
     holding = sorted(r.rank for r in keep if not r.awaiting)
@@ -145,17 +147,40 @@ def hung_by_peers(ranks: Sequence[RankView], stuck_s: float, grace_s: float = HO
 NOT_WARM_CLASSES = frozenset({ev.NUMERICAL})
 
 
-def applies(decision: policy.Decision, interruption_class: str, running: Collection[str]) -> bool:
+def applies(decision: policy.Decision, interruption_class: str, running: Sequence[str]) -> bool:
     """Whether ``decision`` is a restart in the allocation a warm restart can carry out (see the module text) for a
-    launch on ``running``. Nodes the decision leaves out matter only when the launch runs on them: the policy's
-    ``exclude`` also lists the nodes left out long before (the ledger's), and those do not move any rank."""
+    launch on ``running``: not a roll back, and every node of the launch it leaves out has a node of the decision's
+    to move its ranks to (:func:`placement_after`). The policy's ``exclude`` also lists the nodes left out long
+    before (the ledger's): those move no rank."""
     kinds = {a.kind for a in decision.actions}
     if policy.RESTART_IN_ALLOCATION not in kinds or kinds & {policy.STOP_STEP, policy.CHECKPOINT_NOW, policy.DRAIN}:
         return False
-    on = set(running)
-    if any(a.params.get("rollback") or on.intersection(a.params.get("exclude") or ()) for a in decision.actions):
-        return False  # a roll back, or a node of the launch to leave out: a new placement (not done warm yet)
-    return interruption_class not in NOT_WARM_CLASSES
+    if any(a.params.get("rollback") for a in decision.actions):
+        return False  # a roll back: no rank died, nothing makes the ranks wait
+    return interruption_class not in NOT_WARM_CLASSES and placement_after(decision, running) is not None
+
+
+def placement_after(decision: policy.Decision, running: Sequence[str]) -> tuple[str, ...] | None:
+    """The launch's nodes in rank order after ``decision``'s restart in the allocation: ``running`` with each node
+    it leaves out (excluded, or missing from its ``nodes``) replaced by a node of the decision's it does not run on
+    yet (in the decision's order: a spare), the other nodes keeping their ranks. None when the world would shrink (``fewer_nodes``, or too few spares) or
+    the decision is not such a restart."""
+    for action in decision.actions:
+        if action.kind not in (policy.RESTART_IN_ALLOCATION, policy.WARM_RESTART):
+            continue
+        if action.params.get("fewer_nodes"):
+            return None
+        usable = list(action.params.get("nodes") or ())
+        offered, on = set(usable), set(running)  # (sets: a 16k-node allocation is decided thousands of times)
+        # left out: what the decision excludes, and a node of the launch it no longer offers (our own verdict found
+        # it lost: the policy was never given it, so it is in no exclude list)
+        out = set(action.params.get("exclude") or ()) | (on - offered if usable else set())
+        if not out & on:
+            return tuple(running)
+        spares = iter([n for n in usable if n not in on and n not in out])
+        moved = [next(spares, None) if n in out else n for n in running]
+        return None if None in moved else tuple(n for n in moved if n is not None)
+    return None
 
 
 def hung_ranks(interruption_class: str, detections: Iterable[DetectionEvent]) -> tuple[int, ...] | None:

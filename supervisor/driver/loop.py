@@ -183,6 +183,7 @@ class Supervisor:
                 if warm is not None and warm.warm and p.ctx.guard.call(ACTION + ":warm_restart", self.restart_warm,
                                                                        launch, warm, default=False):  # fmt: skip
                     self.again = launch
+                    excluded = tuple(sorted(set(excluded) | set(placement.exclusions_of(decision))))
                     continue
                 p.ctx.guard.call(ACTION + ":standbys", p.standbys.retire, default=None)
                 p.actuators.end_launch(launch)  # cold after all (journaled why): the step goes, a new launch
@@ -212,9 +213,11 @@ class Supervisor:
         p = self.p
         picked = p.ctx.guard.call(CHECKPOINT_SCAN, p.checkpoints.pick_resume, default=None)
         resume, resume_step = picked if picked is not None else (None, None)
+        left = p.warm.move(launch)  # a lost or blamed node's ranks go to a spare; the others keep their nodes
         nodes = list(launch.nodes)
+        usable = [n for n in placement.usable_nodes(p.layout, p.nodeloss.lost) if n not in left]
         snapshot = p.ctx.guard.call(CHECKPOINT_SCAN, p.memory.pick, p.trainer.launches + 1, nodes,
-                                    p.layout.tasks_per_node, nodes, resume_step, True, default=None)  # fmt: skip
+                                    p.layout.tasks_per_node, usable, resume_step, True, default=None)  # fmt: skip
         memory_step = snapshot.step if snapshot is not None else None
         p.detector.new_launch()
         p.progress.launched(p.trainer.launches + 1)
@@ -227,7 +230,7 @@ class Supervisor:
         taken = p.ctx.guard.call(ACTION + ":standbys", p.warm.take_standbys, launch, choice, default=None) or {}
         told = order.env.get("SUPERVISOR_RESUME_FROM")
         tier = "memory" if memory_step is not None else "filesystem" if told else "fresh" if told == "" else "unknown"
-        p.ctx.record({**ev.step_launched(p.ctx.clock(), launch.number, launch.nodes, (), resume),
+        p.ctx.record({**ev.step_launched(p.ctx.clock(), launch.number, launch.nodes, left, resume),
                       "resume_step": memory_step if memory_step is not None else resume_step, "resume_tier": tier,
                       "master": f"{order.env.get('MASTER_ADDR', '')}:{order.env.get('MASTER_PORT', '')}",
                       "warm": True, "generation": order.generation, "replaced_ranks": list(choice.replace),

@@ -31,9 +31,10 @@ RETIRE_WAIT_S = 5.0
 class Standbys:
     def __init__(self, ctx: Context, *, setting: str | int, command: Sequence[str], trainer: TrainingLauncher,
                  slurm: SlurmClient, job_id: str, ranks_of: Callable[[Launch], Sequence[Any]],
-                 tasks_per_node: int) -> None:  # fmt: skip
+                 tasks_per_node: int, spares_of: Callable[[Launch], Sequence[str]] = lambda launch: ()) -> None:  # fmt: skip
+        """``spares_of``: the allocation's usable nodes the launch does not run on (where a lost node's ranks go)."""
         self.ctx, self.setting, self.trainer, self.slurm, self.job_id = ctx, setting, trainer, slurm, job_id
-        self.ranks_of, self.tasks_per_node = ranks_of, tasks_per_node
+        self.ranks_of, self.tasks_per_node, self.spares_of = ranks_of, tasks_per_node, spares_of
         self.command = distenv.standby_command(command)
         self.idle: list[Standby] = []  # started for ``owner``, not assigned yet, oldest first
         self.owner: Launch | None = None
@@ -51,8 +52,11 @@ class Standbys:
         if self.owner is not launch:
             self.retire()
             self.owner = launch
+        spares = list(self.spares_of(launch))
         for standby in [s for s in self.idle if s.proc.poll() is not None]:
             self.idle.remove(standby)
+            if standby.node not in launch.nodes and standby.node not in spares:
+                continue  # its node was lost (or left out): not the standby's own failure
             self.dead += 1
             if self.dead == MAX_DEAD:
                 self.say_why(launch, f"{MAX_DEAD} standby processes ended unassigned (see {standby.log_path.name})")
@@ -62,8 +66,8 @@ class Standbys:
                 self.say_why(launch, "the training command is not `python SCRIPT` or `python -m MODULE`: a standby "
                                      "cannot run it (warm restarts start dead ranks as new steps)")  # fmt: skip
             return
-        wanted = rule.to_start(launch.nodes, Counter(s.node for s in self.idle), per_node=per_node,
-                               training=self.training(launch))  # fmt: skip
+        want = rule.wanted(launch.nodes, spares, per_node=per_node, tasks_per_node=self.tasks_per_node)
+        wanted = rule.to_start(want, Counter(s.node for s in self.idle), training=self.training(launch))
         if not wanted:
             return
         assert self.command is not None  # (per_node is 0 without one)

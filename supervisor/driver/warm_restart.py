@@ -51,6 +51,7 @@ class WarmRestarts:
         self.ranks_of, self.tasks_per_node, self.release_deadline_s = ranks_of, tasks_per_node, release_deadline_s
         self.torchrun = distenv.runs_torchrun(command)
         self.seen_restartable = False  # "auto": a launch of this run had every rank inside client.restartable
+        self.placed: tuple[str, ...] | None = None  # the planned restart's nodes in rank order (ranks moved to spares)
 
     def next_launch_warm(self) -> bool:
         """Whether the next launch is started warm (its step survives one task's death)."""
@@ -74,16 +75,33 @@ class WarmRestarts:
              detections: Sequence[DetectionEvent]) -> tuple[int, ...] | None:  # fmt: skip
         """None: ``decision`` is carried out cold (a cold launch, or not a decision a warm restart carries out);
         else the ranks to kill alone first (a hang's), () for none."""
+        self.placed = None
         if not launch.warm or not rule.applies(decision, interruption.cls, launch.nodes):
             return None
-        return rule.hung_ranks(interruption.cls, detections)
+        kill = rule.hung_ranks(interruption.cls, detections)
+        if kill is not None:
+            self.placed = rule.placement_after(decision, launch.nodes)
+        return kill
+
+    def moving(self, launch: Launch) -> frozenset[str]:
+        """The nodes of ``launch`` the planned restart moves ranks off (left out by the decision: lost, blamed)."""
+        return frozenset(launch.nodes) - frozenset(self.placed or launch.nodes)
+
+    def move(self, launch: Launch) -> tuple[str, ...]:
+        """Give ``launch`` the planned restart's nodes (ranks of a node left out go to a spare, the others keep
+        theirs); returns the nodes left out."""
+        left = tuple(n for n in launch.nodes if n in self.moving(launch))
+        if self.placed is not None:
+            launch.nodes = self.placed
+        return left
 
     def choose(self, launch: Launch, interruption: Interruption) -> rule.WarmChoice:
         """Warm or cold for a restart of ``launch`` carried out warm so far (:meth:`plan`); waits while the rule
         says so. A cold answer is journaled with its reason."""
         started = time.monotonic()
         while True:
-            choice = rule.choose(self.views(launch), enabled=True, bad_nodes=interruption.blamed_nodes,
+            bad = set(interruption.blamed_nodes) | self.moving(launch)
+            choice = rule.choose(self.views(launch), enabled=True, bad_nodes=bad,
                                  shrinks=False, in_progress=self.in_progress(launch),
                                  waited_s=time.monotonic() - started, release_deadline_s=self.release_deadline_s)  # fmt: skip
             if choice.kind != rule.WAIT:

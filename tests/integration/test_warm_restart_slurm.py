@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,59 @@ def test_a_warm_restart_that_cannot_go_on_falls_back_to_a_cold_relaunch(tmp_path
         assert all(torch.equal(got[k], want_weights[k]) for k in want_weights), "the fallback changed the training"
     finally:
         cancel(camp.job_id)
+
+
+def test_a_lost_nodes_rank_moves_to_a_standby_on_the_spare_and_the_others_keep_their_processes(
+    tmp_path: Path, crashable_cluster
+) -> None:  # type: ignore[no-untyped-def]
+    """Three ranks on three nodes and one spare (``spare_nodes = 1``, the job and the warm step survive a node:
+    ``--no-kill``); the standbys include one on the spare. A node crash (its slurmd, steps, rank and agent gone):
+    the verdict blames it, the warm restart moves its rank to the spare's standby (only that rank is new, the
+    other two keep their pids), the campaign completes in the same Slurm run, bitwise as uninterrupted."""
+    out = tmp_path / "final.pt"
+    steps = 60
+    camp = submit_program(tmp_path, "--out", str(out), steps=steps, ckpt_every=5, step_time=0.2, nodes=3,
+                          config='[run]\nwarm_restart = "on"\nspare_nodes = 1\n', program=PROGRAM)  # fmt: skip
+    try:
+        pids = {r: rank_pid_on(camp, r) for r in range(WORLD)}
+        nodes = launches(camp)[0]["nodes"]
+        spare = next(n for n in camp.of_type("attempt_started")[0]["nodes"] if n not in nodes)
+        wait_for("a standby on the spare", lambda: [e for e in camp.of_type("standbys") if spare in
+                                                    e["started"].values()] or None, 120)  # fmt: skip
+        wait_printed(camp, 1, 15)
+        batch = slurm_job_batch_host(camp.job_id)
+        victim_rank = next(r for r in (2, 1) if nodes[r] != batch)
+        victim = nodes[victim_rank]
+        crashed = time.time()
+        crashable_cluster.crash_node(victim)
+        ended = wait_for("the campaign to complete", camp.ended, 240)
+        assert ended["state"] == "completed", ended
+        first, again = launches(camp)
+        interruption = camp.of_type("interruption")[0]
+        assert interruption["class"] == "node_failure" and interruption["blamed_nodes"] == [victim], interruption
+        assert again["generation"] == 1 and again["replaced_ranks"] == [victim_rank], again
+        assert again["excluded"] == [victim] and again["nodes"][victim_rank] == spare, again
+        assert list(again.get("standby_ranks", {})) == [str(victim_rank)], again
+        assert len(camp.of_type("attempt_started")) == 1 and not camp.of_type("warm_restart_skipped")
+        log_dir = next(d for d in camp.root.glob("logs/*/") if (d / "train-1.log").exists())
+        seen = starts((log_dir / "train-1.log").read_text(errors="replace"))
+        for r in (r for r in range(WORLD) if r != victim_rank):  # the survivors: generation 0 and 1, one process
+            assert [(g, s) for rank, pid, g, s in seen if rank == r and pid == pids[r]] == \
+                [(0, 0), (1, again["resume_step"])], seen  # fmt: skip
+        taken = starts((log_dir / f"train-1-standby-{again['standby_ranks'][str(victim_rank)]}.log").read_text())
+        assert [(rank, g) for rank, _, g, _ in taken] == [(victim_rank, 1)], taken
+        print(f"\nwarm spare: crash -> verdict {interruption['t'] - crashed:.1f} s, -> warm restart "
+              f"{again['t'] - crashed:.1f} s")
+        want = uninterrupted(tmp_path / "plain", steps)
+        got = torch.load(out, weights_only=True)
+        assert all(torch.equal(got[k], want[k]) for k in want), "moving the rank changed the training"
+    finally:
+        cancel(camp.job_id)
+
+
+def slurm_job_batch_host(job_id: str) -> str:
+    from slurm.cli_backend import CliSlurmClient
+
+    job = CliSlurmClient().job(job_id)
+    assert job is not None
+    return job.batch_host

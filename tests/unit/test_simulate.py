@@ -254,8 +254,8 @@ def test_simulate_command_takes_the_memory_tier(capsys: pytest.CaptureFixture[st
 
 def test_a_warm_restart_costs_its_own_restart_only_where_the_real_rule_allows_it() -> None:
     """A software fault answered in the allocation restarts warm (``--warm-restart`` seconds instead of the cold
-    relaunch's); a hardware fault whose node the policy leaves out moves ranks to a spare: cold, as the supervisor
-    does today (decisions/warm_restart.applies)."""
+    relaunch's); so does a hardware fault whose node the policy leaves out, its ranks moved to a spare; without a
+    spare the job is requeued: cold (decisions/warm_restart.applies, placement_after)."""
     world = engine.World(gpus=64, days=1.0, bad_node_p=0.0)
     cold = engine.supervised(interval_s=3000.0, write_s=0.0, restart_s=60.0)
     warm = replace(cold, warm_restart_s=5.0)
@@ -266,7 +266,9 @@ def test_a_warm_restart_costs_its_own_restart_only_where_the_real_rule_allows_it
     assert sum(b.buckets.values()) == pytest.approx(world.horizon_s)
     hardware = [Fault(5000.0, "hbm3", "n00001")]
     moved = engine.simulate(engine.World(gpus=64, days=1.0, bad_node_p=1.0), warm, hardware)
-    assert moved.relaunches == 1 and moved.warm_restarts == 0, "the faulty node's ranks moved to a spare: cold"
+    assert moved.relaunches == 1 and moved.warm_restarts == 1, "the faulty node's ranks moved to a spare, warm"
+    requeued = engine.simulate(engine.World(gpus=64, days=1.0, bad_node_p=1.0), replace(warm, spares=0), hardware)
+    assert requeued.requeues == 1 and requeued.warm_restarts == 0
 
 
 def test_simulate_command_takes_the_warm_restart_cost(capsys: pytest.CaptureFixture[str]) -> None:

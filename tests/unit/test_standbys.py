@@ -48,11 +48,18 @@ def test_per_node_follows_the_setting_and_only_for_warm_plain_python_launches() 
 def test_to_start_fills_each_node_up_to_per_node_and_only_while_training(idle_nodes: list[str], per_node: int,
                                                                          training: bool) -> None:  # fmt: skip
     idle = {n: idle_nodes.count(n) for n in NODES}
-    started = rule.to_start(NODES, idle, per_node=per_node, training=training)
+    want = rule.wanted(NODES[:2], NODES[2:], per_node=per_node, tasks_per_node=2)
+    started = rule.to_start(want, idle, training=training)
     if not training:
         assert started == []
     for node in NODES:
-        assert idle[node] + started.count(node) == max(idle[node], per_node if training else idle[node])
+        goal = want.get(node, 0) if training else idle[node]
+        assert idle[node] + started.count(node) == max(idle[node], goal)
+
+
+def test_a_spare_node_keeps_enough_standbys_for_a_whole_lost_nodes_ranks() -> None:
+    assert rule.wanted(("n0", "n1"), ("n2",), per_node=1, tasks_per_node=4) == {"n0": 1, "n1": 1, "n2": 4}
+    assert rule.wanted(("n0",), ("n2",), per_node=0, tasks_per_node=4) == {}
 
 
 @given(st.dictionaries(st.integers(0, 7), st.sampled_from(NODES), max_size=8),

@@ -16,6 +16,15 @@ def ranks(dead: tuple[int, ...] = (), waiting: tuple[int, ...] | None = None, wo
     return [RankView(r, f"node{r // 2}", r not in dead, restartable, r in waiting) for r in range(world)]
 
 
+def test_a_dead_rank_whose_last_report_lost_its_flags_is_still_replaced_warm() -> None:
+    """The rank killed for hanging is reported gone, its slot's flags lost with it (seen on the local Slurm): it
+    is started anew anyway, so only the kept ranks' restartability counts."""
+    view = ranks(dead=(1,))
+    view[1] = RankView(1, view[1].node, False, False, False)
+    got = choose(view, enabled=True, bad_nodes=(), shrinks=False, in_progress=False, waited_s=0.2)
+    assert (got.kind, got.replace) == (WARM, (1,))
+
+
 def test_a_killed_rank_is_started_again_and_the_waiting_survivors_keep_their_processes() -> None:
     got = choose(ranks(dead=(2,)), enabled=True, bad_nodes=(), shrinks=False, in_progress=False, waited_s=0.5)
     assert (got.kind, got.replace) == (WARM, (2,))
@@ -63,7 +72,6 @@ def test_warm_only_when_every_kept_rank_restarts_in_place_and_waits(
         kept = [r for r in view if r.rank not in replaced]
         assert kept and all(r.alive and r.restartable and r.awaiting and r.node not in bad for r in kept)
         assert {r.rank for r in view if not r.alive or r.node in bad} == replaced
-        assert all(r.restartable for r in view)
     elif got.kind == WAIT:
         assert waited < 20.0
     else:
@@ -73,7 +81,7 @@ def test_warm_only_when_every_kept_rank_restarts_in_place_and_waits(
 def test_which_decisions_a_warm_restart_carries_out() -> None:
     from supervisor.decisions import policy
     from supervisor.decisions.detect import GLOBAL_STALL, RANK_HANG, DetectionEvent
-    from supervisor.decisions.warm_restart import applies, as_warm, hung_ranks
+    from supervisor.decisions.warm_restart import applies, as_warm, hung_ranks, placement_after
 
     restart = policy.Action(policy.RESTART_IN_ALLOCATION, params={"exclude": []})
     plain = policy.Decision((policy.Action(policy.DUMP_STACKS), policy.Action(policy.KILL_STEP), restart), "running", "")
@@ -83,6 +91,12 @@ def test_which_decisions_a_warm_restart_carries_out() -> None:
     moved = policy.Decision((policy.Action(policy.RESTART_IN_ALLOCATION, params={"exclude": ["n1"]}),), "running", "")
     assert not applies(moved, "hang", on)  # a node of the launch left out: a new placement
     assert applies(moved, "hang", ("n0", "n2")), "a node left out long ago (the ledger's) moves no rank"
+    to_spare = policy.Decision((policy.Action(policy.RESTART_IN_ALLOCATION,
+                                              params={"exclude": ["n1"], "nodes": ["n0", "n2", "n3"]}),), "running", "")  # fmt: skip
+    assert applies(to_spare, "node_failure", on), "a lost node's ranks move to a spare, the others stay"
+    lost = policy.Decision((policy.Action(policy.RESTART_IN_ALLOCATION, params={"exclude": [], "nodes": ["n0", "n3"]}),),
+                           "running", "")  # fmt: skip
+    assert placement_after(lost, on) == ("n0", "n3"), "our verdict's lost node is not offered: its ranks move"
     saved = policy.Decision((policy.Action(policy.STOP_STEP), restart), "running", "")
     assert not applies(saved, "unknown", on)
     requeued = policy.Decision((policy.Action(policy.REQUEUE),), "pending", "")
@@ -155,3 +169,26 @@ def test_the_ranks_killed_for_holding_back_and_those_named_hung_never_meet(flags
 def test_the_training_raising_everywhere_restarts_every_rank_in_its_process() -> None:
     got = choose(ranks(dead=()), enabled=True, bad_nodes=(), shrinks=False, in_progress=False, waited_s=0)
     assert (got.kind, got.replace) == (WARM, ())
+
+
+@given(st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f"]), min_size=1, max_size=4, unique=True),
+       st.sets(st.sampled_from(["a", "b", "c", "d", "e", "f"])),
+       st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f"]), unique=True), st.booleans())  # fmt: skip
+def test_placement_after_keeps_every_rank_that_can_stay_and_moves_only_the_left_out(
+    running: list[str], exclude: set[str], nodes: list[str], fewer: bool
+) -> None:
+    from supervisor.decisions import policy
+    from supervisor.decisions.warm_restart import placement_after
+
+    params = {"exclude": sorted(exclude), "nodes": nodes, **({"fewer_nodes": True} if fewer else {})}
+    decision = policy.Decision((policy.Action(policy.RESTART_IN_ALLOCATION, params=params),), "running", "")
+    got = placement_after(decision, tuple(running))
+    out = exclude | ({n for n in running if n not in nodes} if nodes else set())  # a lost node is not offered
+    spares = [n for n in nodes if n not in running and n not in out]
+    if fewer or len([n for n in running if n in out]) > len(spares):
+        assert got is None
+        return
+    assert got is not None and len(got) == len(running) and len(set(got)) == len(got)
+    for old, new in zip(running, got, strict=True):
+        assert new == old if old not in out else (new in spares)
+    assert not set(got) & out
