@@ -55,13 +55,16 @@ def _slurm_marker_brings_cluster_up(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture
 def crashable_cluster(slurm_cluster: LocalCluster) -> Iterator[LocalCluster]:
-    """The cluster for a test that crashes nodes: at teardown every node is revived and usable again, so later
-    tests find all nodes idle."""
+    """The cluster for a test that crashes nodes or slurmctld: at teardown every node is revived and usable
+    again (a node slurmctld drained, e.g. for a "Duplicate jobid" after it lost state, is resumed), so later tests
+    find all nodes idle."""
     yield slurm_cluster
     problems = []
     for node in slurm_cluster.node_names:
         try:
             state = slurm_cluster.node_states().get(node, "MISSING")
+            if "DRAIN" in state.split("+"):
+                slurm_cluster.slurm("scontrol", "update", f"nodename={node}", "state=resume", check=False)
             if slurm_cluster.pid_of(f"slurmd-{node}") is None or not slurm_cluster.is_usable(state):
                 slurm_cluster.revive_node(node, timeout=60)
         except (ClusterError, TimeoutError) as e:

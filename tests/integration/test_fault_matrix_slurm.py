@@ -89,10 +89,24 @@ def test_time_limit_on_a_loaded_machine_checkpoints_then_requeues_without_blame(
             burner.wait()
 
 
-def test_slurmctld_restarted_mid_run_is_ridden_through_then_scancel_is_final(tmp_path, slurm_cluster):
+def wait_job_state_saved(cluster, job_id: str) -> None:
+    """Wait until slurmctld has written its job state file since the job started. slurmctld saves state a few
+    seconds after a change: killed sooner, it recovers the job as still PENDING, allocates it again and drains the
+    node that already runs it ("Duplicate jobid"), which is Slurm's own behaviour, not the row this test checks."""
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+    fields = dict(kv.split("=", 1) for kv in out.stdout.split() if "=" in kv)
+    started = time.mktime(time.strptime(fields["StartTime"], "%Y-%m-%dT%H:%M:%S"))  # scontrol prints local time
+    saved = cluster.layout.state / "job_state"
+    wait_for("slurmctld to save the running job's state",
+             lambda: saved.exists() and saved.stat().st_mtime >= started + 1, 30)  # fmt: skip
+
+
+def test_slurmctld_restarted_mid_run_is_ridden_through_then_scancel_is_final(tmp_path, crashable_cluster):
+    slurm_cluster = crashable_cluster
     camp = submit_program(tmp_path, steps=1000, step_time=0.2)
     try:
         wait_printed(camp, 1, 10)
+        wait_job_state_saved(slurm_cluster, camp.job_id)
         # Row: slurmctld SIGKILLed, down 10 s, restarted (recovers the job from its state file).
         ctld = slurm_cluster.pid_of("slurmctld")
         assert ctld is not None
