@@ -27,14 +27,16 @@ def reference(tmp_path, world: int = 2) -> list[str]:  # type: ignore[no-untyped
     return reference_of(tmp_path, STEPS, world)
 
 
-def reference_of(tmp_path, steps: int, world: int = 2) -> list[str]:  # type: ignore[no-untyped-def]
-    """Rank 0's lines of the same training, uninterrupted, on local processes (gloo)."""
+def reference_of(tmp_path, steps: int, world: int = 2,  # type: ignore[no-untyped-def]
+                 extra: tuple[str, ...] = ()) -> list[str]:
+    """Rank 0's lines of the same training (``extra``: more of the example's flags), uninterrupted, on local
+    processes (gloo)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUPERVISOR_", "RANK", "WORLD_SIZE"))}
     procs = [subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", str(steps), "--ckpt-dir", str(tmp_path / "ref"),
-                               "--ckpt-every", "20", "--seed", "3"],
+                               "--ckpt-every", "20", "--seed", "3", *extra],
                               env={**env, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                                    "MASTER_PORT": port, "PYTHONWARNINGS": "ignore"},
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for r in range(world)]  # fmt: skip

@@ -1,0 +1,58 @@
+"""Warm restart from the memory tier on the real local Slurm (issues 23 and 27): README's usage with
+``[run] warm_restart = "on"`` and no memory settings, the example program with ``--restartable``, plain DDP and
+FSDP2 (sharded state, a CPU device mesh over gloo). A rank SIGKILLed from outside: the survivors leave their failed
+collective in their own processes, the dead rank is started again alone, and every rank resumes from the snapshot in
+node memory (the dead rank's own snapshot outlived it on its node's agent), losing at most two steps instead of the
+checkpoint interval. Rank 0's printed losses are bitwise those of an uninterrupted run across both generations."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from campaign_tools import cancel, launches, live_rank, step_lines, submit, wait_for
+from matrix_tools import printed_step, rank_pid_on, wait_printed
+from test_memory_tier import reference_of
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+STEPS = 40
+WORLD = 3
+
+
+@pytest.mark.parametrize("style", ["ddp", "fsdp2"])
+def test_a_killed_rank_restarts_warm_from_node_memory_bitwise(tmp_path, style: str) -> None:  # type: ignore[no-untyped-def]
+    flags = ("--restartable", "--fsdp2") if style == "fsdp2" else ("--restartable",)
+    camp = submit(tmp_path, steps=STEPS, ckpt_every=20, step_time=0.3, nodes=WORLD, train=flags,
+                  config='warm_restart = "on"\n')  # fmt: skip
+    try:
+        want = reference_of(tmp_path, STEPS, WORLD, flags)
+        survivors = {r: rank_pid_on(camp, r) for r in (0, 2)}
+        wait_printed(camp, 1, 27)
+        os.kill(rank_pid_on(camp, 1), signal.SIGKILL)
+        killed_at = printed_step(camp, 1)
+        picked = wait_for("the memory pick", lambda: camp.of_type("memory_pick"), 90)[0]
+        assert picked["step"] is not None and killed_at - 2 <= picked["step"] <= killed_at, (picked, killed_at)
+        assert picked["fetches"] == 0, picked  # rank 1 starts again on its own node, where its snapshot is
+        # generation 1 trains in the survivors' own processes (the live table's pid of each, past the resume)
+        for rank, pid in survivors.items():
+            row = wait_for(f"rank {rank} past the resume", lambda r=rank: live_rank(camp.root, r, killed_at + 4),
+                           60, poll=0.2)  # fmt: skip
+            assert int(row["pid"]) == pid, (rank, row, pid)
+        ended = wait_for("the campaign to complete", camp.ended, 240)
+        assert ended["state"] == "completed", ended
+        first, again = launches(camp)
+        assert again["warm"] is True and again["generation"] == 1 and again["replaced_ranks"] == [1], again
+        assert again["resume_tier"] == "memory" and again["resume_step"] == picked["step"], again
+        assert not camp.of_type("warm_restart_skipped")
+        kinds = [a["kind"] for a in camp.of_type("action")]
+        assert "kill_step" not in kinds, kinds  # the survivors' step was never killed
+        log = next(camp.root.glob("logs/*/train-1.log")).read_text(errors="replace")
+        lines = step_lines(log)  # rank 0, one process: generation 0, then generation 1 from the snapshot
+        resumed = STEPS - picked["step"]
+        assert lines == want[: len(lines) - resumed] + want[picked["step"]:], "not the uninterrupted losses"
+        assert len(lines) - resumed >= killed_at, "generation 0 printed up to the kill"
+        assert f"resumed from memory at step {picked['step']}" in log, log[-2000:]
+    finally:
+        cancel(camp.job_id)
