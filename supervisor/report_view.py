@@ -40,6 +40,8 @@ def render_text(report: dict[str, Any]) -> str:
             lines.append(f"launch {i}: {len(stacks['saved'])} stack dump(s) saved before the kill")
         for miss in stacks.get("without_stack", []):
             lines.append(f"launch {i}: no stack for rank {miss['rank']} on {miss['node']}: {miss['why']}")
+        if a.get("recovery"):
+            lines.append(f"launch {i}: " + recovery_text(a["recovery"]))
         restarts = a.get("torchrun_restarts") or {}
         if restarts:
             by_node = ", ".join(f"{node} x{n}" for node, n in sorted(restarts.items()))
@@ -71,6 +73,20 @@ def render_text(report: dict[str, Any]) -> str:
         parts = ", ".join(f"{k} {v:.1f} s" for k, v in entry["badput_s"].items() if v)
         lines.append(f"  {how} x{entry['interruptions']}: {entry['total_s']:.1f} s ({parts or 'nothing'})")
     return "\n".join(lines)
+
+
+def recovery_text(r: dict[str, Any]) -> str:
+    """One line for a launch's recovery timings (decisions/recovery_timings.py); "-" where the journal has none."""
+
+    def sec(key: str) -> str:
+        return "-" if r.get(key) is None else f"{r[key]:.1f} s"
+
+    how = {"warm": "warm restart", "relaunch": "relaunch", "requeue": "requeue"}.get(str(r.get("how")), "restart")
+    parts = [f"verdict {sec('verdict_s')}", f"teardown {sec('teardown_s')}"]
+    if r.get("how") == "warm":
+        parts[-1] += f" (release {sec('release_s')}, order {sec('order_s')})"
+    parts += [f"to the first step {sec('up_s')}", f"in all {sec('total_s')}"]
+    return f"back by {how} after {r.get('class')}: " + ", ".join(parts)
 
 
 def interval_text(a: dict[str, Any]) -> str:

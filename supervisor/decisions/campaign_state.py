@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from supervisor.decisions import events as ev
-from supervisor.decisions import goodput
+from supervisor.decisions import goodput, recovery_timings
 from supervisor.decisions.checkpoint_interval import IntervalInputs
 from supervisor.decisions.ledger import Ledger, LedgerConfig
 from supervisor.decisions.policy import History
@@ -78,6 +78,7 @@ class Accounting:
         self.env_changes: list[dict[str, Any]] = []  # launches resumed in another environment than their checkpoint's
         self.latest_ckpt: dict[str, Any] | None = None
         self.timed: list[Event] = []  # the events the goodput ledger folds
+        self.recovery_events: list[Event] = []  # ... and those the recoveries' timings fold
         self.interval: dict[str, Any] | None = None  # the last checkpoint interval asked of the ranks
 
     def _close(self, cls: Any, t: float, blamed: Any, evidence: Any, last_step: int | None = None) -> None:
@@ -93,6 +94,8 @@ class Accounting:
         t, kind = float(e.get("t", 0.0)), e.get("type")
         if kind in LEDGER_EVENTS or (kind == ev.DETECTION and e.get("kind") in HANG_DETECTIONS):
             self.timed.append(e)
+        if kind in recovery_timings.RECOVERY_EVENTS:
+            self.recovery_events.append(e)
         if kind == ev.CAMPAIGN_STARTED:
             self.campaign = _text(e.get("campaign"))
         elif kind == ev.ATTEMPT_STARTED:
@@ -161,6 +164,9 @@ class Accounting:
         book = goodput.ledger(self.timed, now)
         for row, a in zip(book["rows"], launches, strict=False):
             a["goodput"] = _row_goodput(row)
+        for recovery, a in zip(recovery_timings.recoveries(self.recovery_events), launches, strict=False):
+            if recovery is not None:  # how this launch came back from the last one's interruption, phase by phase
+                a["recovery"] = recovery
         total = book["buckets_ms"]
         wall = book["wall_ms"]
         return {

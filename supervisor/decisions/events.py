@@ -84,6 +84,7 @@ FAILSAFE = "failsafe"
 REQUEUE_EXPEDITED = "requeue_expedited"
 SITE = "site"
 WARM_RESTART_SKIPPED = "warm_restart_skipped"
+WARM_RESTART_ORDERED = "warm_restart_ordered"
 STANDBYS = "standbys"
 JOURNAL_RESUMED = "journal_resumed"  # written by supervisor.journal itself; readers drop it
 
@@ -111,6 +112,7 @@ EVENT_TYPES: tuple[str, ...] = (
     AGENTS_MISSING,
     AGENTS_RESTARTED,
     WARM_RESTART_SKIPPED,
+    WARM_RESTART_ORDERED,
     STANDBYS,
     REQUEUE_SKIPPED,
     EXCLUSION_SKIPPED,
@@ -304,6 +306,15 @@ def warm_restart_skipped(t: float, launch: int, why: str) -> Event:
     """A restart in the allocation that could not be warm (decisions/warm_restart.py says why): the launch is
     relaunched cold."""
     return {"type": WARM_RESTART_SKIPPED, "t": t, "launch": launch, "why": why[:500]}
+
+
+def warm_restart_ordered(t: float, launch: int, generation: int, release_s: float, order_s: float) -> Event:
+    """Every kept rank of warm launch ``launch`` took its restart order (now, ``t``): ``release_s`` from the
+    interruption until every survivor had let go of the failed collective and waited, ``order_s`` from the order's
+    sending until every kept rank took it (and each standby given a rank showed up as it). The report's recovery
+    timings (decisions/recovery_timings.py) split a warm restart's time with it."""
+    return {"type": WARM_RESTART_ORDERED, "t": t, "launch": launch, "generation": generation,
+            "release_s": round(max(0.0, release_s), 3), "order_s": round(max(0.0, order_s), 3)}
 
 
 def standbys(t: float, launch: int, started: Mapping[str, str], why: str = "") -> Event:

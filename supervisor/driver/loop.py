@@ -160,7 +160,8 @@ class Supervisor:
                 decision = warm_rule.as_warm(decision, kill)
             restarts = p.ctx.guard.call(EVIDENCE, launch.reader.torchrun_restarts, launch.nodes,
                                         p.layout.tasks_per_node, default={})  # fmt: skip
-            p.ctx.record({**interruption.to_event(p.ctx.clock()), "launch": launch.number,
+            interrupted_t = p.ctx.clock()
+            p.ctx.record({**interruption.to_event(interrupted_t), "launch": launch.number,
                           "last_step": last_step(found), **({"torchrun_restarts": restarts} if restarts else {})})
             p.prelaunch.after(interruption.cls, interruption.blamed_nodes)  # a node it could have hurt: measured again
             p.ctx.guard.call(SITE, p.site.interrupted, interruption, default=None)
@@ -180,8 +181,9 @@ class Supervisor:
                 return outcome
             if kill is not None:
                 warm = p.ctx.guard.call(DECIDE, p.warm.choose, launch, interruption, default=None)
+                released = p.ctx.clock() - interrupted_t  # every survivor let go and waits (or gave up)
                 if warm is not None and warm.warm and p.ctx.guard.call(ACTION + ":warm_restart", self.restart_warm,
-                                                                       launch, warm, default=False):  # fmt: skip
+                                                                       launch, warm, released, default=False):  # fmt: skip
                     self.again = launch
                     excluded = tuple(sorted(set(excluded) | set(placement.exclusions_of(decision))))
                     continue
@@ -207,9 +209,10 @@ class Supervisor:
                                  default=None) or self.unknown_evidence(launch)  # fmt: skip
         return watched, found
 
-    def restart_warm(self, launch: Launch, choice: warm_rule.WarmChoice) -> bool:
+    def restart_warm(self, launch: Launch, choice: warm_rule.WarmChoice, release_s: float = 0.0) -> bool:
         """Carry out a warm restart of ``launch`` (driver/warm_restart.py): resume where a relaunch would, journal
-        it as the next launch (``step_launched`` with ``warm``), order the waiting ranks on, start the dead ones."""
+        it as the next launch (``step_launched`` with ``warm``), order the waiting ranks on, start the dead ones.
+        ``release_s``: how long the survivors took to let go (journaled with the order's time once taken)."""
         p = self.p
         picked = p.ctx.guard.call(CHECKPOINT_SCAN, p.checkpoints.pick_resume, default=None)
         resume, resume_step = picked if picked is not None else (None, None)
@@ -220,7 +223,8 @@ class Supervisor:
                                     p.layout.tasks_per_node, usable, resume_step, True, default=None)  # fmt: skip
         memory_step = snapshot.step if snapshot is not None else None
         p.detector.new_launch()
-        p.progress.launched(p.trainer.launches + 1)
+        carried = {r.pid: r.beats for r in p.warm.ranks_of(launch) if r.pid}  # their old steps are not progress
+        p.progress.launched(p.trainer.launches + 1, carried)
         p.interval.launched()
         p.checkpoints.launched(memory_step if memory_step is not None else resume_step)
         p.trainer.launches += 1
@@ -237,6 +241,7 @@ class Supervisor:
                       **({"standby_ranks": {str(r): s.ident for r, s in taken.items()}} if taken else {}),
                       "log": launch.log_path.name})  # its ranks go on writing the launch's log
         launch.log = launch.reader.from_now()  # the new generation's lines are judged alone
+        ordered = p.ctx.clock()
         dead, untaken = p.warm.restart(launch, choice, order, taken)
         p.watcher.old_pids.update(dead)  # the replaced ranks' old processes are an earlier launch's
         if untaken:  # a rank that never takes its order would wedge the new generation: cold after all
@@ -244,6 +249,8 @@ class Supervisor:
                 p.ctx.clock(), launch.number, f"rank {', '.join(map(str, untaken))} did not take the restart order "
                 f"within {warm_restarts.ORDER_TAKEN_WAIT_S:g} s"))  # fmt: skip
             return False
+        now = p.ctx.clock()
+        p.ctx.record(ev.warm_restart_ordered(now, launch.number, order.generation, release_s, now - ordered))
         return True
 
     def with_site_exclusions(self, excluded: tuple[str, ...]) -> tuple[str, ...]:

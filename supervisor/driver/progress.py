@@ -12,6 +12,7 @@ The ranks' clients publish their step and the time they spent in checkpoint phas
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from supervisor.decisions import events as ev
@@ -26,9 +27,12 @@ class ProgressLog:
         self.record, self.clock, self.every_s = ctx.record, ctx.clock, every_s
         self.launched(0)
 
-    def launched(self, launch: int) -> None:
-        """A new launch: its ranks start from nothing (their pids are new)."""
+    def launched(self, launch: int, carried: Mapping[int, int] | None = None) -> None:
+        """A new launch: its ranks start from nothing (their pids are new). A warm restart's ``carried``: pid ->
+        beats of each process that goes on into the new generation; such a rank still shows its last step of the
+        old one (the same number its first new step may have), so it counts only once it stepped again."""
         self.launch = launch
+        self.carried: Mapping[int, int] = dict(carried or {})
         self.last_step: int | None = None
         self.last_written = float("-inf")
         self.ckpt_ms: dict[int, int] = {}  # pid -> checkpoint ms last seen
@@ -36,7 +40,7 @@ class ProgressLog:
     def observe(self, live: Any, final: bool = False) -> None:
         """One look at the launch's ranks (``live``: the table's snapshot, earlier launches' ranks left out)."""
         now = self.clock()
-        ranks = [r for r in live.ranks if r.beats > 0 and r.step is not None]
+        ranks = [r for r in live.ranks if r.beats > self.carried.get(r.pid, 0) and r.step is not None]
         grown: list[tuple[int, Any]] = []
         for r in ranks:
             before = self.ckpt_ms.get(r.pid)

@@ -206,6 +206,22 @@ def test_progress_log_journals_first_step_stalls_and_the_last_step() -> None:
     assert len(out) == 4
 
 
+def test_after_a_warm_restart_a_kept_ranks_old_step_is_not_the_new_generations_first() -> None:
+    """A warm restart's survivors keep their process, their slot and its last step (27) while they rendezvous and
+    load; the new generation resumes at 26, so its first step is 27 too: only a step taken since (beats grew) is
+    progress, or the restart's time would read as training (seen on Slurm: a first step 0.3 s after the order)."""
+    out: list[dict] = []
+    now = [200.0]
+    log = ProgressLog(Context.of(out.append, lambda: now[0]), every_s=30.0)
+    log.launched(2, carried={1: 28, 2: 28})  # both ranks at step 27 (28 beats) when the restart was ordered
+    log.observe(SimpleNamespace(ranks=[_rank(1, 27, 0.1), _rank(2, 27, 0.1)]))
+    assert out == []  # neither stepped since the order: still restarting
+    now[0] = 201.0
+    log.observe(SimpleNamespace(ranks=[SimpleNamespace(**{**vars(_rank(1, 27, 0.2)), "beats": 29}),
+                                       SimpleNamespace(**{**vars(_rank(2, 27, 0.4)), "beats": 29})]))  # fmt: skip
+    assert [(e["type"], e["step"], e["step_t"]) for e in out] == [("step_progress", 27, 200.8)]
+
+
 def _steady(stretches_s: list[float]) -> list[dict]:
     """One launch that completes: its first step at 10 s, then progress records 30 steps apart, each stretch
     lasting the given seconds (what the loop journals every 30 s)."""
