@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib
 import os
 import sys
 import time
@@ -62,6 +63,8 @@ def restartable(fn: Callable[..., T]) -> Callable[..., T]:
         bound = api._bound()
         if bound is not None:
             _flag(bound[0], _layout.RANK_FLAG_RESTARTABLE, True)
+            if os.environ.get(ENV_WARM) == "1":
+                _import_dynamo_first()
         while True:
             try:
                 result = fn(*args, **kwargs)
@@ -100,17 +103,54 @@ def _report(exc: BaseException) -> BaseException:
     return exc
 
 
+def _import_dynamo_first() -> None:
+    """Import ``torch._dynamo`` before the training function builds its process group, when the program uses torch.
+
+    WHY: a gloo group created *before* ``torch._dynamo`` is imported (which creating an optimizer does) keeps its
+    connections after ``destroy_process_group`` (and ``_abort_process_group``) until the process ends: something
+    dynamo's import sets up holds it from C++. A waiting rank then blocks the peers that still exchange with it,
+    and those block theirs: measured with torch 2.13 (an optimizer created after ``init_process_group``: the peer
+    released at the failed rank's exit, 6 s later, its 3 sockets and 3 threads kept; dynamo imported first: the
+    sockets closed at the release, the peer failed within 0.1 s), and seen on Slurm as a whole torchrun launch's
+    survivors stalled. The import costs what the program's first optimizer would pay anyway. A program that
+    builds its group before calling the wrapped function keeps that first group's behaviour (docs/client.md)."""
+    if "torch" not in sys.modules:  # not a torch program (or not yet): nothing of torch's to hold a group
+        return
+    try:
+        importlib.import_module("torch._dynamo")
+    except Exception as exc:  # a torch without dynamo (or a broken one): the release may then be slower
+        _say(f"importing torch._dynamo before the training raised {exc!r}; going on")
+
+
 def _release_process_group() -> None:
-    """Let go of torch.distributed's default group so its connections close (peers blocked on this rank fail and
-    join the restart); failures here are the failed group's and change nothing."""
+    """Let go of torch.distributed's groups so their connections close (peers blocked on this rank fail and join
+    the restart); failures here are the failed group's and change nothing.
+
+    Aborted first (``_abort_process_group``, torch 2.4+: NCCL communicators are aborted, which a destroy alone does
+    not do), then destroyed if still registered. A gloo group's connections close only when its last reference
+    goes; seen on the local cluster (and reproduced outside it, with a model and an optimizer, in some runs and
+    not others): they stayed open until the process ended, its peers blocked on it meanwhile. The supervisor copes
+    (``decisions/warm_restart``: ``holding_back``, ``hung_by_peers``); nothing here can close them."""
     gc.collect()  # the function's frames, freed now that no traceback holds them
     dist = sys.modules.get("torch.distributed")
-    if dist is not None:
+    if dist is None:
+        return
+    try:
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+    except Exception:  # noqa: S110 - a torch without distributed support: nothing to release
+        return
+    abort = getattr(getattr(dist, "distributed_c10d", None), "_abort_process_group", None)
+    if callable(abort):
         try:
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
+            abort()
         except Exception as exc:  # the group is broken already: that is why we are here
-            _say(f"destroying the failed process group raised {exc!r}; going on")
+            _say(f"aborting the failed process group raised {exc!r}; going on")
+    try:
+        if dist.is_initialized():  # no abort in this torch, or it left the group registered
+            dist.destroy_process_group()
+    except Exception as exc:
+        _say(f"destroying the failed process group raised {exc!r}; going on")
     gc.collect()
 
 

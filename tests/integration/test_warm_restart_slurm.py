@@ -3,11 +3,11 @@ program that wraps its training in ``client.restartable`` (tests/integration/pro
 ranks on three nodes, ``torch.save`` checkpoints). A rank SIGKILLed from outside, or stopped (SIGSTOP: a hang, its
 peers blocked in a collective): the supervisor does not kill the step; it has the hung rank's stack saved and the
 rank alone killed, orders the two survivors (waiting in their processes) onto a new rendezvous and starts only the
-dead rank again, as its own job step on its node. A rank whose own training raises (app_error) waits in its process,
-but its peers stay blocked on it (its failed gloo group keeps its connections): the supervisor kills it after a grace
-and it is started again like a killed one. The survivors keep their pids, the restart is journaled as the next launch
-(``warm``, generation 1, rank 1 started again), the campaign completes, and the final weights are bitwise those of an
-uninterrupted run."""
+dead rank again, as its own job step on its node. A rank whose own training raises (app_error) waits in its process
+and lets go of its group, whose connections close (the client imported dynamo before the group was built): its peers'
+collectives fail, they wait too, and all three restart in their processes, nobody killed or started again. The kept
+ranks keep their pids, the restart is journaled as the next launch (``warm``, generation 1, the ranks started again),
+the campaign completes, and the final weights are bitwise those of an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_the
         assert ended["state"] == "completed", ended
         first, again = launches(camp)
         assert first.get("warm") is True and "generation" not in first, first
-        assert again["warm"] is True and again["generation"] == 1 and again["replaced_ranks"] == [1], again
+        replaced = [] if fault == "raise" else [1]  # a rank that raised waits in its process: nothing to replace
+        assert again["warm"] is True and again["generation"] == 1 and again["replaced_ranks"] == replaced, again
         assert again["resume_tier"] == "filesystem" and again["resume_step"] % 5 == 0, again
         skipped = camp.of_type("warm_restart_skipped")
         assert not skipped, skipped
@@ -75,9 +76,8 @@ def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_the
                                          "raise": "app_error"}[fault], interruption  # fmt: skip
         kinds = [a["kind"] for a in camp.of_type("action")]
         assert "kill_step" not in kinds, kinds
-        if fault == "raise":  # it waited in its process, its peers stuck on it: its process's end released them
-            killed = [a for a in camp.of_type("action") if a["kind"] == "kill_ranks"]
-            assert killed and killed[0]["target"] == ["1"] and "waiting for the restart order" in killed[0]["reason"]
+        if fault == "raise":  # it let go of its group (its sockets closed: dynamo imported first), its peers failed
+            assert not [a for a in camp.of_type("action") if a["kind"] == "kill_ranks"], kinds  # and nobody was killed
         if fault.startswith("hang") or fault == "stop":  # its stack saved, then it alone killed; the step was not
             killed = [a for a in camp.of_type("action") if a["kind"] == "kill_ranks"]
             assert killed and killed[0]["target"] == ["1"], kinds
@@ -85,18 +85,21 @@ def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_the
         logs = camp.root.glob("logs/*/")
         log_dir = next(d for d in logs if (d / "train-1.log").exists())
         seen = starts((log_dir / "train-1.log").read_text(errors="replace"))
-        for r in (0, 2):  # the survivors: generation 0 and 1 in the same process
+        for r in (0, 1, 2) if fault == "raise" else (0, 2):  # the kept ranks: generations 0 and 1 in one process
             assert [(g, s) for rank, pid, g, s in seen if rank == r and pid == pids[r]] == \
                 [(0, 0), (1, again["resume_step"])], seen  # fmt: skip
         taken = again.get("standby_ranks")
-        if fault == "kill" and standbys == "auto":
-            assert list(taken) == ["1"], again
-        if standbys == "off":
-            assert taken is None and not camp.of_type("standbys"), again
-        log = f"train-1-standby-{taken['1']}.log" if taken else "train-*-g1-r1.log"
-        started = starts(next(log_dir.glob(log)).read_text(errors="replace"))
-        assert [(rank, g, s) for rank, _, g, s in started] == [(1, 1, again["resume_step"])], started
-        assert started[0][1] != pids[1]
+        if fault == "raise":  # no rank started again
+            assert not list(log_dir.glob("train-*-g1-r1.log")) and not taken, again
+        else:
+            if fault == "kill" and standbys == "auto":
+                assert list(taken) == ["1"], again
+            if standbys == "off":
+                assert taken is None and not camp.of_type("standbys"), again
+            log = f"train-1-standby-{taken['1']}.log" if taken else "train-*-g1-r1.log"
+            started = starts(next(log_dir.glob(log)).read_text(errors="replace"))
+            assert [(rank, g, s) for rank, _, g, s in started] == [(1, 1, again["resume_step"])], started
+            assert started[0][1] != pids[1]
         want = uninterrupted(tmp_path / "plain", steps)
         got = torch.load(out, weights_only=True)
         assert all(torch.equal(got[k], want[k]) for k in want), "the warm restart changed the training"
