@@ -34,7 +34,7 @@ ENV_WAIT_S = "SUPERVISOR_RESTART_WAIT_S"  # how long a failed rank waits for its
 # What an order may set or unset in a rank's environment: the rendezvous and the resume variables the launcher sets
 # (supervisor.driver.launcher; the memory tier's names are supervisor.checkpoint.memory's, checked by a test).
 ORDER_ENV = frozenset({
-    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
     "SUPERVISOR_RESUME_FROM", "SUPERVISOR_RESUME_MEMORY_STEP", "SUPERVISOR_RESUME_MEMORY_LAUNCH",
     "SUPERVISOR_RESUME_MEMORY_FLUSHED", "SUPERVISOR_LAUNCH", "SUPERVISOR_SKIP_STEPS",
 })  # fmt: skip

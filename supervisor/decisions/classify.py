@@ -36,7 +36,14 @@ from supervisor.decisions.interruption import (
     RankExit,
 )
 from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, MATCH_CHARS, LogSignature, verdict
-from supervisor.decisions.tasklog import LogLine, address_book, named_peers, rank_of, split_label
+from supervisor.decisions.tasklog import (
+    LogLine,
+    address_book,
+    named_peers,
+    rank_of,
+    split_label,
+    torchrun_wrapper_lines,
+)
 
 # Higher wins. "killed" (an outside SIGKILL: OOM killer, an admin) is reported as class unknown, but it is a
 # root cause, so it outranks the communication errors it triggers on the peers.
@@ -240,7 +247,8 @@ def _log_findings(e: Evidence, signatures: Sequence[LogSignature]) -> list[Findi
     found = []
     book: dict[str, str] | None = None  # built on the first comm error: at 16k nodes it costs ~10 ms
     known = _job_nodes(e)
-    for line in (_with_rank(x, e.task_nodes) for x in e.log_lines):
+    wrapper = torchrun_wrapper_lines([x.text for x in e.log_lines])  # torchrun's report of a worker's end
+    for line in (_with_rank(x, e.task_nodes) for i, x in enumerate(e.log_lines) if i not in wrapper):
         program = line.rank is not None or split_label(line.text)[0] is not None  # a rank's text, not Slurm's
         text = rank_of(line.text)[1][:MATCH_CHARS]
         for sig in signatures:

@@ -186,6 +186,32 @@ class WorkerExit:
     exit_code: int
 
 
+_CHILD_FAILED = re.compile(r"^(?:torch\.distributed\.elastic\.multiprocessing\.errors\.)?ChildFailedError:?")
+_TRACEBACK = re.compile(r"^Traceback \(most recent call last\)")
+_EXCEPTION_LINE = re.compile(r"^(?:\w+\.)*\w*(?:Error|Exception|Exit|Interrupt)(?::|$)")
+
+
+def torchrun_wrapper_lines(lines: Sequence[str]) -> set[int]:
+    """Indexes of torchrun's own traceback lines: its ``ChildFailedError`` and the ``Traceback`` line that opened
+    it (the same srun task's last one before it, with no other exception line between). torchrun raises it because
+    a worker failed, and prints the worker's ending below it (``torchrun_worker_exits``): a consequence, never the
+    program's error. A worker's own traceback (through torchrun, under the same task) ends in its own exception."""
+    out: set[int] = set()
+    opened: dict[int | None, int] = {}  # srun task -> its last Traceback line not yet closed by an exception
+    for i, line in enumerate(lines):
+        task, text = split_label(line)
+        text = text.strip()
+        if _TRACEBACK.match(text):
+            opened[task] = i
+        elif _CHILD_FAILED.match(text):
+            out.add(i)
+            if task in opened:
+                out.add(opened.pop(task))
+        elif _EXCEPTION_LINE.match(text):
+            opened.pop(task, None)
+    return out
+
+
 def torchrun_worker_exits(lines: Iterable[str]) -> tuple[WorkerExit, ...]:
     """Failed workers from torchrun's failure summaries, one per rank: each torchrun's root cause first (it
     prints "Failures:" before "Root Cause (first observed failure):"), then the others."""

@@ -41,6 +41,7 @@ class LaunchLog:
         self.file: BinaryIO | None = None
         self.finished = False
         self.rank_logs: list[tuple[int, Path, int]] = []  # (rank, its own log, offset read from): ranks started again
+        self.settled: set[int] = set()  # srun tasks whose end a warm restart already answered (settle_tasks)
 
     def from_now(self) -> LaunchLog:
         """A reading of the same log from the end of its last whole line: after a warm restart, the new
@@ -54,9 +55,16 @@ class LaunchLog:
         except OSError:
             start = self.start
         again = LaunchLog(self.path, start=start, **self.settings)  # type: ignore[arg-type]
+        again.settled = set(self.settled)
         for rank, path, _ in self.rank_logs:  # a rank started again earlier may still run: its lines from now
             again.add_rank_log(rank, path, _size(path))
         return again
+
+    def settle_tasks(self, tasks: Sequence[int]) -> None:
+        """srun tasks of the step whose ranks a warm restart started again elsewhere: srun's report of how they
+        ended (``srun: error: node2: task 1: Exited with exit code 1``, written when it comes, often after the
+        restart: a torchrun stops its node's other workers first) is the past fault's, not the new generation's."""
+        self.settled.update(tasks)
 
     def add_rank_log(self, rank: int, path: Path, start: int = 0) -> None:
         """A rank started again by a warm restart writes its own log (its one-task step's, or a standby's): its
@@ -131,7 +139,14 @@ class LaunchLog:
         merged = dict(self.digest.lines())
         merged.update(self._tail())
         own = [f"{rank}: {text}" for rank, path, start in self.rank_logs for text in _last_lines(path, start)]
-        return [text for _, text in sorted(merged.items())] + own
+        return [text for _, text in sorted(merged.items()) if not self._settled_line(text)] + own
+
+    def _settled_line(self, text: str) -> bool:
+        """Whether ``text`` is srun's report of how tasks ended that names only settled tasks."""
+        if not self.settled:
+            return False
+        ended = tasklog.srun_task_exits([text])
+        return bool(ended) and all(e.task in self.settled for e in ended)
 
     def torchrun_restarts(self, step_nodes: Sequence[str], tasks_per_node: int = 1) -> dict[str, int]:
         """node -> restarts of its workers by torchrun itself during the launch (``--max-restarts`` > 0), from

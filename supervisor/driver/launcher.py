@@ -31,7 +31,7 @@ from supervisor.client.standby import ENV_STANDBY as STANDBY_ENV
 from supervisor.decisions import events as ev
 from supervisor.decisions import placement
 from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, LogSignature
-from supervisor.driver import distenv, flight_dumps
+from supervisor.driver import distenv, flight_dumps, torchrun_worker
 from supervisor.driver.context import Context
 from supervisor.driver.launch_log import LaunchLog
 from supervisor.driver.ports import Process, StepLauncher
@@ -168,6 +168,15 @@ class TrainingLauncher:
         self.master_ports: list[int] = []  # each launch's MASTER_PORT: a relaunch never reuses one
         self.slot_token = secrets.token_hex(8)  # this Slurm run's slot directories get unguessable names
         self.memory_snapshots = memory_snapshots
+        # under ``srun torchrun``: how to start one of its workers without it, and its workers per node (None:
+        # not torchrun, or one whose workers cannot be read from the command: its restarts are cold)
+        self.torchrun_worker = torchrun_worker.worker_command(command, environ) if distenv.runs_torchrun(command) \
+            else None  # fmt: skip
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks on each node of a launch: srun's tasks, or each node's torchrun's workers."""
+        return self.torchrun_worker[1] if self.torchrun_worker is not None else self.layout.tasks_per_node
 
     def step_env(self, resume: str | None = "") -> dict[str, str]:
         """The environment of a job step of this attempt (agents, preflight, training): the user's, the campaign,
@@ -256,12 +265,15 @@ class TrainingLauncher:
                       worker_restarts=distenv.torchrun_restarts_on(self.command, self.environ), log=log, warm=warm)
 
     def restart_order(self, launch: Launch, generation: int, resume: str | None, scan_ok: bool,
-                      memory_step: int | None, memory_launch: str, memory_from: str) -> RestartOrder:  # fmt: skip
+                      memory_step: int | None, memory_launch: str, memory_from: str,
+                      rank0_node: str | None = None) -> RestartOrder:  # fmt: skip
         """The order of ``launch``'s warm restart into ``generation``: a fresh rendezvous port (on rank 0's node,
-        as every launch), where to resume (as :meth:`launch` says it), and the launch tag of ``launch``'s number, which
-        the caller made the next launch's (the memory tier tells a step written again after the restart from the one
-        written before)."""
+        as every launch; ``rank0_node``: where rank 0 runs, which torchrun's rendezvous chose), where to resume (as
+        :meth:`launch` says it), and the launch tag of ``launch``'s number, which the caller made the next launch's
+        (the memory tier tells a step written again after the restart from the one written before)."""
         master = self.environ.get("MASTER_ADDR") or self.node_addresses.get(launch.nodes[0]) or launch.nodes[0]
+        if self.torchrun_worker is not None:  # rank 0 is where torchrun's rendezvous put it, not the first node
+            master = self.node_addresses.get(rank0_node or launch.nodes[0]) or rank0_node or launch.nodes[0]
         user_port = self.environ.get("MASTER_PORT", "")
         port = int(user_port) if user_port.isdigit() else distenv.pick_port(master, self.master_ports)
         self.master_ports.append(port)
@@ -273,6 +285,8 @@ class TrainingLauncher:
             memory.RESUME_FLUSHED_ENV: memory_from or None if memory_step is not None else None,
             memory.LAUNCH_ENV: self.launch_tag(launch.number), ENV_SKIP_STEPS: None,
         }  # fmt: skip
+        if self.torchrun_worker is not None:  # rank 0 hosts the new rendezvous's store, not a torchrun
+            env["TORCHELASTIC_USE_AGENT_STORE"] = "False"
         return RestartOrder(generation, env)
 
     def start_again(self, launch: Launch, order: RestartOrder, ranks: Mapping[int, str]) -> list[Replacement]:
@@ -281,7 +295,8 @@ class TrainingLauncher:
         started = []
         for rank, node in sorted(ranks.items()):
             name = srun.replacement_job_name(launch.number, order.generation, rank)
-            argv = srun.replacement(self.command, launch=launch.number, generation=order.generation, rank=rank,
+            command = self.torchrun_worker[0] if self.torchrun_worker is not None else self.command
+            argv = srun.replacement(command, launch=launch.number, generation=order.generation, rank=rank,
                                     node=node, extra=self.srun_args)  # fmt: skip
             env = self.rank_step_env(launch)
             order.apply(env)
@@ -303,6 +318,9 @@ class TrainingLauncher:
     def rank_identity(self, launch: Launch, rank: int) -> dict[str, str]:
         """The variables that make a process ``rank`` of ``launch`` (as the launch's own srun gave them), except
         those the user set for every rank."""
+        if self.torchrun_worker is not None:  # torchrun's worker variables: the user's are torchrun's to read
+            nproc = self.torchrun_worker[1]
+            return torchrun_worker.worker_identity(rank, len(launch.nodes) * nproc, nproc, len(launch.nodes))
         tasks = self.layout.tasks_per_node
         own = {"WORLD_SIZE": str(len(launch.nodes) * tasks), "LOCAL_WORLD_SIZE": str(tasks), "RANK": str(rank),
                "LOCAL_RANK": str(rank % tasks), "NODE_RANK": str(rank // tasks)}  # fmt: skip

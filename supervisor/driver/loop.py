@@ -219,8 +219,9 @@ class Supervisor:
         left = p.warm.move(launch)  # a lost or blamed node's ranks go to a spare; the others keep their nodes
         nodes = list(launch.nodes)
         usable = [n for n in placement.usable_nodes(p.layout, p.nodeloss.lost) if n not in left]
+        where = {r: p.warm.node_of(launch, r) for r in range(len(nodes) * p.trainer.ranks_per_node)}
         snapshot = p.ctx.guard.call(CHECKPOINT_SCAN, p.memory.pick, p.trainer.launches + 1, nodes,
-                                    p.layout.tasks_per_node, usable, resume_step, True, default=None)  # fmt: skip
+                                    p.layout.tasks_per_node, usable, resume_step, True, where, default=None)  # fmt: skip
         memory_step = snapshot.step if snapshot is not None else None
         p.detector.new_launch()
         carried = {r.pid: r.beats for r in p.warm.ranks_of(launch) if r.pid}  # their old steps are not progress
@@ -230,7 +231,8 @@ class Supervisor:
         p.trainer.launches += 1
         launch.number = p.trainer.launches
         order = p.trainer.restart_order(launch, launch.generation + 1, resume, picked is not None, memory_step,
-                                        snapshot.launch if snapshot else "", p.memory.flushed_dir(snapshot))  # fmt: skip
+                                        snapshot.launch if snapshot else "", p.memory.flushed_dir(snapshot),
+                                        p.warm.node_of(launch, 0))  # fmt: skip
         taken = p.ctx.guard.call(ACTION + ":standbys", p.warm.take_standbys, launch, choice, default=None) or {}
         told = order.env.get("SUPERVISOR_RESUME_FROM")
         tier = "memory" if memory_step is not None else "filesystem" if told else "fresh" if told == "" else "unknown"

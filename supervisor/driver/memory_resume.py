@@ -53,9 +53,12 @@ class MemoryResume:
         self.diverged[launch_tag] = last_finite_step if last_finite_step is not None else -1
 
     def pick(self, launch: int, nodes: Sequence[str], tasks_per_node: int, usable: Sequence[str],
-             newest_filesystem_step: int | None, again: bool = False) -> memory_pick.Pick | None:  # fmt: skip
+             newest_filesystem_step: int | None, again: bool = False,
+             placement: Mapping[int, str] | None = None) -> memory_pick.Pick | None:  # fmt: skip
         """The snapshot launch number ``launch`` (on ``nodes``, in rank order) resumes from, or None; ``again``:
-        launch ``launch`` itself restarts in its processes (a warm restart: its snapshots are in memory)."""
+        launch ``launch`` itself restarts in its processes (a warm restart: its snapshots are in memory);
+        ``placement``: rank -> node when it is not srun's block layout (a warm torchrun launch's ranks stay where
+        its rendezvous put them)."""
         if not self.enabled:
             return None
         self.flushed = self._read_flushed()
@@ -66,7 +69,8 @@ class MemoryResume:
             self.ctx.record(ev.memory_pick(self.ctx.clock(), launch, None, "no node reported a memory snapshot in this "
                                            "Slurm run (the program takes none: CheckpointSaver.snapshot)"))  # fmt: skip
             return None
-        placement = {r: nodes[r // tasks_per_node] for r in range(len(nodes) * tasks_per_node)}
+        if placement is None:
+            placement = {r: nodes[r // tasks_per_node] for r in range(len(nodes) * tasks_per_node)}
         held = dict(self.holdings(usable)) if (launch > 1 or again) and reported else {}
         chosen, why = self.choose(held, placement, usable, newest_filesystem_step)
         if chosen is not None and chosen.fetches:

@@ -14,8 +14,10 @@ in the same file; each rank started again has its own. Cold: the reason is journ
 before.
 
 Which launches are warm (their srun survives one task's death, ``--kill-on-bad-exit=0``): ``[run] warm_restart``
-"on", or "auto" once a launch of this run had every rank inside ``client.restartable``; never a torchrun launch (a
-task there is a node's torchrun, not a rank).
+"on", or "auto" once a launch of this run had every rank inside ``client.restartable``. Under ``srun torchrun`` a
+task is a node's torchrun: a dead worker's torchrun stops the node's other workers and exits, so that node's ranks
+are started again as torchrun's workers would be, without it (driver/torchrun_worker.py); a torchrun whose workers
+cannot be read from the command, or a restart that moves a node's ranks, stays cold.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from supervisor.driver.context import Context
 from supervisor.driver.launcher import Launch, LaunchProcs, Standby, TrainingLauncher
 from supervisor.driver.ports import Channel
 from supervisor.driver.standbys import Standbys
+from supervisor.heartbeat import wire
 from supervisor.heartbeat.orders import assign_order_text, restart_order_text
 
 ORDER_RESEND_S = 0.5  # the order travels in datagrams: sent again until the waiting ranks took it
@@ -50,21 +53,22 @@ class WarmRestarts:
         self.ctx, self.mode, self.channel, self.trainer, self.standbys = ctx, mode, channel, trainer, standbys
         self.ranks_of, self.tasks_per_node, self.release_deadline_s = ranks_of, tasks_per_node, release_deadline_s
         self.torchrun = distenv.runs_torchrun(command)
+        self.cold_only = self.torchrun and trainer.torchrun_worker is None  # torchrun's workers unknown
         self.seen_restartable = False  # "auto": a launch of this run had every rank inside client.restartable
         self.placed: tuple[str, ...] | None = None  # the planned restart's nodes in rank order (ranks moved to spares)
 
     def next_launch_warm(self) -> bool:
         """Whether the next launch is started warm (its step survives one task's death)."""
-        if self.torchrun or self.mode == "off":
+        if self.cold_only or self.mode == "off":
             return False
         return self.mode == "on" or self.seen_restartable
 
     def saw(self, launch: Launch) -> None:
         """After a launch's watch: whether every one of its ranks ran inside ``client.restartable`` ("auto")."""
-        if self.seen_restartable or self.mode != "auto" or self.torchrun:
+        if self.seen_restartable or self.mode != "auto" or self.cold_only:
             return
         ranks = list(self.ranks_of(launch))
-        world = len(launch.nodes) * self.tasks_per_node
+        world = len(launch.nodes) * self.trainer.ranks_per_node
         if len({r.rank for r in ranks}) == world and all(r.rank_flags & RANK_FLAG_RESTARTABLE for r in ranks):
             self.seen_restartable = True
 
@@ -81,6 +85,9 @@ class WarmRestarts:
         kill = rule.hung_ranks(interruption.cls, detections)
         if kill is not None:
             self.placed = rule.placement_after(decision, launch.nodes)
+            if self.torchrun and self.placed != launch.nodes:  # a node's torchrun cannot move: cold
+                self.placed = None
+                return None
         return kill
 
     def moving(self, launch: Launch) -> frozenset[str]:
@@ -99,17 +106,43 @@ class WarmRestarts:
         """Warm or cold for a restart of ``launch`` carried out warm so far (:meth:`plan`); waits while the rule
         says so. A cold answer is journaled with its reason."""
         started = time.monotonic()
+        killed: set[int] = set()
         while True:
             bad = set(interruption.blamed_nodes) | self.moving(launch)
-            choice = rule.choose(self.views(launch), enabled=True, bad_nodes=bad,
+            views = self.views(launch)
+            waited = time.monotonic() - started
+            choice = rule.choose(views, enabled=True, bad_nodes=bad,
                                  shrinks=False, in_progress=self.in_progress(launch),
-                                 waited_s=time.monotonic() - started, release_deadline_s=self.release_deadline_s)  # fmt: skip
+                                 waited_s=waited, release_deadline_s=self.release_deadline_s)  # fmt: skip
             if choice.kind != rule.WAIT:
                 break
+            self.release_stuck(launch, views, waited, killed)
             self.channel.poll(0.1)
         if choice.kind == rule.COLD:
             self.ctx.record(ev.warm_restart_skipped(self.ctx.clock(), launch.number, choice.reason))
         return choice
+
+    def release_stuck(self, launch: Launch, views: Sequence[rule.RankView], stuck_s: float, killed: set[int]) -> None:
+        """While the survivors are awaited: ranks still in a collective ``stuck_s`` after the verdict while others
+        wait are ended by their agents, as the watch does (``rule.hung_by_peers``: every waiting rank failed on a
+        peer, so the stuck ones are the hung ones; ``rule.holding_back``: a rank waiting on its own error whose
+        group kept its connections): they are then started again with the dead. Seen under torchrun: a rank stayed
+        in its all_reduce after both ranks of another node had died, its peer on its node waiting (the waiting
+        rank's group kept its connections: client/restart.py). Under torchrun a node's workers go together."""
+        kill = (set(rule.hung_by_peers(views, stuck_s)) | set(rule.holding_back(views, stuck_s))) - killed
+        if kill and self.torchrun:  # its torchrun stops the node's other workers when one ends: all of them, now
+            nodes_of = {v.node for v in views if v.rank in kill}
+            kill |= {v.rank for v in views if v.node in nodes_of and v.alive}
+            kill -= killed
+        if not kill:
+            return
+        killed.update(kill)
+        self.ctx.record(ev.action_event(self.ctx.clock(), "kill_ranks", None, tuple(map(str, sorted(kill))),
+                                        "still in the failed collective while the others wait for the restart "
+                                        "order: started again with the dead ranks", {}))  # fmt: skip
+        nodes = {v.rank: v.node for v in views}
+        for node in sorted({nodes[r] for r in kill}):
+            self.channel.send(node, [wire.Command(wire.CMD_KILL_RANK, r) for r in sorted(kill) if nodes[r] == node])
 
     def in_progress(self, launch: Launch) -> bool:
         """Whether the launch's last warm restart never trained: a rank it started again is gone, or has not
@@ -120,11 +153,20 @@ class WarmRestarts:
         views = {v.rank: v for v in self.ranks_of(launch)}
         return any(r.rank not in views or views[r.rank].beats == 0 or views[r.rank].pid == 0 for r in newest)
 
+    def node_of(self, launch: Launch, rank: int) -> str:
+        """The node ``rank`` of ``launch`` runs on (a dead rank: ran on): srun's block layout, or under torchrun
+        where its rendezvous put the rank (the agents' reports say), the layout when they never did."""
+        if self.torchrun:
+            for view in self.ranks_of(launch):
+                if view.rank == rank and getattr(view, "node", None):
+                    return str(view.node)
+        return launch.nodes[min(rank // self.trainer.ranks_per_node, len(launch.nodes) - 1)]
+
     def take_standbys(self, launch: Launch, choice: rule.WarmChoice) -> dict[int, Standby]:
         """The standbys that take over ``choice``'s dead ranks (on their nodes); the others start as new steps."""
         if self.standbys is None:
             return {}
-        return self.standbys.take(launch, {r: launch.nodes[r // self.tasks_per_node] for r in choice.replace})
+        return self.standbys.take(launch, {r: self.node_of(launch, r) for r in choice.replace})
 
     def restart(self, launch: Launch, choice: rule.WarmChoice, order: RestartOrder,
                 taken: Mapping[int, Standby] | None = None) -> tuple[list[int], tuple[int, ...]]:  # fmt: skip
@@ -140,8 +182,11 @@ class WarmRestarts:
                    for rank, standby in taken.items()}  # fmt: skip
         for node, assign in assigns.values():
             self.channel.send_order(node, assign)
-        tpn = self.tasks_per_node
-        rest = {r: launch.nodes[r // tpn] for r in choice.replace if r not in taken}
+        rest = {r: self.node_of(launch, r) for r in choice.replace if r not in taken}
+        # the training step's tasks of the ranks started elsewhere: srun's report of their end is this fault's
+        nodes = {self.node_of(launch, r) for r in choice.replace}
+        tasks = {i for i, n in enumerate(launch.nodes) if n in nodes} if self.torchrun else set(choice.replace)
+        launch.reader.settle_tasks(sorted(tasks))
         started = self.trainer.start_again(launch, order, rest)
         started += [standby.as_rank(rank, order.generation) for rank, standby in taken.items()]
         launch.generation = order.generation

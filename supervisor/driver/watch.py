@@ -53,6 +53,7 @@ from supervisor.heartbeat import wire
 CHECKPOINT_SCAN_S = 5.0  # how often the checkpoint directory is looked at for new valid checkpoints
 TIMEOUTS_JOURNAL_S = 600.0  # learned timeouts are journaled this often (and whenever a launch ends)
 EXIT_SETTLE_S = 0.6  # after srun exits: time for the agents to report how each rank ended
+LINGER_S = 3.0  # after a warm restart: every rank ended well this long ago, the step still runs -> the launch ended
 
 
 class Observer(Protocol):
@@ -90,6 +91,7 @@ class Watcher:
         triage = Triage(launch.worker_restarts, self.detector.config.hang.finish_allowance_s)
         self.held = None
         self.stuck_since, self.released = None, set()
+        self.ended_well_since: float | None = None
         if self.stall is not None:
             self.stall.reset()
         self.interrupts.watching()
@@ -122,6 +124,9 @@ class Watcher:
             if ending is not None:
                 return ending
             if launch.warm:
+                if self.lingers(launch, now):  # the training is over; what still runs of the step waits on nothing
+                    self.scan_checkpoints()
+                    return WatchResult("exited", exit_code=0, detections=triage.with_pending())
                 if self.standbys is not None:
                     self.ctx.guard.call(ACTION + ":standbys", self.standbys.keep, launch, default=None)
                 views = self.warm_views(launch)
@@ -219,6 +224,21 @@ class Watcher:
         that was started again (``Killed``, 137) even when every rank of the last generation ended well; then 0."""
         if not code or not launch.generation:
             return code
+        return 0 if self.generation_ended_well(launch) else code
+
+    def lingers(self, launch: Launch, now: float) -> bool:
+        """After a warm restart, whether every rank of the last generation ended well ``LINGER_S`` ago while the
+        step still runs: under torchrun the torchruns of the kept ranks wait in their exit barrier (300 s) for the
+        one that exited at the fault; the training is over."""
+        if not launch.generation or not self.generation_ended_well(launch):
+            self.ended_well_since = None
+            return False
+        self.ended_well_since = self.ended_well_since if self.ended_well_since is not None else now
+        return now - self.ended_well_since >= LINGER_S
+
+    def generation_ended_well(self, launch: Launch) -> bool:
+        """Whether every rank of the launch's last generation ended with 0 (or as the client marks a normal end),
+        and so did every rank started again in it."""
         ranks = self.ranks(launch)
         world = {r.rank for r in ranks}
         ended_well = RANK_FLAG_EXITING | RANK_FLAG_RETURNED  # an agent rarely learns the code of a process it did not start
@@ -226,7 +246,7 @@ class Watcher:
                                                                         and r.rank_flags & ended_well))
                    for r in ranks)  # fmt: skip
         replacements_ok = all(rep.proc.poll() == 0 for rep in launch.replaced if rep.generation == launch.generation)
-        return 0 if ranks and well and replacements_ok and len(world) == len(ranks) else code
+        return bool(ranks) and well and replacements_ok and len(world) == len(ranks)
 
     def judge_swap(self, detection: DetectionEvent, launch: Launch) -> Any:
         """The swap verdict on a straggler warning (None: another warning, or no judge)."""

@@ -129,3 +129,36 @@ def test_a_rank_that_runs_again_under_torchrun_is_no_longer_a_pending_exit():
              rank_view("node1", 1, 101, state="gone")]  # fmt: skip
     assert back_again(pending, ranks) == pending[1:]
     assert back_again(pending, [rank_view("node2", 3, 100, state="gone")]) == pending
+
+
+def _classify(lines: list[str]):  # type: ignore[no-untyped-def]
+    from supervisor.decisions.classify import classify
+    from supervisor.driver.evidence import WatchResult
+
+    found = evidence.build(
+        WatchResult("exited", exit_code=1), now=100.0, ranks=[], sigterm_flag=1, job=None, job_known=True,
+        nodes={}, log_lines=lines, step_nodes=("node1", "node2"), job_nodes=("node1", "node2"), signal_lead_s=120,
+        scheduled_end=None,
+    )  # fmt: skip
+    return classify(found)
+
+
+def test_torchruns_own_traceback_of_its_childfailederror_is_not_the_programs_error():
+    """torchrun raises ChildFailedError because a worker failed, with a traceback of its own (seen on Slurm with
+    a warm restart, where node2's torchrun printed it before the gloo errors of node1's workers): only the worker's
+    ending below it speaks. A worker's own traceback, through the same torchrun, still does."""
+    from supervisor.decisions import events as ev
+    from supervisor.decisions.tasklog import torchrun_wrapper_lines
+
+    at = LOG.index("1: torch.distributed.elastic.multiprocessing.errors.ChildFailedError:")
+    wrapped = [*LOG[:at], "1: Traceback (most recent call last):", '1:   File "/venv/bin/torchrun", line 8, in <module>',
+               "1:     sys.exit(main())", *LOG[at:]]  # fmt: skip
+    assert torchrun_wrapper_lines(wrapped) == {at, at + 3}
+    got = _classify(wrapped)
+    assert got.cls == ev.UNKNOWN, got  # a SIGKILL from outside: nobody's fault
+    assert got.evidence[0] == "rank 3 on node2 was killed by SIGKILL (OOM killer or an outside kill)"
+    own = [*wrapped[:at], "1: [rank2]: Traceback (most recent call last):", "1: [rank2]: ValueError: a bad sample",
+           *wrapped[at:]]  # fmt: skip
+    assert torchrun_wrapper_lines(own) == {at + 2, at + 5}  # the worker's traceback is its own
+    own = [line for line in own if "[rank2]: RuntimeError" not in line]  # (its error, not a closed connection's)
+    assert _classify(own).cls == ev.APP_ERROR

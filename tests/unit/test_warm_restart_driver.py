@@ -241,6 +241,13 @@ def test_the_launch_log_is_read_from_the_restart_on(tmp_path: Path) -> None:
     assert any("a new failure" in line for line in lines)
 
 
+def judge_of(ranks: list[RankView]) -> Any:
+    """A Watcher's launch-end judgement over ``ranks`` (the agents' view), without the rest of a Watcher."""
+    judge = SimpleNamespace(ranks=lambda launch: ranks, ended_well_since=None)
+    judge.generation_ended_well = lambda launch: Watcher.generation_ended_well(judge, launch)  # type: ignore[arg-type]
+    return judge
+
+
 def test_a_warm_launch_ended_well_although_srun_reports_the_rank_it_replaced(tmp_path: Path) -> None:
     launch = launch_of(tmp_path)
     launch.generation = 1
@@ -248,14 +255,19 @@ def test_a_warm_launch_ended_well_although_srun_reports_the_rank_it_replaced(tmp
     rep.proc.returncode = 0
     launch.replaced = [rep]  # type: ignore[list-item]
     done = [view(r, alive=False, flags=RANK_FLAG_RESTARTABLE | RANK_FLAG_RETURNED) for r in range(3)]
-    judge = SimpleNamespace(ranks=lambda launch: done)
-    assert Watcher.generation_code(judge, launch, 137) == 0  # type: ignore[arg-type]
+    judge = judge_of(done)
+    assert Watcher.generation_code(judge, launch, 137) == 0
     crashed = [*done[:2], view(2, alive=False, flags=RANK_FLAG_RESTARTABLE)]  # rank 2 never returned
-    assert Watcher.generation_code(SimpleNamespace(ranks=lambda launch: crashed), launch, 137) == 137  # type: ignore[arg-type]
+    assert Watcher.generation_code(judge_of(crashed), launch, 137) == 137
+    # under torchrun the kept ranks' torchrun waits in its exit barrier: the launch ended once that lasted
+    assert not Watcher.lingers(judge, launch, 100.0) and Watcher.lingers(judge, launch, 103.5)
+    assert not Watcher.lingers(judge_of(crashed), launch, 200.0)
     rep.proc.returncode = 1  # the rank started again failed
-    assert Watcher.generation_code(judge, launch, 137) == 137  # type: ignore[arg-type]
+    assert Watcher.generation_code(judge, launch, 137) == 137
+    judge.ended_well_since = None
+    assert not Watcher.lingers(judge, launch, 300.0) and not Watcher.lingers(judge, launch, 310.0)
     launch.generation = 0
-    assert Watcher.generation_code(judge, launch, 137) == 137  # type: ignore[arg-type]
+    assert Watcher.generation_code(judge, launch, 137) == 137
 
 
 def test_the_agent_finds_a_rank_started_again_under_its_rank_not_its_task_id() -> None:
@@ -373,3 +385,80 @@ def test_a_rank_started_again_has_its_own_log_judged_labelled_with_its_rank(tmp_
     with open(rep.log_path, "a") as f:
         f.write("RuntimeError: later\n")
     assert again.lines()[-1:] == ["1: RuntimeError: later"]
+
+
+def test_a_rank_still_stuck_while_the_others_wait_is_killed_and_started_again_with_the_dead(tmp_path: Path,
+                                                                                           monkeypatch: Any) -> None:  # fmt: skip
+    """Seen under torchrun on Slurm: both ranks of one node dead, rank 3 waiting (its collective failed on a peer),
+    rank 2 still in its all_reduce. Waiting out the release deadline made the restart cold; instead the stuck
+    rank is killed by its agent once the grace passed (as the watch does) and started again with the dead."""
+    import functools
+
+    from supervisor.client.layout import RANK_FLAG_PEER_FAILED
+    from supervisor.heartbeat import wire
+
+    monkeypatch.setattr(rule, "hung_by_peers", functools.partial(rule.hung_by_peers, grace_s=0.05))
+    ranks = [view(0, alive=False), view(1, alive=False), view(2, flags=RANK_FLAG_RESTARTABLE),
+             view(3, flags=RESTARTING | RANK_FLAG_PEER_FAILED)]  # fmt: skip
+    w, channel, record = warm_restarts(tmp_path, ranks)
+    w.release_deadline_s = 5.0
+    sent = channel.send
+
+    def send(node: str, cmds: Any) -> bool:  # the agent kills the rank: it is gone in the next report
+        for cmd in cmds:
+            if cmd.command == wire.CMD_KILL_RANK:
+                channel.table.ranks = [view(r.rank, alive=False) if r.rank == cmd.rank else r
+                                       for r in channel.table.ranks]  # fmt: skip
+        return sent(node, cmds)
+
+    channel.send = send  # type: ignore[method-assign]
+    choice = w.choose(launch_of(tmp_path), restart_decision()[0])
+    assert choice.kind == rule.WARM and choice.replace == (0, 1, 2), choice
+    killed = [e for e in record.events if e.get("kind") == "kill_ranks"]
+    assert [e["target"] for e in killed] == [["2"]], record.events
+    assert [(node, [c.rank for c in cmds]) for node, cmds in channel.sent] == [("n2", [2])]
+
+
+def test_a_torchrun_launchs_dead_node_is_started_again_as_torchruns_workers_without_it(tmp_path: Path,
+                                                                                       monkeypatch: Any) -> None:  # fmt: skip
+    """Under ``srun torchrun`` (2 nodes x 2 workers) the ranks are torchrun's workers, placed by its rendezvous:
+    the dead node's ranks start again as ``PYTHON -u SCRIPT ARGS`` on that node with torchrun's worker variables,
+    rank 0's node hosts the new rendezvous (no torchrun store: TORCHELASTIC_USE_AGENT_STORE False), and srun's
+    report of the dead node's torchrun is the past fault's."""
+    started: list[tuple[list[str], dict[str, str]]] = []
+    command = ("/usr/bin/python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "t.py", "--lr", "1")
+    t = TrainingLauncher(Context.of(lambda e: None), start=lambda argv, env, log, cwd=None: (  # type: ignore[misc]
+                             started.append((list(argv), dict(env))) or FakeProcess()),
+                         layout=TrainingLayout(("n0", "n1"), 1), command=command, cwd=None, srun_args=(), job_id="7",
+                         restart_count=0, campaign=Path("/c"), log_dir=tmp_path,
+                         node_addresses={"n0": "10.0.0.1", "n1": "10.0.0.2"}, checkpoint_dir_known=True,
+                         environ={"PATH": "/bin"})  # fmt: skip
+    assert t.ranks_per_node == 2
+    channel, record = FakeChannel("7"), Recorded()
+    # the rendezvous put ranks 0-1 on n1 and 2-3 on n0; n0's workers died (its torchrun stopped the other)
+    channel.table.ranks = [RankView(0, "n1", pid=10, state=procstate.RUNNING, rank_flags=RESTARTING, beats=5),
+                           RankView(1, "n1", pid=11, state=procstate.RUNNING, rank_flags=RESTARTING, beats=5),
+                           RankView(2, "n0", pid=12, state=procstate.GONE, rank_flags=RESTARTING, beats=5),
+                           RankView(3, "n0", pid=13, state=procstate.GONE, rank_flags=RESTARTING, beats=5)]  # fmt: skip
+    w = WarmRestarts(Context.of(record), mode="auto", command=command, channel=channel, trainer=t,
+                     ranks_of=lambda launch: list(channel.table.ranks), tasks_per_node=1)  # fmt: skip
+    launch = Launch(1, "train-1", FakeProcess(), tmp_path / "train-1.log", time.monotonic(), ("n0", "n1"), warm=True)
+    launch.log = LaunchLog(launch.log_path, tasks=2)
+    w.saw(launch)
+    assert w.next_launch_warm(), "every one of the 4 workers ran inside client.restartable"
+    choice = w.choose(launch, restart_decision()[0])
+    assert choice.kind == rule.WARM and choice.replace == (2, 3)
+    order = t.restart_order(launch, 1, None, True, None, "", "", w.node_of(launch, 0))
+    assert order.env["MASTER_ADDR"] == "10.0.0.2" and order.env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    monkeypatch.setattr("supervisor.driver.warm_restart.ORDER_TAKEN_WAIT_S", 0.1)  # (the fakes never take it)
+    dead, untaken = w.restart(launch, choice, order)
+    assert sorted(dead) == [12, 13] and untaken == (0, 1)
+    (argv2, env2), (argv3, env3) = started
+    assert argv2[argv2.index("--nodelist=n0") + 1:] == ["--kill-on-bad-exit=1", "--mem=0", "/usr/bin/python3", "-u",
+                                                       "t.py", "--lr", "1"]  # fmt: skip
+    assert (env2["RANK"], env2["LOCAL_RANK"], env2["WORLD_SIZE"], env2["LOCAL_WORLD_SIZE"], env2["GROUP_RANK"]) == \
+        ("2", "0", "4", "2", "1")  # fmt: skip
+    assert env3["RANK"] == "3" and env3["LOCAL_RANK"] == "1" and env3["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    assert launch.reader.settled == {0}, "n0's torchrun is srun's task 0: its end was this fault's"
+    launch.log_path.write_text("srun: error: n0: task 0: Exited with exit code 1\n1: step=9 loss=1\n")
+    assert not any("task 0" in line for line in launch.reader.lines())
