@@ -219,7 +219,7 @@ class Supervisor:
         left = p.warm.move(launch)  # a lost or blamed node's ranks go to a spare; the others keep their nodes
         nodes = list(launch.nodes)
         usable = [n for n in placement.usable_nodes(p.layout, p.nodeloss.lost) if n not in left]
-        where = {r: p.warm.node_of(launch, r) for r in range(len(nodes) * p.trainer.ranks_per_node)}
+        where = p.warm.placement(launch)
         snapshot = p.ctx.guard.call(CHECKPOINT_SCAN, p.memory.pick, p.trainer.launches + 1, nodes,
                                     p.layout.tasks_per_node, usable, resume_step, True, where, default=None)  # fmt: skip
         memory_step = snapshot.step if snapshot is not None else None

@@ -37,8 +37,8 @@ from supervisor.driver import distenv
 from supervisor.driver.context import Context
 from supervisor.driver.launcher import Launch, LaunchProcs, Standby, TrainingLauncher
 from supervisor.driver.ports import Channel
+from supervisor.driver.rank_kill import kill_ranks
 from supervisor.driver.standbys import Standbys
-from supervisor.heartbeat import wire
 from supervisor.heartbeat.orders import assign_order_text, restart_order_text
 
 ORDER_RESEND_S = 0.5  # the order travels in datagrams: sent again until the waiting ranks took it
@@ -134,15 +134,9 @@ class WarmRestarts:
             nodes_of = {v.node for v in views if v.rank in kill}
             kill |= {v.rank for v in views if v.node in nodes_of and v.alive}
             kill -= killed
-        if not kill:
-            return
         killed.update(kill)
-        self.ctx.record(ev.action_event(self.ctx.clock(), "kill_ranks", None, tuple(map(str, sorted(kill))),
-                                        "still in the failed collective while the others wait for the restart "
-                                        "order: started again with the dead ranks", {}))  # fmt: skip
-        nodes = {v.rank: v.node for v in views}
-        for node in sorted({nodes[r] for r in kill}):
-            self.channel.send(node, [wire.Command(wire.CMD_KILL_RANK, r) for r in sorted(kill) if nodes[r] == node])
+        kill_ranks(self.ctx, self.channel, views, kill, "still in the failed collective while the others wait for "
+                   "the restart order: started again with the dead ranks")  # fmt: skip
 
     def in_progress(self, launch: Launch) -> bool:
         """Whether the launch's last warm restart never trained: a rank it started again is gone, or has not
@@ -154,19 +148,24 @@ class WarmRestarts:
         return any(r.rank not in views or views[r.rank].beats == 0 or views[r.rank].pid == 0 for r in newest)
 
     def node_of(self, launch: Launch, rank: int) -> str:
-        """The node ``rank`` of ``launch`` runs on (a dead rank: ran on): srun's block layout, or under torchrun
-        where its rendezvous put the rank (the agents' reports say), the layout when they never did."""
+        """The node ``rank`` of ``launch`` runs on (a dead rank: ran on); :meth:`placement`."""
+        return self.placement(launch)[rank]
+
+    def placement(self, launch: Launch) -> dict[int, str]:
+        """Every rank of ``launch`` -> its node: srun's block layout, or under torchrun where its rendezvous put
+        the rank (the agents' reports say; the layout for a rank they never reported). One pass over the ranks."""
+        per_node, nodes = self.trainer.ranks_per_node, launch.nodes
+        where = {r: nodes[min(r // per_node, len(nodes) - 1)] for r in range(len(nodes) * per_node)}
         if self.torchrun:
-            for view in self.ranks_of(launch):
-                if view.rank == rank and getattr(view, "node", None):
-                    return str(view.node)
-        return launch.nodes[min(rank // self.trainer.ranks_per_node, len(launch.nodes) - 1)]
+            where.update({v.rank: str(v.node) for v in self.ranks_of(launch) if v.rank in where and v.node})
+        return where
 
     def take_standbys(self, launch: Launch, choice: rule.WarmChoice) -> dict[int, Standby]:
         """The standbys that take over ``choice``'s dead ranks (on their nodes); the others start as new steps."""
         if self.standbys is None:
             return {}
-        return self.standbys.take(launch, {r: self.node_of(launch, r) for r in choice.replace})
+        where = self.placement(launch)
+        return self.standbys.take(launch, {r: where[r] for r in choice.replace})
 
     def restart(self, launch: Launch, choice: rule.WarmChoice, order: RestartOrder,
                 taken: Mapping[int, Standby] | None = None) -> tuple[list[int], tuple[int, ...]]:  # fmt: skip
@@ -182,9 +181,10 @@ class WarmRestarts:
                    for rank, standby in taken.items()}  # fmt: skip
         for node, assign in assigns.values():
             self.channel.send_order(node, assign)
-        rest = {r: self.node_of(launch, r) for r in choice.replace if r not in taken}
+        where = self.placement(launch)
+        rest = {r: where[r] for r in choice.replace if r not in taken}
         # the training step's tasks of the ranks started elsewhere: srun's report of their end is this fault's
-        nodes = {self.node_of(launch, r) for r in choice.replace}
+        nodes = {where[r] for r in choice.replace}
         tasks = {i for i, n in enumerate(launch.nodes) if n in nodes} if self.torchrun else set(choice.replace)
         launch.reader.settle_tasks(sorted(tasks))
         started = self.trainer.start_again(launch, order, rest)

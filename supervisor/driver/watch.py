@@ -45,10 +45,10 @@ from supervisor.driver.launcher import Launch
 from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.notify import Notifier
 from supervisor.driver.ports import Channel
+from supervisor.driver.rank_kill import kill_ranks
 from supervisor.driver.stall_probe import StallProbe
 from supervisor.driver.standbys import Standbys
 from supervisor.driver.straggler_swap import SwapJudge
-from supervisor.heartbeat import wire
 
 CHECKPOINT_SCAN_S = 5.0  # how often the checkpoint directory is looked at for new valid checkpoints
 TIMEOUTS_JOURNAL_S = 600.0  # learned timeouts are journaled this often (and whenever a launch ends)
@@ -200,12 +200,8 @@ class Watcher:
         if not kill:
             return None
         self.released.update(kill)
-        self.ctx.record(ev.action_event(self.ctx.clock(), "kill_ranks", None, tuple(map(str, kill)),
-                                        "waiting for the restart order while their peers stay in a collective with "
-                                        "them: their process's end closes the connections", {}))  # fmt: skip
-        nodes = {v.rank: v.node for v in views}
-        for node in sorted({nodes[r] for r in kill}):
-            self.channel.send(node, [wire.Command(wire.CMD_KILL_RANK, r) for r in kill if nodes[r] == node])
+        kill_ranks(self.ctx, self.channel, views, kill, "waiting for the restart order while their peers stay in a "
+                   "collective with them: their process's end closes the connections")  # fmt: skip
         return None
 
     def replacement_failed(self, launch: Launch) -> DetectionEvent | None:
