@@ -1,6 +1,6 @@
 """Recovery speed on the real local Slurm: supervised vs Slurm and torch defaults, side by side in one run.
 
-    python bench/bench_recovery.py [--only hang|kill|crash|memory|warm|warm-crash] [--accounting]
+    python bench/bench_recovery.py [--only hang|kill|crash|memory|warm|warm-crash|warm-torchrun] [--accounting]
 
 Figures (the example training, 2 nodes x 1 rank, gloo on CPU):
   A. hang (SIGSTOP of rank 1, 1 s steps) -> every rank stopped with stacks saved.
@@ -17,7 +17,8 @@ Figures (the example training, 2 nodes x 1 rank, gloo on CPU):
      steps: steps lost and seconds until training is past the pre-fault step again (`--only memory`).
   W. warm restart (issue 23): rank SIGKILL of the example with --restartable: warm with a standby taking the rank,
      warm starting it as a new step, cold relaunch: steps lost, seconds until the first step after the fault and
-     until past the pre-fault step again (`--only warm`).
+     until past the pre-fault step again (`--only warm`). `--only warm-torchrun`: the same under `srun torchrun`
+     (2 nodes x 2 workers, a worker of the node not hosting torchrun's store killed): warm vs cold side by side.
 Each prints seconds and the ratio baseline / supervised. Goals: A <= 10 s, B <= 20 s; C with a spare <= 10 s,
 without <= 20 s, batch host: failsafe within 30 s; M: <= 2 steps lost with the tier on.
 """
@@ -47,13 +48,14 @@ STEP = re.compile(r"^(?:\s*\d+: )?step=(\d+) ", re.M)  # the supervisor's launch
 
 
 def supervise_submit(work: Path, steps: int, step_time: float, run_config: str = "", ckpt_every: int = 5,
-                     nodes: int = 2, extra: tuple[str, ...] = ()) -> tuple[str, Path]:  # fmt: skip
+                     nodes: int = 2, extra: tuple[str, ...] = (),
+                     launcher: tuple[str, ...] = (sys.executable,)) -> tuple[str, Path]:  # fmt: skip
     root, ckpt = work / "campaign", work / "ckpt"
     work.mkdir(parents=True, exist_ok=True)
     (work / "c.toml").write_text(f'[run]\ncheckpoint_dir = "{ckpt}"\n{run_config}')
     out = subprocess.run(
         [sys.executable, "-m", "supervisor.cli", "submit", "-N", str(nodes), "--ntasks-per-node=1", "--time=15",
-         "--campaign", str(root), "--config", str(work / "c.toml"), "--", sys.executable, str(EXAMPLE),
+         "--campaign", str(root), "--config", str(work / "c.toml"), "--", *launcher, str(EXAMPLE),
          "--steps", str(steps), "--ckpt-dir", str(ckpt), "--ckpt-every", str(ckpt_every), "--step-time", str(step_time),
          "--timings", *extra],
         capture_output=True, text=True, check=True, cwd=REPO,
@@ -363,10 +365,53 @@ def bench_warm(cluster: LocalCluster, work: Path) -> None:
         print(f"| {label} | {lost} | {first:.1f} | {past:.1f} |")
 
 
+def torchrun_warm_row(cluster: LocalCluster, work: Path, mode: str) -> tuple[int, float, float]:
+    """Under ``srun torchrun`` (2 nodes x 2 workers, the example with ``--restartable``, ``[run] warm_restart``
+    ``mode``): a worker of the node whose torchrun does not host the rendezvous store SIGKILLed. (steps lost,
+    seconds until the first step after the fault, seconds until past the pre-fault step again)."""
+    import psutil
+
+    torchrun = (str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node=2")
+    job, root = supervise_submit(work, steps=600, step_time=0.1, ckpt_every=50, extra=("--restartable",),
+                                 run_config=f'warm_restart = "{mode}"\n', launcher=torchrun)  # fmt: skip
+    try:
+        wait_for("training past step 70", lambda: last_printed(root) >= 70 or None, 300)
+        port = int(events(root, "step_launched")[0]["master"].rsplit(":", 1)[1])
+        host = next(c.pid for c in psutil.net_connections(kind="tcp")
+                    if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN)  # fmt: skip
+        workers = {r: int(wait_for(f"rank {r}", lambda r=r: live_rank(root, r), 30)["pid"]) for r in range(4)}
+        victim = next(pid for pid in workers.values() if psutil.Process(pid).ppid() != host)
+        sizes = {p: p.stat().st_size for p in root.glob("logs/*/train-*.log")}
+        t0, before = time.time(), last_printed(root)
+        os.kill(victim, signal.SIGKILL)
+        relaunch = wait_for("the relaunch", lambda: events(root, "step_launched")[1:] or None, 120)[0]
+        resumed = int(relaunch.get("resume_step") or 0)
+        first = first_step_after(root / "logs", "*/train-*.log", sizes, resumed + 1, 240) - t0
+        past = first_step_after(root / "logs", "*/train-*.log", sizes, before + 1, 240) - t0
+        how = "warm" if relaunch.get("generation") else "cold"
+        print(f"T  torchrun worker SIGKILL, warm_restart {mode}: restarted {how} from {relaunch.get('resume_tier')} "
+              f"at step {resumed} ({before - resumed} steps lost), first step after {first:.1f} s, past the "
+              f"pre-fault step {before} after {past:.1f} s", flush=True)  # fmt: skip
+        return before - resumed, first, past
+    finally:
+        cluster.slurm("scancel", job, check=False)
+
+
+def bench_warm_torchrun(cluster: LocalCluster, work: Path) -> None:
+    """Issue 23 under torchrun: a worker SIGKILLed, warm restart (the node's workers started again without
+    torchrun, the other node's kept) vs a cold relaunch, the same program and settings, side by side."""
+    rows = {label: torchrun_warm_row(cluster, work / f"torchrun-{mode}", mode)
+            for label, mode in (("warm restart", "on"), ("cold relaunch", "off"))}  # fmt: skip
+    print("\n| torchrun worker SIGKILL (2 nodes x 2 workers, 0.1 s steps, memory tier on) | steps lost | "
+          "s until the first step after | s until past the pre-fault step |\n|---|---|---|---|")  # fmt: skip
+    for label, (lost, first, past) in rows.items():
+        print(f"| {label} | {lost} | {first:.1f} | {past:.1f} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-window", type=float, default=120.0)
-    parser.add_argument("--only", choices=("hang", "kill", "crash", "memory", "warm", "warm-crash"))
+    parser.add_argument("--only", choices=("hang", "kill", "crash", "memory", "warm", "warm-crash", "warm-torchrun"))
     parser.add_argument("--accounting", action="store_true",
                         help="the cluster with slurmdbd, as sites run it (the no-spare requeue then drops the lost "
                              "node from the allocation first; docs/node-loss.md)")  # fmt: skip
@@ -388,6 +433,8 @@ def main() -> int:
             bench_memory(cluster, work)
         if args.only in (None, "warm"):
             bench_warm(cluster, work)
+        if args.only == "warm-torchrun":
+            bench_warm_torchrun(cluster, work)
         if args.only == "warm-crash":  # (part of "crash"): the spare relaunch cold vs warm, side by side
             cold, _ = crash_supervised(cluster, work / "crash-spare", "supervised, 1 spare", "spare_nodes = 1\n")
             warm, _ = crash_supervised(cluster, work / "crash-warm", "supervised, 1 spare, warm restart",

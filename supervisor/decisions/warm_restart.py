@@ -109,6 +109,14 @@ def views_of(ranks: Iterable[Any]) -> list[RankView]:
             for r in ranks]  # fmt: skip
 
 
+def doomed_with_their_node(ranks: Sequence[RankView]) -> tuple[int, ...]:
+    """Under ``srun torchrun``: the ranks still alive on a node where a rank died. Their torchrun stops them (it
+    ends its node's worker group when one worker fails), however long they take to go (a program that catches
+    SIGTERM waits for its next step): they are started again with the dead, never kept."""
+    dead_nodes = {r.node for r in ranks if not r.alive}
+    return tuple(sorted(r.rank for r in ranks if r.alive and r.node in dead_nodes))
+
+
 def survivors_wait(ranks: Sequence[RankView]) -> bool:
     """Whether a warm launch's watch can end now: every rank still alive waits for its order, because a rank is
     gone (the exit grace that tells a crash from ranks finishing one by one is not needed: the survivors said it

@@ -22,6 +22,7 @@ cannot be read from the command, or a restart that moves a node's ranks, stays c
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -110,6 +111,13 @@ class WarmRestarts:
         while True:
             bad = set(interruption.blamed_nodes) | self.moving(launch)
             views = self.views(launch)
+            if self.torchrun:  # a dead worker's node-mates go with it: started again, never kept
+                doomed = set(rule.doomed_with_their_node(views))
+                if doomed - killed:
+                    killed.update(doomed)
+                    kill_ranks(self.ctx, self.channel, views, doomed, "their node's torchrun stops them (a worker "
+                               "of the node died): started again with it")  # fmt: skip
+                views = [dataclasses.replace(v, alive=False) if v.rank in doomed else v for v in views]
             waited = time.monotonic() - started
             choice = rule.choose(views, enabled=True, bad_nodes=bad,
                                  shrinks=False, in_progress=self.in_progress(launch),

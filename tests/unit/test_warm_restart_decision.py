@@ -192,3 +192,12 @@ def test_placement_after_keeps_every_rank_that_can_stay_and_moves_only_the_left_
     for old, new in zip(running, got, strict=True):
         assert new == old if old not in out else (new in spares)
     assert not set(got) & out
+
+
+def test_under_torchrun_a_dead_workers_node_mates_are_doomed_with_it() -> None:
+    from supervisor.decisions.warm_restart import doomed_with_their_node
+
+    views = [RankView(0, "a", True, True, True), RankView(1, "a", True, True, False),
+             RankView(2, "b", False, True, False), RankView(3, "b", True, True, True)]  # fmt: skip
+    assert doomed_with_their_node(views) == (3,)
+    assert doomed_with_their_node([v for v in views if v.node == "a"]) == ()

@@ -439,7 +439,8 @@ def test_a_torchrun_launchs_dead_node_is_started_again_as_torchruns_workers_with
     channel.table.ranks = [RankView(0, "n1", pid=10, state=procstate.RUNNING, rank_flags=RESTARTING, beats=5),
                            RankView(1, "n1", pid=11, state=procstate.RUNNING, rank_flags=RESTARTING, beats=5),
                            RankView(2, "n0", pid=12, state=procstate.GONE, rank_flags=RESTARTING, beats=5),
-                           RankView(3, "n0", pid=13, state=procstate.GONE, rank_flags=RESTARTING, beats=5)]  # fmt: skip
+                           RankView(3, "n0", pid=13, state=procstate.RUNNING, rank_flags=RESTARTING, beats=5)]  # fmt: skip
+    # (rank 3 still alive, waiting: its program caught torchrun's SIGTERM; it goes with its node all the same)
     w = WarmRestarts(Context.of(record), mode="auto", command=command, channel=channel, trainer=t,
                      ranks_of=lambda launch: list(channel.table.ranks), tasks_per_node=1)  # fmt: skip
     launch = Launch(1, "train-1", FakeProcess(), tmp_path / "train-1.log", time.monotonic(), ("n0", "n1"), warm=True)
@@ -448,6 +449,8 @@ def test_a_torchrun_launchs_dead_node_is_started_again_as_torchruns_workers_with
     assert w.next_launch_warm(), "every one of the 4 workers ran inside client.restartable"
     choice = w.choose(launch, restart_decision()[0])
     assert choice.kind == rule.WARM and choice.replace == (2, 3)
+    assert [e["target"] for e in record.events if e.get("kind") == "kill_ranks"] == [["3"]]
+    assert [(node, [c.rank for c in cmds]) for node, cmds in channel.sent] == [("n0", [3])]
     order = t.restart_order(launch, 1, None, True, None, "", "", w.node_of(launch, 0))
     assert order.env["MASTER_ADDR"] == "10.0.0.2" and order.env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
     monkeypatch.setattr("supervisor.driver.warm_restart.ORDER_TAKEN_WAIT_S", 0.1)  # (the fakes never take it)
