@@ -318,10 +318,9 @@ def bench_memory(cluster: LocalCluster, work: Path) -> None:
         print(f"| {label} | {'on' if memory == 'auto' else 'off'} | {lost} | {past:.1f} |")
 
 
-def kill_and_time(root: Path, pid: int) -> tuple[dict, int, int, float, float]:
-    """SIGKILL ``pid`` (a rank) and time the recovery: (the next launch's ``step_launched``, the last step printed
-    before the fault, the step resumed from, seconds until the first step after it, seconds until past the
-    pre-fault step again)."""
+def kill_and_time(root: Path, pid: int, label: str) -> tuple[int, float, float]:
+    """SIGKILL ``pid`` (a rank), time the recovery and print it after ``label``: (steps lost, seconds until the first
+    step after the fault, seconds until past the pre-fault step again)."""
     sizes = {p: p.stat().st_size for p in root.glob("logs/*/train-*.log")}
     t0, before = time.time(), last_printed(root)
     os.kill(pid, signal.SIGKILL)
@@ -329,7 +328,11 @@ def kill_and_time(root: Path, pid: int) -> tuple[dict, int, int, float, float]:
     resumed = int(relaunch.get("resume_step") or 0)
     first = first_step_after(root / "logs", "*/train-*.log", sizes, resumed + 1, 240) - t0
     past = first_step_after(root / "logs", "*/train-*.log", sizes, before + 1, 240) - t0
-    return relaunch, before, resumed, first, past
+    how = "warm" if relaunch.get("generation") else "cold"
+    how += " (a standby took the rank)" if relaunch.get("standby_ranks") else ""
+    print(f"{label}: restarted {how} from {relaunch.get('resume_tier')} at step {resumed} ({before - resumed} steps "
+          f"lost), first step after {first:.1f} s, past the pre-fault step {before} after {past:.1f} s", flush=True)
+    return before - resumed, first, past
 
 
 def warm_row(cluster: LocalCluster, work: Path, mode: str, standbys: str = "off") -> tuple[int, float, float]:
@@ -345,13 +348,7 @@ def warm_row(cluster: LocalCluster, work: Path, mode: str, standbys: str = "off"
             wait_for("the standbys", lambda: events(root, "standbys") or None, 60)
             time.sleep(STANDBY_READY_S)
         pid = int(wait_for("rank 1", lambda: live_rank(root, 1), 30)["pid"])
-        relaunch, before, resumed, first, past = kill_and_time(root, pid)
-        how = "warm" if relaunch.get("generation") else "cold"
-        how += " (a standby took the rank)" if relaunch.get("standby_ranks") else ""
-        print(f"W  rank SIGKILL, warm_restart {mode}, standbys {standbys}: restarted {how} from "
-              f"{relaunch.get('resume_tier')} at step {resumed} ({before - resumed} steps lost), first step after "
-              f"{first:.1f} s, past the pre-fault step {before} after {past:.1f} s", flush=True)  # fmt: skip
-        return before - resumed, first, past
+        return kill_and_time(root, pid, f"W  rank SIGKILL, warm_restart {mode}, standbys {standbys}")
     finally:
         cluster.slurm("scancel", job, check=False)
 
@@ -389,12 +386,7 @@ def torchrun_warm_row(cluster: LocalCluster, work: Path, mode: str) -> tuple[int
                     if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN)  # fmt: skip
         workers = {r: int(wait_for(f"rank {r}", lambda r=r: live_rank(root, r), 30)["pid"]) for r in range(4)}
         victim = next(pid for pid in workers.values() if psutil.Process(pid).ppid() != host)
-        relaunch, before, resumed, first, past = kill_and_time(root, victim)
-        how = "warm" if relaunch.get("generation") else "cold"
-        print(f"T  torchrun worker SIGKILL, warm_restart {mode}: restarted {how} from {relaunch.get('resume_tier')} "
-              f"at step {resumed} ({before - resumed} steps lost), first step after {first:.1f} s, past the "
-              f"pre-fault step {before} after {past:.1f} s", flush=True)  # fmt: skip
-        return before - resumed, first, past
+        return kill_and_time(root, victim, f"T  torchrun worker SIGKILL, warm_restart {mode}")
     finally:
         cluster.slurm("scancel", job, check=False)
 
