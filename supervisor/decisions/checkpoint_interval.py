@@ -201,8 +201,10 @@ class IntervalInputs:
     the ``checkpoint_stall`` events (the slowest rank's time in the checkpoint phase, measured by the client), else
     of checkpoint events' ``stall_s`` or ``duration_s``; the restart runs from an interruption to the next
     launch's first step (``step_progress``), else to the next ``step_launched``. An interruption whose next launch
-    resumed from node memory (``resume_tier`` "memory") is left out of the MTBF: the filesystem interval is
-    planned for the faults that lose node memory (both a node and its buddy, a requeue, a stop)."""
+    resumed from node memory (``resume_tier`` "memory") in the same Slurm run is left out of the MTBF: the
+    filesystem interval is planned for the faults that lose node memory (both a node and its buddy, a requeue, a
+    stop). A requeued job that resumed from the snapshot flushed before the requeue still counts: that flush can
+    fail (the buddy lost too, the copy not done in time), and the filesystem checkpoint is then what is left."""
 
     def __init__(self) -> None:
         self.stalls: list[float] = []
@@ -213,6 +215,7 @@ class IntervalInputs:
         self.observed = 0.0
         self.running_since: float | None = None
         self.waiting_since: float | None = None
+        self.left_nodes = False  # the Slurm run ended since the newest interruption (a requeue, a stop)
 
     def apply(self, e: Mapping[str, Any]) -> None:
         t, kind = e.get("t"), e.get("type")
@@ -221,7 +224,7 @@ class IntervalInputs:
         if kind == "step_launched":
             self.pending_from = self.waiting_since
             if self.waiting_since is not None and e.get("resume_tier") == "memory" and self.times \
-                    and self.times[-1] == self.waiting_since:  # fmt: skip
+                    and self.times[-1] == self.waiting_since and not self.left_nodes:  # fmt: skip
                 # resumed from node memory: that fault did not cost the filesystem interval's work, so it does
                 # not count toward the MTBF the filesystem interval is planned for (docs/checkpoints.md)
                 self.times.pop()
@@ -246,6 +249,7 @@ class IntervalInputs:
                 self.running_since = None
             cls = e.get("class") if kind == "interruption" else None
             self.pending_from = None
+            self.left_nodes = kind == "attempt_ended" or (self.left_nodes and kind != "interruption")
             if kind == "interruption" and cls not in ("completed", "cancelled"):
                 if cls != "straggler":  # a swap checkpoints first: it costs a restart, no work
                     self.times.append(float(t))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,7 +180,12 @@ class Actuators:
 
     def flush_memory(self, action: policy.Action, s: Situation) -> int | None:
         """The ranks ended before they could save (Slurm signals every step at once when it preempts without a
-        user signal): the node agents, which stay for it, copy the newest memory snapshot to the filesystem."""
+        user signal), or a fault makes the job let go of its nodes (a requeue, a stop): the node agents, which
+        stay for it, copy the newest memory snapshot to the filesystem, asking no node in ``params.exclude`` (a
+        lost node's shards come from its buddy). A launch still running (a hang) is ended first: its ranks must
+        not replace the snapshot being copied."""
+        if s.launch.proc.poll() is None:
+            self.end_launch(s.launch, wait_s=self._kill_wait(s))
         if self.checkpoints is not None:
             self.guard.call(CHECKPOINT_SCAN, self.checkpoints.scan, default=None)
         before = self.checkpoints.best_step if self.checkpoints is not None else None
@@ -188,14 +193,17 @@ class Actuators:
         end = s.evidence.scheduled_end
         if end is not None:  # Slurm's SIGKILL comes at the end of the grace time or the time limit
             deadline = min(deadline, time.monotonic() + max(1.0, end - self.clock() - 1.0))
-        self._finish_flush(self._start_flush(s.launch, before), deadline)
+        leave_out = {str(n) for n in action.params.get("exclude", ())}
+        self._finish_flush(self._start_flush(s.launch, before, leave_out), deadline)
         return None
 
-    def _start_flush(self, launch: Launch, newest_filesystem_step: int | None) -> Pending | None:
+    def _start_flush(self, launch: Launch, newest_filesystem_step: int | None,
+                     leave_out: Collection[str] = ()) -> Pending | None:  # fmt: skip
         if self.memory_flush is None:
             return None
+        usable = [n for n in launch.nodes if n not in leave_out]
         return self.guard.call(CHECKPOINT_SCAN, self.memory_flush.start, launch.nodes, self.tasks_per_node,
-                               launch.nodes, newest_filesystem_step, default=None)  # fmt: skip
+                               usable, newest_filesystem_step, default=None)  # fmt: skip
 
     def _finish_flush(self, flush: Pending | None, deadline: float) -> None:
         """Commit the flush unless the ranks saved a newer checkpoint themselves meanwhile."""

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from supervisor.decisions import checkpoint_interval as ci
+from supervisor.decisions import events as ev
 from supervisor.decisions import policy
 from supervisor.decisions import warm_restart as warm_rule
 from supervisor.decisions.classify import classify
@@ -78,9 +79,11 @@ class Strategy:
     # The memory tier (docs/checkpoints.md): None: off; else each snapshot blocks the training this long, at the
     # cadence Young's formula gives for it against the faults it survives (relaunches in the allocation: a rank's
     # or a node's loss, its buddy holding the copy; a hang; a NaN's roll back). Those lose only the work since the
-    # newest snapshot; a requeue or a stop loses node memory: the work since the filesystem checkpoint, whose
-    # interval is then computed from those faults alone.
+    # newest snapshot; a requeue or a stop after a fault (not a NaN) first flushes the newest snapshot to the
+    # filesystem (``memory_flush_s``, the lost node's shards from its buddy) and loses only as much. The filesystem
+    # interval is computed from the faults that end the job (a flush can fail: they still count).
     memory_stall_s: float | None = None
+    memory_flush_s: float = 10.0  # the copy before the job lets go of its nodes (the driver's bound: 10 s)
     # Warm restart (docs/launch.md): None: off (every relaunch costs ``restart_s``); else a relaunch in the
     # allocation that ``decisions.warm_restart`` would carry out in the ranks' processes (not a roll back, no node
     # left out, a hang only when it names its rank) costs this instead: the survivors keep their processes, CUDA
@@ -186,6 +189,11 @@ class _Campaign:
         self.fault_times: list[float] = []  # faults that lose the work since the filesystem checkpoint
         self.kept_in_memory: list[float] = []  # faults the memory tier recovers from (relaunches in place)
         self.in_place = False  # the newest fault was answered by a relaunch in the allocation
+        self.flushed = False  # ... or by a requeue or stop after the newest snapshot was flushed to the filesystem
+        # The newest restore point, in seconds of kept compute (one step per second): a committed checkpoint or
+        # the memory snapshot a relaunch resumed from; a newer one is progress for the crash-loop budgets
+        # (policy.History.progress), as the driver folds checkpoint_committed and memory_pick events.
+        self.restore_point = 0.0
 
     def spend(self, bucket: str, seconds: float, cls: str | None = None) -> float:
         """Advance the clock through ``seconds`` of ``bucket`` (never past the horizon); returns what was spent."""
@@ -278,6 +286,14 @@ class _Campaign:
         if self.rec is not None:
             self.rec.allocated(self.t, self.alloc)
 
+    def flush(self, cls: str) -> None:
+        """With the memory tier, the newest snapshot is copied to the filesystem before the job ends (not after a
+        NaN: policy._keep_memory); the next job resumes from it."""
+        if self.s.memory_stall_s is None or cls == ev.NUMERICAL:
+            return
+        self.spend("restart", self.s.memory_flush_s, cls)
+        self.flushed = True
+
     def place(self, fault: Fault) -> str:
         """The trace's node if the job runs there, else the running node it stands for."""
         if self.is_running(fault.node):
@@ -310,8 +326,8 @@ class _Campaign:
             self.rec.interrupted(self.t, detect, how == sim_evidence.HANG, cls, interruption.blamed_nodes,
                                  interruption.evidence[:2], last_step, node)  # fmt: skip
         self.out.badput_by_class[cls] = self.out.badput_by_class.get(cls, 0.0) + spent
-        if self.committed:
-            self.history = self.history.progress(self.committed)
+        if self.restore_point > 0:
+            self.history = self.history.progress(round(self.restore_point))
         allocation = policy.Allocation(
             nodes=self.alloc_tuple, needed=self.needed, excluded=self.ledger.excluded_nodes(self.t),
             step_running=how == sim_evidence.HANG, restarts_here=self.restarts_here,
@@ -328,6 +344,7 @@ class _Campaign:
             self.out.stops += 1
             self.spend("operator", self.s.operator_s, cls)
             self.history = policy.History(best_step=self.history.best_step)
+            self.flush(cls)
             found = [node] if self.broken.pop(node, None) else []
             self.requeue(sorted(self.ledger.excluded_nodes(self.t)) + found, cls, interruption.blamed_nodes, last_step)
         elif policy.RESTART_IN_ALLOCATION in actions:
@@ -344,6 +361,8 @@ class _Campaign:
         else:  # REQUEUE / AWAIT_REQUEUE
             chosen = actions.get(policy.REQUEUE) or actions.get(policy.AWAIT_REQUEUE)
             exclude = list(chosen.params.get("exclude", [])) if chosen else []
+            if chosen is not None and chosen.kind == policy.REQUEUE:
+                self.flush(cls)
             self.requeue(exclude, cls, interruption.blamed_nodes, last_step)
         self.launch(cls)
         return cls
@@ -382,6 +401,8 @@ def simulate(world: World, strategy: Strategy, faults: Sequence[Fault], recorder
         c.out.buckets["checkpoint"] += seg.stall_s
         c.out.checkpoints += seg.committed
         c.committed += seg.committed
+        if seg.committed:
+            c.restore_point = c.out.buckets["productive"]
         last_step = c.step + round(seg.kept_s + seg.lost_s)
         if recorder is not None:
             recorder.run(up, t_end, interval, strategy.stall_s, strategy.write_s, c.step, last_step, t_end >= horizon)
@@ -405,12 +426,14 @@ def simulate(world: World, strategy: Strategy, faults: Sequence[Fault], recorder
         c.faults_on[node] = c.faults_on.get(node, 0) + 1
         if c.faults_on[node] >= world.site_drain_after:  # the site's health checks drain it; both strategies
             c.broken.pop(node, None)
-        c.in_place = False
+        c.in_place = c.flushed = False
         cls = c.respond(fault, node, how, last_step)
         lost = seg.lost_s
-        if snapshot_every is not None and c.in_place:  # resumed from node memory: only since the newest snapshot
+        if snapshot_every is not None and (c.in_place or c.flushed):  # resumed from the newest snapshot
             lost = min(seg.lost_s, (seg.kept_s + seg.lost_s) % snapshot_every)
             c.out.buckets["productive"] += seg.lost_s - lost
+            c.restore_point = c.out.buckets["productive"]
+        if snapshot_every is not None and c.in_place:
             c.kept_in_memory.append(t_fault)
         else:
             c.fault_times.append(t_fault)

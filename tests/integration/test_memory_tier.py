@@ -281,3 +281,38 @@ def test_a_node_lost_with_its_buddy_resumes_from_the_filesystem_checkpoint_bitwi
         assert step_lines(log) == want[20:], "the filesystem tier, bitwise"
     finally:
         cancel(camp.job_id)
+
+
+def test_a_node_lost_without_a_spare_flushes_the_buddys_copy_and_the_requeued_job_resumes_from_it_bitwise(
+        tmp_path, crashable_cluster):  # fmt: skip
+    """Two training nodes, no spare: the crashed node's ranks have nowhere to go in this allocation, so the job is
+    requeued without it. Before it lets go of its nodes the surviving agent copies the newest snapshot to the
+    filesystem, the crashed node's shard from the copy it holds as its buddy (journaled ``memory_flush``); the
+    requeued job resumes from that step (the filesystem checkpoint is up to 20 behind), losses bitwise."""
+    camp = submit(tmp_path, steps=STEPS, ckpt_every=20, step_time=0.3)
+    try:
+        want = reference(tmp_path)
+        wait_printed(camp, 1, 25)
+        ring = wait_for("the buddy ring", lambda: camp.of_type("memory_buddies"), 30)[-1]["ring"]
+        batch = wait_for("the batch host", lambda: job_batch_host(camp.job_id), 30)
+        victim = next(n for n in launches(camp)[0]["nodes"] if n != batch)
+        assert ring[victim] == batch, ring
+        crash = crashable_cluster.crash_node(victim)
+        killed_at = printed_step(camp, 1)
+        assert any(p.endswith(f"-{victim}") for p in crash["wiped"]), crash
+        flush = wait_for("the flush before the requeue",
+                         lambda: [f for f in camp.of_type("memory_flush") if f["step"] is not None], 120)[0]  # fmt: skip
+        assert flush["shards"] == 2 and killed_at - 2 <= flush["step"] <= killed_at, (flush, killed_at)
+        assert flush["step"] > 20  # newer than the filesystem checkpoint
+        relaunch = wait_for("the requeued job's launch", lambda: [x for x in launches(camp) if x["t"] > flush["t"]],
+                            150)[0]  # fmt: skip
+        assert victim not in relaunch["nodes"], relaunch
+        assert relaunch["resume_tier"] == "memory" and relaunch["resume_step"] == flush["step"], relaunch
+        ended = wait_for("the campaign to complete", camp.ended, 180)
+        assert ended["state"] == "completed", ended
+        assert [i["class"] for i in camp.of_type("interruption")] == ["node_failure", "completed"]
+        restart = camp.of_type("attempt_started")[-1]["restart"]  # the requeued job's Slurm run
+        log = next(camp.root.glob(f"logs/*restart{restart}/train-{relaunch['launch']}.log")).read_text(errors="replace")
+        assert step_lines(log) == want[flush["step"]:], "resumed from the flushed buddy copy, bitwise"
+    finally:
+        cancel(camp.job_id)

@@ -131,3 +131,10 @@ def test_faults_recovered_from_node_memory_do_not_shorten_the_filesystem_interva
     m = campaign_state.fold(journal).interval.measured(t0 + 7000)
     assert m.interruption_times == (t0 + 3000, t0 + 5000, t0 + 6000)
     assert m.restart_s == pytest.approx(30.0), "every relaunch's restart still counts"
+    # A requeue whose next job resumed from the snapshot flushed before it still counts: the flush can fail.
+    journal += [ev.interruption_event(t0 + 8000, "node_failure", ["n1"], 0.9, ["x"]),
+                ev.attempt_ended(t0 + 8001, "7", "node_failure", ["n1"], ["x"], 7000),
+                ev.attempt_started(t0 + 8100, "7", 1, ["n2"], None), launched(t0 + 8130, 9, "memory"),
+                ev.interruption_event(t0 + 9000, "app_error", [], 0.9, ["x"]), launched(t0 + 9030, 10, "memory")]  # fmt: skip
+    m = campaign_state.fold(journal).interval.measured(t0 + 10000)
+    assert m.interruption_times == (t0 + 3000, t0 + 5000, t0 + 6000, t0 + 8000)

@@ -176,3 +176,17 @@ def test_the_pick_prefers_node_memory_to_the_flushed_copy_and_counts_no_fetch_fo
     chosen, _ = pick({"n1": [a], FLUSHED: [a, b]}, world=2, usable=["n1", FLUSHED], placement={0: "n1", 1: "n3"},
                      newest_filesystem_step=None, shared=frozenset({FLUSHED}))  # fmt: skip
     assert chosen is not None and chosen.sources == {0: "n1", 1: FLUSHED} and chosen.fetches == 0
+
+
+def test_a_requeue_after_a_node_loss_flushes_the_lost_nodes_shard_from_its_buddy(tmp_path: Path) -> None:
+    """The lost node's agent is gone (its last report still in the table): the flush asks only the nodes left
+    (``usable``, as the FLUSH_MEMORY action's exclude leaves them), the buddy's replica stands in for it."""
+    stores, held = two_nodes(tmp_path)
+    data = (stores["n2"] / "step_12" / "rank_1.snap").read_bytes()
+    held["n1"].append(put_shard(stores["n1"] / "replica" / "n2", 12, 1, "7-0-1", data))
+    flush, _, channel, events, campaign = make(tmp_path, stores, held)
+    pending = flush.start(("n1", "n2"), 1, ["n1"], 10)
+    assert pending is not None and [node for node, _ in channel.orders] == ["n1"]
+    path = flush.finish(pending, 10, deadline=0.0)
+    assert path == campaign / "memory-flush" / "step_12" and events[-1]["shards"] == 2
+    assert (path / "rank_1.snap").read_bytes() == data

@@ -62,6 +62,27 @@ def test_preemption_or_time_limit_after_the_ranks_ended_flushes_node_memory_inst
     assert kinds(decide(interruption(ev.TIMEOUT), History(), ended)) == [ALERT, FLUSH_MEMORY, REQUEUE]
 
 
+def test_a_fault_that_makes_the_job_let_go_of_its_nodes_flushes_node_memory_first_but_never_after_a_nan():
+    """A requeue (no spare left), a stop for a person: the next job resumes from the newest memory snapshot the
+    agents copy to the filesystem, the lost node's shards from its buddy (the lost node is not asked)."""
+    lost = decide(interruption(ev.NODE_FAILURE, ["node2"]), History(), replace(TIGHT, step_running=False))
+    assert kinds(lost)[-2:] == [FLUSH_MEMORY, REQUEUE]
+    assert lost.actions[-2].params["exclude"] == ["node2"]
+    hard = decide(interruption(ev.HARDWARE, ["node1"]), History(), TIGHT)
+    assert kinds(hard)[-2:] == [FLUSH_MEMORY, REQUEUE] and hard.actions[-2].params["exclude"] == ["node1"]
+    looping = History(streaks={ev.APP_ERROR: 3}, faults_since_progress=3)
+    stop = decide(interruption(ev.APP_ERROR), looping, replace(ALLOC, step_running=False))
+    assert kinds(stop)[-2:] == [FLUSH_MEMORY, STOP]
+    nan = decide(interruption(ev.NUMERICAL), History(streaks={ev.NUMERICAL: 5}, faults_since_progress=5), TIGHT)
+    assert STOP in kinds(nan) and FLUSH_MEMORY not in kinds(nan)
+    hung = decide(interruption(ev.HANG), History(streaks={ev.HANG: 9}, faults_since_progress=9), ALLOC)
+    assert kinds(hung)[-3:] == [KILL_STEP, FLUSH_MEMORY, STOP]  # the hung step ends before the copy
+    # a save-and-stop flushes beside the ranks' save already; a relaunch here keeps node memory
+    saving = decide(interruption(ev.APP_ERROR), looping, ALLOC)
+    assert STOP_STEP in kinds(saving) and FLUSH_MEMORY not in kinds(saving)
+    assert FLUSH_MEMORY not in kinds(decide(interruption(ev.HARDWARE, ["node1"]), History(), ALLOC))
+
+
 def test_timeout_checkpoints_then_requeues():
     d = decide(interruption(ev.TIMEOUT), History(), ALLOC)
     assert kinds(d) == [ALERT, CHECKPOINT_NOW, REQUEUE]
@@ -231,6 +252,25 @@ def test_history_folds_from_journal_events():
     h = History.fold(events)
     assert h.streaks == {ev.APP_ERROR: 1, ev.PREEMPTION: 1} and h.totals[ev.APP_ERROR] == 2
     assert h.faults_since_progress == 1 and h.best_step == 100 and h.fault_times == (1.0, 3.0)
+
+
+def test_a_newer_memory_snapshot_resumed_from_is_progress_but_the_same_one_again_is_not():
+    """Hardware faults on different nodes minutes apart, each relaunch resuming from a newer memory snapshot, are
+    not a loop (the tier kept the work); a program failing at the same step resumes from the same snapshot each
+    time, and its budget still ends the loop."""
+    hardware = [ev.interruption_event(float(t), ev.HARDWARE, [f"node{t}"], 0.9, ["Xid 79"]) for t in range(1, 6)]
+    moving = [e for i, h in enumerate(hardware) for e in (h, ev.memory_pick(h["t"] + 0.5, i + 2, 100 + 10 * i, "x"))]
+    h = History.fold([ev.checkpoint_committed(0.5, 50, "/ck/50"), *moving])
+    assert h.faults_since_progress == 0 and h.best_step == 140 and h.totals[ev.HARDWARE] == 5
+    stuck = [e for i, h in enumerate(hardware) for e in (h, ev.memory_pick(h["t"] + 0.5, i + 2, 100, "x"))]
+    h = History.fold(stuck)
+    assert h.faults_since_progress == 4 and h.best_step == 100
+    d = decide(interruption(ev.HARDWARE, ["node7"]), h, ALLOC)
+    assert STOP in kinds(d) and "without progress" in d.message
+    # a pick that found nothing (None: the filesystem tier) and a failed flush are no restore points
+    h = History.fold([*hardware[:2], ev.memory_pick(3.0, 3, None, "nothing"), ev.memory_flush(3.5, None, "late")])
+    assert h.faults_since_progress == 2 and h.best_step is None
+    assert History.fold([ev.memory_flush(1.0, 70, "flushed", "/c/f", 2, 0.1)]).best_step == 70
 
 
 def test_actions_become_journal_events():

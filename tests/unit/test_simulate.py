@@ -224,7 +224,7 @@ def test_naive_requeue_meets_a_hardware_faults_node_again_until_the_site_takes_i
 def test_the_memory_tier_loses_only_the_work_since_the_newest_snapshot_when_the_fault_is_answered_in_place() -> None:
     """A fault answered by a relaunch in the allocation resumes from node memory: the lost work is under one
     snapshot interval instead of the time since the filesystem checkpoint; a requeue (no spares for a broken
-    node) loses node memory, and with it the same work as without the tier."""
+    node) first flushes the newest snapshot to the filesystem (policy's FLUSH_MEMORY), which costs its copy."""
     world = engine.World(gpus=64, days=1.0, bad_node_p=0.0)
     fault = [Fault(5000.0, "software", "n00001")]
     plain_sup = engine.supervised(interval_s=3000.0, write_s=0.0)
@@ -239,8 +239,23 @@ def test_the_memory_tier_loses_only_the_work_since_the_newest_snapshot_when_the_
     assert sum(kept.buckets.values()) == pytest.approx(world.horizon_s)
     broken = engine.World(gpus=64, days=1.0, bad_node_p=1.0, site_drain_after=1000)
     requeued = [replace(s, spares=0) for s in (plain_sup, with_memory)]
-    lost = [engine.simulate(broken, s, [Fault(5000.0, "hbm3", "n00001")]).buckets["lost_work"] for s in requeued]
-    assert lost[1] == pytest.approx(lost[0], rel=0.01), "a requeue loses node memory"
+    plain, flushed = (engine.simulate(broken, s, [Fault(5000.0, "hbm3", "n00001")]) for s in requeued)
+    assert plain.requeues == flushed.requeues == 1
+    assert flushed.buckets["lost_work"] < every < plain.buckets["lost_work"], "the requeue resumed from the flush"
+    assert flushed.buckets["restart"] == pytest.approx(plain.buckets["restart"] + with_memory.memory_flush_s)
+
+
+def test_faults_on_different_nodes_minutes_apart_stop_nobody_when_each_relaunch_resumes_from_newer_memory() -> None:
+    """Five hardware faults on five nodes, ten minutes apart, no filesystem checkpoint between them: counted by
+    filesystem checkpoints alone that is a crash loop (budget 3) and a person is called; with the memory tier each
+    relaunch resumes from a newer snapshot, which is progress (policy.History.progress)."""
+    world = engine.World(gpus=64, days=1.0, bad_node_p=0.0)
+    faults = [Fault(5000.0 + 600.0 * i, "hbm3", f"n0000{i}") for i in range(5)]
+    plain_sup = engine.supervised(interval_s=20000.0, write_s=0.0)
+    without = engine.simulate(world, plain_sup, faults)
+    kept = engine.simulate(world, replace(plain_sup, memory_stall_s=0.03), faults)
+    assert without.stops == 1 and without.buckets["operator"] == pytest.approx(plain_sup.operator_s)
+    assert kept.stops == 0 and kept.relaunches == 5 and kept.buckets["operator"] == 0.0
 
 
 def test_simulate_command_takes_the_memory_tier(capsys: pytest.CaptureFixture[str]) -> None:
