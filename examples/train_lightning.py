@@ -8,6 +8,11 @@ checkpoint the supervisor validated (``SUPERVISOR_RESUME_FROM``), else the newes
 after a resume. Under Slurm, Lightning's own SLURM environment is used with its auto-requeue off
 (``cluster_plugins``): the supervisor owns requeue. Needs the ``lightning`` extra (``pip install
 'slurm-supervisor[lightning]'``).
+
+``--restartable``: each attempt (a new Trainer, resuming from the checkpoint the supervisor names) runs inside
+``client.restartable``, so when a peer dies this rank restarts in its own process on the supervisor's order
+(docs/launch.md, "Warm restart"). Lightning's SLURMEnvironment takes the rank from ``SLURM_PROCID`` and the world
+from ``SLURM_NTASKS``: a rank started again as its own job step gets its place in the launch there too.
 """
 
 from __future__ import annotations
@@ -59,7 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt-every", type=int, default=10)
     p.add_argument("--step-time", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--restartable", action="store_true", help="train inside client.restartable (warm restart)")
     args = p.parse_args(argv)
+    if args.restartable:
+        from supervisor import client
+
+        client.restartable(fit)(args)
+    else:
+        fit(args)
+    return 0
+
+
+def fit(args: argparse.Namespace) -> None:
+    """One attempt: a new Trainer, from the newest checkpoint (the supervisor's word, else the directory's)."""
     pl.seed_everything(args.seed, verbose=False)
     ckpt_dir = Path(args.ckpt_dir)
     resume = resume_from(ckpt_dir)  # every rank, before anything is written
@@ -80,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     if resume and trainer.global_rank == 0:
         print(f"resumed from {resume}", file=sys.stderr, flush=True)
     trainer.fit(Regression(args.step_time), train_dataloaders=data(args.seed), ckpt_path=resume)
-    return 0
 
 
 if __name__ == "__main__":

@@ -40,8 +40,14 @@ ORDER_ENV = frozenset({
 })  # fmt: skip
 
 
-# A standby process taking over a rank (client/standby.py) also gets the rank's identity.
-ASSIGN_ENV = ORDER_ENV | frozenset({"RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE"})
+# A standby process taking over a rank (client/standby.py) also gets the rank's identity: torch's variables, and
+# Slurm's for its task in the launch's step (supervisor.driver.task_identity.NAMES, checked by a test), which srun
+# gave the standby's own one-task step as rank 0 of 1.
+ASSIGN_ENV = ORDER_ENV | frozenset({"RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE"}) | frozenset({
+    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES",
+    "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_NTASKS_PER_NODE",
+})  # fmt: skip
 
 
 class OrderError(ValueError):

@@ -31,7 +31,7 @@ from supervisor.client.standby import ENV_STANDBY as STANDBY_ENV
 from supervisor.decisions import events as ev
 from supervisor.decisions import placement
 from supervisor.decisions.log_signatures import DEFAULT_LOG_SIGNATURES, LogSignature
-from supervisor.driver import distenv, flight_dumps, torchrun_worker
+from supervisor.driver import distenv, flight_dumps, task_identity, torchrun_worker
 from supervisor.driver.context import Context
 from supervisor.driver.launch_log import LaunchLog
 from supervisor.driver.ports import Process, StepLauncher
@@ -295,12 +295,16 @@ class TrainingLauncher:
         started = []
         for rank, node in sorted(ranks.items()):
             name = srun.replacement_job_name(launch.number, order.generation, rank)
-            command = self.torchrun_worker[0] if self.torchrun_worker is not None else self.command
-            argv = srun.replacement(command, launch=launch.number, generation=order.generation, rank=rank,
-                                    node=node, extra=self.srun_args)  # fmt: skip
             env = self.rank_step_env(launch)
             order.apply(env)
             env.update(self.rank_identity(launch, rank))
+            if self.torchrun_worker is not None:  # (under torchrun, SLURM_PROCID numbers torchruns, not ranks)
+                command = self.torchrun_worker[0]
+            else:  # the rank's own task variables, over those srun gives its one-task step
+                env.update(task_identity.carried(self.slurm_identity(launch, rank)))
+                command = task_identity.as_task(self.command)
+            argv = srun.replacement(command, launch=launch.number, generation=order.generation, rank=rank,
+                                    node=node, extra=self.srun_args)  # fmt: skip
             log_path = self.log_dir / f"{name}.log"
             proc = self.start(argv, env, log_path, self.cwd)
             started.append(Replacement(rank, node, order.generation, name, proc, log_path))
@@ -326,9 +330,16 @@ class TrainingLauncher:
                "LOCAL_RANK": str(rank % tasks), "NODE_RANK": str(rank // tasks)}  # fmt: skip
         return {k: v for k, v in own.items() if k not in self.environ}
 
+    def slurm_identity(self, launch: Launch, rank: int) -> dict[str, str]:
+        """Slurm's variables of ``rank``'s task in ``launch``'s step (SLURM_PROCID, SLURM_NTASKS, ...), for a
+        process of its own one-task step that takes the rank (``task_identity``)."""
+        return task_identity.identity(rank, len(launch.nodes), self.layout.tasks_per_node)
+
     def assignment(self, launch: Launch, order: RestartOrder, rank: int) -> RestartOrder:
-        """A standby's assignment to take over ``rank`` in ``order``'s generation: the order and the rank's identity."""
-        return RestartOrder(order.generation, {**order.env, **self.rank_identity(launch, rank)})
+        """A standby's assignment to take over ``rank`` in ``order``'s generation: the order and the rank's identity
+        (torch's variables, and Slurm's unless under torchrun)."""
+        slurm = self.slurm_identity(launch, rank) if self.torchrun_worker is None else {}
+        return RestartOrder(order.generation, {**order.env, **self.rank_identity(launch, rank), **slurm})
 
     def start_standby(self, launch: Launch, node: str, standby: str, command: Sequence[str]) -> Standby:
         """Start a standby process (``command``: ``distenv.standby_command``) on ``node`` beside ``launch``, as its
