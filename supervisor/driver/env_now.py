@@ -92,8 +92,9 @@ class EnvCheck:
         self.now: Mapping[str, Any] | None = None
         self.said: set[tuple[str, tuple[str, ...]]] = set()
 
-    def resumed(self, checkpoint: str | None, nodes: tuple[str, ...], tasks_per_node: int) -> tuple[str, ...]:
-        """A launch on ``nodes`` resumes from ``checkpoint``: the differences said (maybe none)."""
+    def resumed(self, checkpoint: str | None, nodes: tuple[str, ...], ranks_per_node: int | None) -> tuple[str, ...]:
+        """A launch on ``nodes`` with ``ranks_per_node`` ranks on each (None: not known, e.g. torchrun workers whose
+        count its options do not say) resumes from ``checkpoint``: the differences said (maybe none)."""
         if not checkpoint:
             return ()
         saved = saved_fingerprint(checkpoint)
@@ -101,7 +102,8 @@ class EnvCheck:
             return ()
         if self.now is None:
             self.now = dict(self.probe_now(self.python, self.cwd))
-        differences = drift(saved, {**self.now, "world_size": len(nodes) * tasks_per_node})
+        world = {"world_size": len(nodes) * ranks_per_node} if ranks_per_node else {}  # unknown: never a difference
+        differences = drift(saved, {**self.now, **world})
         if differences and (checkpoint, differences) not in self.said:
             self.said.add((checkpoint, differences))
             self.ctx.record(ev.env_changed(self.ctx.clock(), checkpoint, differences))

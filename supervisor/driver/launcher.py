@@ -178,6 +178,15 @@ class TrainingLauncher:
         """Ranks on each node of a launch: srun's tasks, or each node's torchrun's workers."""
         return self.torchrun_worker[1] if self.torchrun_worker is not None else self.layout.tasks_per_node
 
+    @property
+    def known_ranks_per_node(self) -> int | None:
+        """:attr:`ranks_per_node` where it is known: None under a torchrun whose workers per node its options do not
+        say (srun's one task per node there is a torchrun, not a rank: a world size from it would be wrong)."""
+        if distenv.runs_torchrun(self.command):
+            worker = torchrun_worker.parse(self.command, self.environ)
+            return worker.nproc if worker is not None else None
+        return self.layout.tasks_per_node
+
     def step_env(self, resume: str | None = "") -> dict[str, str]:
         """The environment of a job step of this attempt (agents, preflight, training): the user's, the campaign,
         the slot directory template; ``resume``: ``SUPERVISOR_RESUME_FROM`` (None: unset, see :func:`resume_value`)."""

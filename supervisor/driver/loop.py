@@ -290,7 +290,7 @@ class Supervisor:
                                   memory_from=p.memory.flushed_dir(snapshot), skip_steps=skip,
                                   warm=p.warm.next_launch_warm())  # fmt: skip
         # (its ranks start meanwhile: the check delays nothing)
-        p.ctx.guard.call(CHECKPOINT_SCAN, p.env_check.resumed, resume, launch.nodes, p.layout.tasks_per_node,
+        p.ctx.guard.call(CHECKPOINT_SCAN, p.env_check.resumed, resume, launch.nodes, p.trainer.known_ranks_per_node,
                          default=None)  # fmt: skip
         return launch
 

@@ -80,6 +80,31 @@ def test_a_checkpoint_without_a_manifest_or_no_resume_says_nothing(tmp_path):
     assert check.resumed(str(plain), ("n1",), 2) == () and check.resumed(None, ("n1",), 2) == () and journal == []
 
 
+def test_torchrun_workers_count_in_the_world_size_and_an_unknown_count_is_no_difference(tmp_path):
+    """Under ``srun torchrun --nproc-per-node=2`` srun runs one task per node: the world is nodes x workers. A cold
+    relaunch after a torchrun launch said "world size 4 -> 2" before (srun's tasks counted); where the workers per
+    node cannot be read (``--nproc-per-node=gpu``) the world size is unknown, never a difference."""
+    from supervisor.decisions.placement import TrainingLayout
+    from supervisor.driver.launcher import TrainingLauncher
+
+    ckpt = write_checkpoint(tmp_path, 4, python="3.11.7", torch="2.4.1")
+
+    def launcher(*command: str) -> TrainingLauncher:
+        return TrainingLauncher(Context.of(lambda e: None), start=None, layout=TrainingLayout(("n1", "n2"), 1),  # type: ignore[arg-type]
+                                command=command, cwd=None, srun_args=(), job_id="7", restart_count=0,
+                                campaign=tmp_path, log_dir=tmp_path, node_addresses={}, checkpoint_dir_known=True,
+                                environ={})  # fmt: skip
+
+    check = EnvCheck(Context.of(lambda e: None), python="python3", cwd=None, alert=lambda c, d, n: None,
+                     probe_now=lambda p, c: {"python": "3.11.7", "torch": "2.4.1"})  # fmt: skip
+    readable = launcher("torchrun", "--nproc-per-node=2", "train.py")
+    assert readable.known_ranks_per_node == 2 and check.resumed(str(ckpt), ("n1", "n2"), 2) == ()
+    unreadable = launcher("torchrun", "--nproc-per-node=gpu", "train.py")
+    assert unreadable.known_ranks_per_node is None and check.resumed(str(ckpt), ("n1", "n2"), None) == ()
+    assert launcher("python", "train.py").known_ranks_per_node == 1
+    assert check.resumed(str(ckpt), ("n1", "n2"), 1) == ("world size 4 -> 2",)
+
+
 def test_the_alert_is_l2_with_every_difference_and_what_to_do():
     from fakes import recording_notifier
 
