@@ -13,6 +13,8 @@ from typing import Any
 from supervisor.simulate import engine
 from supervisor.simulate.trace import Fault
 
+RATIO_FLOOR = 0.001  # (a)'s goodput below which a ratio to it is noise, not a comparison
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -24,7 +26,9 @@ class Comparison:
 
     @property
     def ratio(self) -> float | None:
-        return self.supervised.goodput / self.naive.goodput if self.naive.goodput > 0 else None
+        """(b)'s goodput over (a)'s; None where (a) kept under 0.1 % of the wall clock (at 131,072 GPUs an hourly
+        synchronous checkpoint rarely commits before the next fault: a few seconds kept made "1252x")."""
+        return self.supervised.goodput / self.naive.goodput if self.naive.goodput >= RATIO_FLOOR else None
 
     def to_dict(self) -> dict[str, Any]:
         w = self.world

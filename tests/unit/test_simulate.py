@@ -291,3 +291,17 @@ def test_simulate_command_takes_the_warm_restart_cost(capsys: pytest.CaptureFixt
     doc = json.loads(capsys.readouterr().out)
     assert "warm_restarts" in doc["supervised"]
     assert cli.main(["simulate", "--warm-restart", "-1"]) != 0
+
+
+def test_no_ratio_is_claimed_over_a_naive_run_that_kept_almost_nothing() -> None:
+    """At 131,072 GPUs the naive run keeps seconds of 54 days: (b)/(a) printed "1252.18x"; now "-"."""
+    from supervisor.simulate.compare import Comparison
+
+    world = engine.World(gpus=64, days=1.0)
+    naive, sup = engine.Outcome("naive", world.horizon_s), engine.Outcome("sup", world.horizon_s)
+    sup.buckets["productive"] = 0.9 * world.horizon_s
+    naive.buckets["productive"] = 60.0  # 0.07 %
+    c = Comparison(world, 1, naive, sup, engine.optimum(world, [Fault(10.0, "gpu", "n00001")], 1.0, 60.0))
+    assert c.ratio is None and c.to_dict()["supervised_over_naive"] is None
+    naive.buckets["productive"] = 0.45 * world.horizon_s
+    assert c.ratio == pytest.approx(2.0)
