@@ -18,6 +18,7 @@ from ``SLURM_NTASKS``: a rank started again as its own job step gets its place i
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import sys
 import time
@@ -100,4 +101,12 @@ def fit(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Leave without the interpreter's finalization, after the exit handlers (the client marks a normal exit there):
+    # gloo's threads can abort a finished process there under load, "terminate called without an active exception"
+    # (pytorch/pytorch#179291; examples/train_ddp.py's leave). Seen here: a rank restarted warm in a standby
+    # aborted after step 40 of 40, and the completed training was relaunched as an app error.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
