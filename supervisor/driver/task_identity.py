@@ -7,8 +7,8 @@ one: PyTorch Lightning's ``SLURMEnvironment`` takes its global rank from ``SLURM
 ``SLURM_NTASKS`` (and checks ``SLURM_NNODES``/``SLURM_NTASKS_PER_NODE`` against the Trainer's), and many scripts
 do ``int(os.environ["SLURM_PROCID"])``. Such a rank would start a training of its own instead of rejoining.
 
-So the rank gets the values the launch's own srun gave it. slurmstepd sets these names itself after the
-environment srun passes, so they travel under ``SUPERVISOR_AS_<NAME>`` and a fixed shell text exports them over
+So the rank gets the values the launch's own srun gave it. srun sets these names itself over the environment it
+is given (measured on 22.05: ``SLURM_PROCID=7 SLURM_NTASKS=9 srun -n1 env`` prints 0 and 1), so they travel under ``SUPERVISOR_AS_<NAME>`` and a fixed shell text exports them over
 Slurm's before ``exec`` of the program (``as_task``: the user's argv stays separate argv entries, never shell text,
 and the ``exec`` keeps the pid the agents see). A standby applies them in its own process (``identity``). Pure.
 """
