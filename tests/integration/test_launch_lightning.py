@@ -19,16 +19,23 @@ EXAMPLE = REPO / "examples" / "train_lightning.py"
 START_TIMEOUT = 180  # 2 ranks import torch and Lightning on 2 shared cores
 
 
-def test_lightning_rank_killed_resumes_from_its_ckpt(tmp_path):
+def submit_example(tmp_path, config: str, steps: int, *extra: str) -> Campaign:  # type: ignore[no-untyped-def]
+    """The example on 2 nodes x 1 rank, checkpoints every 5 steps into tmp/ckpt, ``config`` after its
+    ``[run] checkpoint_dir``."""
     root, ckpt = tmp_path / "campaign", tmp_path / "ckpt"
     cfg = tmp_path / "supervise.toml"
-    cfg.write_text(f'[run]\ncheckpoint_dir = "{ckpt}"\ncheckpoint_grace_s = 20\n')
+    cfg.write_text(f'[run]\ncheckpoint_dir = "{ckpt}"\n{config}')
     out = supervise(
         "submit", "--nodes=2", "--ntasks-per-node=1", "--time=10", "--campaign", str(root), "--config", str(cfg),
-        "--", sys.executable, str(EXAMPLE), "--steps", "30", "--ckpt-dir", str(ckpt), "--ckpt-every", "5",
-        "--step-time", "0.3",
+        "--", sys.executable, str(EXAMPLE), "--steps", str(steps), "--ckpt-dir", str(ckpt), "--ckpt-every", "5",
+        "--step-time", "0.3", *extra,
     )  # fmt: skip
-    camp = Campaign(out.stdout.split()[1], root, ckpt)
+    return Campaign(out.stdout.split()[1], root, ckpt)
+
+
+def test_lightning_rank_killed_resumes_from_its_ckpt(tmp_path):
+    camp = submit_example(tmp_path, "checkpoint_grace_s = 20\n", 30)
+    ckpt = tmp_path / "ckpt"
     try:
         row = wait_for("rank 1 past step 12", lambda: live_rank(camp.root, 1, 12), START_TIMEOUT)
         env = dict(kv.split("=", 1) for kv in open(f"/proc/{row['pid']}/environ").read().split("\0") if "=" in kv)
@@ -59,15 +66,7 @@ def test_lightning_rank_killed_restarts_warm_the_survivor_keeps_its_process(tmp_
     rank 1 is started again alone (its own job step, or a standby's process) with Lightning's SLURMEnvironment
     seeing its place in the launch (SLURM_PROCID 1 of SLURM_NTASKS 2, not srun's 0 of 1 for a one-task step), both
     resume from the newest ``.ckpt`` and the campaign completes."""
-    root, ckpt = tmp_path / "campaign", tmp_path / "ckpt"
-    cfg = tmp_path / "supervise.toml"
-    cfg.write_text(f'[run]\ncheckpoint_dir = "{ckpt}"\nwarm_restart = "on"\nstandbys = "{standbys}"\n')
-    out = supervise(
-        "submit", "--nodes=2", "--ntasks-per-node=1", "--time=10", "--campaign", str(root), "--config", str(cfg),
-        "--", sys.executable, str(EXAMPLE), "--steps", "40", "--ckpt-dir", str(ckpt), "--ckpt-every", "5",
-        "--step-time", "0.3", "--restartable",
-    )  # fmt: skip
-    camp = Campaign(out.stdout.split()[1], root, ckpt)
+    camp = submit_example(tmp_path, f'warm_restart = "on"\nstandbys = "{standbys}"\n', 40, "--restartable")
     try:
         if standbys == "auto":
             wait_for("the standbys to start", lambda: camp.of_type("standbys"), START_TIMEOUT)
