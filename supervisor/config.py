@@ -81,6 +81,10 @@ class RunConfig:
     # memory and a relaunch resumes from the newest complete snapshot. "auto" (the cadence measured: the copies
     # take at most 2 % of the training's time), "off", or every N steps.
     memory_snapshots: str | int = "auto"
+    # While the training runs, the node agents copy the newest complete memory snapshot to the campaign directory
+    # (docs/checkpoints.md, persisting): a fault the memory tier cannot answer loses at most this much. "auto"
+    # (every 60 s, less often when a copy is slow: the copies take at most 10 % of the time), "off", or seconds.
+    memory_persist: str | float = "auto"
     # Warm restart (docs/launch.md): ranks of a program that wraps its training in client.restartable restart in
     # their processes, only the dead ones started again. "auto": from the launch after one whose every rank was
     # seen restartable (a launch's srun must be told beforehand not to end the step when one task dies); "on":
@@ -255,6 +259,9 @@ def _build(section: str, cls: type, values: Mapping[str, Any], source: str) -> A
         if (section, key) == ("run", "memory_snapshots"):
             kwargs[key] = _memory_snapshots(value, source)
             continue
+        if (section, key) == ("run", "memory_persist"):
+            kwargs[key] = _memory_persist(value, source)
+            continue
         if (section, key) == ("run", "standbys"):
             kwargs[key] = _standbys(value, source)
             continue
@@ -303,6 +310,15 @@ def _memory_snapshots(value: Any, source: str) -> str | int:
         return value
     raise ConfigError(f"{source}: run.memory_snapshots = {value!r} is not allowed (allowed: \"auto\", \"off\" or "
                       "a whole number of steps from 1 to 1000000)", 'e.g. memory_snapshots = "auto"')
+
+
+def _memory_persist(value: Any, source: str) -> str | float:
+    from supervisor.decisions.memory_persist import PersistSettingError, parse_setting
+
+    try:
+        return parse_setting(value)
+    except PersistSettingError as err:
+        raise ConfigError(f"{source}: {err}", 'e.g. memory_persist = "auto" or 120') from None
 
 
 def _standbys(value: Any, source: str) -> str | int:

@@ -21,7 +21,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +71,25 @@ def arrived(directory: Path, digests: Mapping[int, str]) -> dict[int, str]:
         full = record.get("sha256")
         if isinstance(full, str) and len(full) == 64 and digest and full.startswith(digest):
             done[rank] = full
+    return done
+
+
+def arrived_any(directory: Path, ranks: Iterable[int]) -> dict[int, tuple[int, str, str]]:
+    """rank -> (step, launch, full SHA-256) of each shard in a background persist's ``directory`` with its record
+    and the recorded size: the agents chose the step (``agent.flush_copy.pin_next``), so no digest is expected
+    beforehand; the copy was hashed against the record as it was written."""
+    done = {}
+    for rank in ranks:
+        try:
+            record = json.loads((directory / f"rank_{rank}.json").read_text())
+            size = (directory / f"rank_{rank}.snap").stat().st_size
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or record.get("size") != size or record.get("rank") != rank:
+            continue
+        step, launch, full = record.get("step"), record.get("launch"), record.get("sha256")
+        if type(step) is int and isinstance(launch, str) and isinstance(full, str) and len(full) == 64:
+            done[rank] = (step, launch, full)
     return done
 
 

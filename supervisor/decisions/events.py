@@ -63,6 +63,7 @@ CHECKPOINT_DIR_DECLARED = "checkpoint_dir_declared"
 MEMORY_PICK = "memory_pick"
 MEMORY_BUDDIES = "memory_buddies"
 MEMORY_FLUSH = "memory_flush"
+MEMORY_PERSIST = "memory_persist"
 MEMORY_OFF = "memory_off"
 STACKS = "stacks"
 ENV_CHANGED = "env_changed"
@@ -106,6 +107,7 @@ EVENT_TYPES: tuple[str, ...] = (
     MEMORY_PICK,
     MEMORY_BUDDIES,
     MEMORY_FLUSH,
+    MEMORY_PERSIST,
     MEMORY_OFF,
     STACKS,
     NODES_EXCLUDED,
@@ -293,6 +295,14 @@ def memory_flush(t: float, step: int | None, why: str, path: str = "", shards: i
     requeued job resumes from it), or None and why not (docs/checkpoints.md, memory tier)."""
     return {"type": MEMORY_FLUSH, "t": t, "step": step, "why": why[:500], "path": path, "shards": shards,
             "seconds": round(seconds, 3), "snapshot_launch": snapshot_launch[:64]}
+
+
+def memory_persist(t: float, step: int | None, why: str, path: str = "", shards: int = 0,
+                   seconds: float = 0.0) -> Event:  # fmt: skip
+    """While the training ran, the node agents persisted the memory snapshot of ``step`` to ``path`` (what a
+    fault the memory tier cannot answer resumes from), or None and why a persist failed (docs/checkpoints.md)."""
+    return {"type": MEMORY_PERSIST, "t": t, "step": step, "why": why[:500], "path": path, "shards": shards,
+            "seconds": round(seconds, 3)}
 
 
 def memory_off(t: float, why: str, failed: dict[str, list[int]]) -> Event:

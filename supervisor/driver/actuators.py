@@ -32,6 +32,7 @@ from supervisor.driver.context import Context
 from supervisor.driver.guard import ACTION, CHECKPOINT_SCAN
 from supervisor.driver.launcher import Launch
 from supervisor.driver.memory_flush import MemoryFlush, Pending
+from supervisor.driver.memory_persist import MemoryPersist
 from supervisor.driver.ports import Channel
 from supervisor.driver.requeue import JobActions
 from supervisor.driver.signals import SignalInbox
@@ -79,7 +80,7 @@ class Actuators:
         job_id: str, campaign: str, alerts_config: AlertConfig, checkpoint_grace_s: float,
         ranks_of: Callable[[Launch], Sequence[Any]], checkpoints: Any = None,
         submit_alert: Callable[[alerts.Alert | None], None] | None = None, budgets: Any = None,
-        memory_flush: MemoryFlush | None = None, tasks_per_node: int = 1,
+        memory_flush: MemoryFlush | None = None, tasks_per_node: int = 1, memory_persist: MemoryPersist | None = None,
     ) -> None:  # fmt: skip
         """``ranks_of(launch)``: the launch's rank views (``Watcher.ranks``); ``checkpoints``: the
         ``CheckpointTracker`` (was the requested save committed?); ``submit_alert``: the alert dispatcher (off the
@@ -90,7 +91,7 @@ class Actuators:
         self.alerts_config, self.checkpoint_grace_s, self.ranks_of = alerts_config, checkpoint_grace_s, ranks_of
         self.checkpoints = checkpoints
         self.submit_alert, self.budgets = submit_alert, budgets
-        self.memory_flush, self.tasks_per_node = memory_flush, tasks_per_node
+        self.memory_flush, self.tasks_per_node, self.memory_persist = memory_flush, tasks_per_node, memory_persist
         self.table: dict[str, Actuator] = {
             policy.ALERT: self.alert,
             policy.CHECKPOINT_NOW: self.stop_step,
@@ -201,6 +202,8 @@ class Actuators:
                      leave_out: Collection[str] = ()) -> Pending | None:  # fmt: skip
         if self.memory_flush is None:
             return None
+        if self.memory_persist is not None:  # its copies would go into the same place: the stop's go alone
+            self.memory_persist.cancel()
         usable = [n for n in launch.nodes if n not in leave_out]
         return self.guard.call(CHECKPOINT_SCAN, self.memory_flush.start, launch.nodes, self.tasks_per_node,
                                usable, newest_filesystem_step, default=None)  # fmt: skip

@@ -48,6 +48,7 @@ from supervisor.driver.launcher import TrainingLauncher
 from supervisor.driver.loop import Parts, Supervisor
 from supervisor.driver.memory_flush import MemoryFlush
 from supervisor.driver.memory_off import MemoryOff
+from supervisor.driver.memory_persist import MemoryPersist
 from supervisor.driver.memory_resume import MemoryResume
 from supervisor.driver.nodeloss import NodeLossWatch
 from supervisor.driver.notify import Notifier
@@ -190,16 +191,19 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
     memory = MemoryResume(ctx, channel, enabled=memory_mode != "off", flushed=lambda: flushed.newest(paths.root, key))
     memory_flush = MemoryFlush(ctx, channel, memory, paths.root, key, enabled=memory_mode != "off")
     ring = BuddyRing(ctx, channel, lambda: watch_nodes.lost, enabled=memory_mode != "off", switches=a.slurm.switches)
+    persist = MemoryPersist(ctx, channel, memory, paths.root, key, setting=run.memory_persist,
+                            newest_filesystem_step=lambda: checkpoints.best_step,
+                            launch_tag=lambda: trainer.launch_tag(trainer.launches), enabled=memory_mode != "off")
 
     def memory_tier_off() -> None:
         trainer.memory_snapshots = "off"
-        memory.enabled = memory_flush.enabled = ring.enabled = False
+        memory.enabled = memory_flush.enabled = ring.enabled = persist.enabled = False
 
     site = SiteLink.from_config(ctx, config.site, str(paths.root), job_id, report=state.report)
     watcher = Watcher(ctx, channel=channel, detector=a.detector, checkpoints=checkpoints, agents=agents,
                       interrupts=interrupts, loop_interval_s=run.loop_interval_s, notifier=notifier,
                       observers=(progress, interval, ring, MemoryOff(ctx, channel, memory_tier_off,
-                                                                       enabled=memory_mode != "off"), site),
+                                                                       enabled=memory_mode != "off"), persist, site),
                       health=health, nodeloss=watch_nodes,
                       stall=StallProbe(ctx, channel, paths.root), swap=swap)  # fmt: skip
     standbys = Standbys(ctx, setting=run.standbys, command=spec.command, trainer=trainer, slurm=a.slurm,
@@ -227,7 +231,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
             ctx, slurm=a.slurm, channel=channel, inbox=a.inbox, jobs=jobs, job_id=job_id, campaign=str(paths.root),
             alerts_config=config.alerts, checkpoint_grace_s=run.checkpoint_grace_s, ranks_of=watcher.ranks,
             checkpoints=checkpoints, submit_alert=notifier.submit, budgets=config.policy.budgets,
-            memory_flush=memory_flush, tasks_per_node=layout.tasks_per_node,
+            memory_flush=memory_flush, tasks_per_node=layout.tasks_per_node, memory_persist=persist,
         ),
         warm=WarmRestarts(ctx, mode=run.warm_restart, command=spec.command, channel=channel, trainer=trainer,
                           ranks_of=watcher.ranks, tasks_per_node=layout.tasks_per_node, standbys=standbys),

@@ -44,6 +44,7 @@ class FlushShard:
 class Flush:
     directory: str  # absolute; the supervisor's private staging directory on the shared filesystem
     shards: tuple[FlushShard, ...]
+    background: bool = False  # a periodic persist while the training runs, not the copy before the job stops
 
 
 @dataclass(frozen=True)
@@ -128,8 +129,11 @@ def _step_rank(step: object, rank: object) -> bool:
 
 
 def _flush(doc: object) -> Flush:
-    if not isinstance(doc, dict) or set(doc) != {"dir", "shards"}:
+    if not isinstance(doc, dict) or not {"dir", "shards"} <= set(doc) <= {"dir", "shards", "background"}:
         raise OrderError("flush")
+    background = doc.get("background", False)
+    if type(background) is not bool:
+        raise OrderError("flush background")
     directory, raw = doc["dir"], doc["shards"]
     if not isinstance(directory, str) or not directory.startswith("/") or "\0" in directory or \
             len(directory) > 4096 or "/../" in f"{directory}/":  # fmt: skip
@@ -144,7 +148,7 @@ def _flush(doc: object) -> Flush:
         if not _step_rank(step, rank) or not isinstance(launch, str) or len(launch) > 64:
             raise OrderError("flush shards")
         shards.append(FlushShard(step, rank, launch))
-    return Flush(directory, tuple(shards))
+    return Flush(directory, tuple(shards), background)
 
 
 def buddy_order(node: str, address: str) -> str:
@@ -157,11 +161,14 @@ def fetch_order(items: list[tuple[str, str, int, int]]) -> str:
                       separators=(",", ":"))  # fmt: skip
 
 
-def flush_order(directory: str, shards: list[tuple[int, int, str]]) -> str:
-    """(step, rank, launch) of each shard this node copies into ``directory``."""
-    return json.dumps({"flush": {"dir": directory, "shards": [{"step": s, "rank": r, "launch": launch}
-                                                               for s, r, launch in shards]}},
-                      separators=(",", ":"))  # fmt: skip
+def flush_order(directory: str, shards: list[tuple[int, int, str]], background: bool = False) -> str:
+    """(step, rank, launch) of each shard this node copies into ``directory``; ``background``: a periodic persist
+    (``driver.memory_persist``), which the agent neither waits for at its SIGTERM nor puts before a stop's flush."""
+    doc: dict[str, object] = {"dir": directory, "shards": [{"step": s, "rank": r, "launch": launch}
+                                                           for s, r, launch in shards]}  # fmt: skip
+    if background:
+        doc["background"] = True
+    return json.dumps({"flush": doc}, separators=(",", ":"))
 
 
 def restart_order_text(order: restart_order.RestartOrder) -> str:

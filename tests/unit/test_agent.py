@@ -243,6 +243,35 @@ def test_a_second_sigterm_or_a_flush_already_done_ends_the_agent_at_once(tmp_pat
         flushed.close()
 
 
+def test_a_background_persist_is_not_the_stops_flush_the_agent_waits_for(tmp_path: Path) -> None:
+    """The periodic persists (driver.memory_persist) run while the training does: one done before Slurm's
+    SIGTERM must not end the agent at once, or the preempted job's own flush order would find no agent."""
+    agent = _lingering_agent(tmp_path)
+    try:
+        agent.memory.flusher.order(Flush(str(tmp_path / "persisted"), (), background=True))  # type: ignore[union-attr]
+        agent.memory.flusher.join(5)  # type: ignore[union-attr]
+        agent.terminate("received SIGTERM")
+        assert agent._should_exit(time.monotonic()) == "", "left before the stop's flush order could come"
+        agent.memory.flusher.order(Flush(str(tmp_path / "flushed"), ()))  # type: ignore[union-attr]
+        agent.memory.flusher.join(5)  # type: ignore[union-attr]
+        assert agent._should_exit(time.monotonic()) == "received SIGTERM (after the memory flush)"
+    finally:
+        agent.close()
+
+
+def test_a_stops_flush_goes_before_background_persists_still_queued(tmp_path: Path) -> None:
+    flusher = Flusher(tmp_path / "store")
+    gate, done = threading.Event(), []
+    flusher.run = lambda flush: (gate.wait(10), done.append(Path(flush.directory).name))  # type: ignore[method-assign]
+    flusher.order(Flush(str(tmp_path / "p1"), (), background=True))  # under way (held by the gate)
+    time.sleep(0.1)
+    flusher.order(Flush(str(tmp_path / "p2"), (), background=True))
+    flusher.order(Flush(str(tmp_path / "stop"), ()))
+    gate.set()
+    flusher.join(5)
+    assert done == ["p1", "stop", "p2"] and flusher.finished == 1
+
+
 def test_an_authenticated_restart_order_is_written_for_the_ranks_and_a_forged_one_is_not(tmp_path: Path) -> None:
     """The ranks restarting in their processes read the order the agent writes into their slot directory; an
     order sealed with another key, or one setting a variable orders may not set, never reaches them."""

@@ -87,8 +87,12 @@ def test_flush_orders_parse_strictly() -> None:
     text = flush_order("/c/memory-flush/.step_3-ab.partial", [(3, 0, "j-0-1"), (3, 1, "j-0-1")])
     got = parse_orders(text).flush
     assert got is not None and got.directory == "/c/memory-flush/.step_3-ab.partial"
-    assert got.shards == (FlushShard(3, 0, "j-0-1"), FlushShard(3, 1, "j-0-1"))
-    for bad in ({"dir": "relative/x", "shards": [{"step": 1, "rank": 0, "launch": ""}]},
+    assert got.shards == (FlushShard(3, 0, "j-0-1"), FlushShard(3, 1, "j-0-1")) and not got.background
+    persist = parse_orders(flush_order("/c/memory-flush/.step_3-ab.partial", [(3, 0, "j-0-1")], background=True))
+    assert persist.flush is not None and persist.flush.background
+    for bad in ({"dir": "/a", "shards": [{"step": 1, "rank": 0, "launch": ""}], "background": 1},
+                {"dir": "/a", "shards": [{"step": 1, "rank": 0, "launch": ""}], "background": "yes"},
+                {"dir": "relative/x", "shards": [{"step": 1, "rank": 0, "launch": ""}]},
                 {"dir": "/a/../etc", "shards": [{"step": 1, "rank": 0, "launch": ""}]},
                 {"dir": "/a", "shards": []},
                 {"dir": "/a", "shards": [{"step": -1, "rank": 0, "launch": ""}]},
