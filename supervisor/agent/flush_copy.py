@@ -14,8 +14,9 @@ supervisor saw in a report may be gone by the time the order arrives: a backgrou
 bound instead, and the agent takes, for each of its ranks, the first snapshot of that launch at or after it,
 opens them all (an open file outlives the ranks' deletion) and only then copies. The ranks snapshot the same
 steps, so every node takes the same one; the supervisor commits only when they did. Such a copy is not the
-stop's flush the agent lingers for at SIGTERM (``finished`` counts only the others), and a stop's order goes
-before background orders still queued.
+stop's flush the agent lingers for at SIGTERM (``finished`` counts only the others); a stop's order goes before
+background orders still queued, a newer background order replaces a queued one, and any order ends a background
+copy's wait for its snapshot.
 """
 
 from __future__ import annotations
@@ -151,8 +152,10 @@ class Flusher:
         self.finished = 0  # a stopping job's flush orders carried out (whatever their outcome); not background ones
 
     def _stop_waiting(self) -> bool:
+        """A background copy waiting for its snapshot gives way to any later order: a stop's flush, or a newer
+        persist (the supervisor gave the waiting one up: its launch ended, a node of it is gone)."""
         with self.lock:
-            return any(not queued.background for queued in self.queue)
+            return bool(self.queue)
 
     def busy(self) -> bool:
         """A flush is queued or under way."""
@@ -161,7 +164,8 @@ class Flusher:
 
     def order(self, flush: Flush) -> None:
         with self.lock:
-            if flush.background:
+            if flush.background:  # a newer persist replaces one still queued
+                self.queue = [queued for queued in self.queue if not queued.background]
                 self.queue.append(flush)
             else:  # the job is stopping: its copy first, the periodic ones after it
                 at = next((i for i, queued in enumerate(self.queue) if queued.background), len(self.queue))

@@ -2,8 +2,8 @@
 when and why): at each pass of the watch, start a persist when one is due, or see whether the one under way is
 complete and commit it.
 
-A persist orders every node running ranks of the current launch to copy its ranks' first snapshot at or after
-the newest step reported (``heartbeat.orders.flush_order`` with ``background``; the agents choose the step
+A persist orders every node running ranks of the current launch to copy its ranks' first snapshot after the
+newest step reported (``heartbeat.orders.flush_order`` with ``background``; the agents choose the step
 together, ``agent.flush_copy.pin_next``) into one staging directory of the campaign's ``memory-flush/``, and
 commits it (``checkpoint.flushed``, the stop's flush format: manifest with every rank's SHA-256, MAC'ed with
 the campaign key, renamed into place; the older flush goes) once every rank's shard arrived, all of one step
@@ -64,10 +64,12 @@ class MemoryPersist:
         if not self.enabled or self.setting == rule.OFF:
             return
         now = self.mono()
+        tag = self.launch_tag()
+        if self.pending is not None and self.pending.launch != tag:
+            self.cancel()  # its launch is over (a node of it may be gone): the new launch's snapshots matter now
         if self.pending is not None:
             self._check(self.pending, now)
             return
-        tag = self.launch_tag()
         held = [h for _, items in self.channel.table.memory.values() for h in items if h.launch == tag]
         if not held or live is None:
             return
@@ -76,16 +78,22 @@ class MemoryPersist:
         if set(placement) != set(range(world)):  # not every rank seen yet (or another world): not now
             return
         newest = max(h.step for h in held)
-        since = None if self.last_started is None else now - self.last_started
+        if self.last_started is None:  # the interval counts from the first snapshot seen (a persist of the
+            self.last_started = now  # resumed-from state would only copy what the filesystem already has)
+            return
+        since = now - self.last_started
         if not rule.due(rule.every_s(self.setting, self.last_copy_s), since, newest, self._persisted_step(tag)):
             return
-        staging = flushed.staging(self.campaign, newest)
+        # The next snapshot, not the newest seen: the ranks keep their two newest, so a step already written may
+        # be gone on a node whose order comes late, and that node would take a later one than the others.
+        floor = newest + 1
+        staging = flushed.staging(self.campaign, floor)
         by_node: dict[str, list[tuple[int, int, str]]] = {}
         for rank, node in sorted(placement.items()):
-            by_node.setdefault(node, []).append((newest, rank, tag))
+            by_node.setdefault(node, []).append((floor, rank, tag))
         for node, shards in by_node.items():
             self.channel.send_order(node, flush_order(str(staging), shards, background=True))
-        self.pending = Persisting(staging, tag, world, newest, now, self.wall())
+        self.pending = Persisting(staging, tag, world, floor, now, self.wall())
         self.last_started = now
 
     def cancel(self) -> None:

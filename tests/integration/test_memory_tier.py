@@ -283,6 +283,42 @@ def test_a_node_lost_with_its_buddy_resumes_from_the_filesystem_checkpoint_bitwi
         cancel(camp.job_id)
 
 
+def test_a_node_lost_with_its_buddy_resumes_from_the_snapshot_persisted_while_it_ran_bitwise(tmp_path,
+                                                                                             crashable_cluster):  # fmt: skip
+    """As above (a training node and its buddy crash together, both memories wiped), but the program saves to the
+    filesystem rarely (every 50 steps: none yet) and the agents persist the newest snapshot every 2 s while it
+    runs (``[run] memory_persist = 2``, journaled ``memory_persist``): the relaunch resumes from the newest
+    persisted step instead of from scratch, and prints the uninterrupted run's losses from there, bitwise."""
+    camp = submit(tmp_path, steps=STEPS, ckpt_every=50, step_time=0.3, config="spare_nodes = 2\nmemory_persist = 2\n")
+    try:
+        want = reference_of(tmp_path, STEPS, extra=("--ckpt-every", "50"))
+        wait_printed(camp, 1, 12)
+        ring = wait_for("the buddy ring over four nodes", lambda: (r := camp.of_type("memory_buddies")[-1:])
+                        and len(r[0]["ring"]) == 4 and r[0]["ring"], 30)  # fmt: skip
+        wait_for("a persist", lambda: [e for e in camp.of_type("memory_persist") if e["step"] is not None], 60)
+        batch = wait_for("the batch host", lambda: job_batch_host(camp.job_id), 30)
+        victim = next(n for n in launches(camp)[0]["nodes"] if n != batch)
+        buddy = ring[victim]
+        crashable_cluster.crash_nodes([victim, buddy])
+        ended = wait_for("the campaign to complete", camp.ended, 240)
+        assert ended["state"] == "completed", ended
+        persisted = [e for e in camp.of_type("memory_persist") if e["step"] is not None]
+        assert persisted and all(e["shards"] == 2 for e in persisted), persisted
+        relaunch = next(x for x in launches(camp) if x["launch"] > 1 and x.get("resume_step"))
+        first = launches(camp)[0]
+        assert relaunch["resume_tier"] == "memory" and relaunch["resume_step"] in {e["step"] for e in persisted}, (
+            relaunch, persisted)
+        assert relaunch["resume_step"] > 0 and first["launch"] == 1
+        assert any(e["t"] > relaunch["t"] and e["step"] > relaunch["resume_step"] for e in persisted), \
+            "the relaunch is persisted in its turn"  # fmt: skip
+        final = launches(camp)[-1]
+        assert not {victim, buddy} & set(final["nodes"]), final
+        log = next(camp.root.glob(f"logs/*/train-{final['launch']}.log")).read_text(errors="replace")
+        assert step_lines(log) == want[final["resume_step"]:], "resumed from the persisted snapshot, bitwise"
+    finally:
+        cancel(camp.job_id)
+
+
 def test_a_node_lost_without_a_spare_flushes_the_buddys_copy_and_the_requeued_job_resumes_from_it_bitwise(
         tmp_path, crashable_cluster):  # fmt: skip
     """Two training nodes, no spare: the crashed node's ranks have nowhere to go in this allocation, so the job is

@@ -21,7 +21,7 @@ from supervisor.agent.sampler import RankSlots
 from supervisor.client.restart_order import RestartOrder, read_order
 from supervisor.client.slot import FLAG_STOP, SlotWriter
 from supervisor.heartbeat import wire
-from supervisor.heartbeat.orders import Flush, restart_order_text
+from supervisor.heartbeat.orders import Flush, FlushShard, restart_order_text
 from supervisor.paths import expand_slot_dir
 
 KEY = wire.derive_key(b"a" * 32)
@@ -267,9 +267,27 @@ def test_a_stops_flush_goes_before_background_persists_still_queued(tmp_path: Pa
     time.sleep(0.1)
     flusher.order(Flush(str(tmp_path / "p2"), (), background=True))
     flusher.order(Flush(str(tmp_path / "stop"), ()))
+    flusher.order(Flush(str(tmp_path / "p3"), (), background=True))  # a newer persist replaces p2
     gate.set()
     flusher.join(5)
-    assert done == ["p1", "stop", "p2"] and flusher.finished == 1
+    assert done == ["p1", "stop", "p3"] and flusher.finished == 1
+
+
+def test_a_background_copy_waiting_for_its_snapshot_gives_way_to_the_next_order(tmp_path: Path) -> None:
+    """A persist of a launch whose ranks died waits for a snapshot that never comes: the relaunch's persist (or a
+    stop's flush) must not queue behind that wait."""
+    flusher = Flusher(tmp_path / "store")
+    (tmp_path / "store").mkdir()
+    waiting = Flush(str(tmp_path / "old"), (FlushShard(99, 0, "j-0-1"),), background=True)
+    started = time.monotonic()
+    flusher.order(waiting)
+    time.sleep(0.2)
+    flusher.order(Flush(str(tmp_path / "new"), (FlushShard(99, 0, "j-0-2"),), background=True))
+    time.sleep(0.2)
+    flusher.order(Flush(str(tmp_path / "stop"), ()))
+    flusher.join(10)
+    assert not flusher.busy() and time.monotonic() - started < 5 and flusher.finished == 1
+    assert flusher.counters["flush_missing"] == 2
 
 
 def test_an_authenticated_restart_order_is_written_for_the_ranks_and_a_forged_one_is_not(tmp_path: Path) -> None:

@@ -193,12 +193,16 @@ def test_nothing_is_persisted_that_the_filesystem_already_has_and_a_silent_node_
     watch(persist, channel, lambda: False, timeout=0.3)
     assert channel.orders == [] and events == []
     persist, _, events, campaign = make(tmp_path, channel, fs_step=4)
-    (frozen["n2"].store / "step_5" / "rank_1.json").unlink()  # rank 1's shard is not whole: never taken
+    frozen["n1"].thread.start()  # rank 0 snapshots on; rank 1 (n2) wrote its last at step 5
     monkeypatch.setattr("supervisor.driver.memory_persist.PERSIST_WAIT_S", 0.2)
     monkeypatch.setattr("supervisor.driver.memory_persist.COPY_ALLOWANCE_S", 0.1)
     monkeypatch.setattr("supervisor.agent.flush_copy.PERSIST_WAIT_S", 0.2)
     persist.setting = 0.05
-    watch(persist, channel, lambda: len(channel.orders) >= 6, timeout=10)
+    try:
+        watch(persist, channel, lambda: len(channel.orders) >= 6, timeout=10)
+    finally:
+        frozen["n1"].stop.set()
+        frozen["n1"].thread.join(5)
     failed = [e for e in events if e["type"] == "memory_persist"]
     assert len(failed) == 1 and failed[0]["step"] is None and "ranks [1]" in failed[0]["why"], failed
     assert flushed.newest(campaign, KEY)[0] is None
@@ -212,11 +216,22 @@ def test_a_stops_flush_drops_the_persist_under_way(tmp_path: Path) -> None:
     channel = Channel(nodes)
     for flusher in channel.flushers.values():  # the agents have not copied yet
         flusher.order = lambda flush: None  # type: ignore[method-assign]
-    persist, _, events, campaign = make(tmp_path, channel)
+    persist, _, events, campaign = make(tmp_path, channel, setting=0.01)
     channel.refresh()
+    persist.observe(live())
+    assert persist.pending is None, "the interval counts from the first snapshot seen"
+    time.sleep(0.02)
     persist.observe(live())
     assert persist.pending is not None
     staging = persist.pending.staging
     staging.mkdir()
     persist.cancel()
+    assert persist.pending is None and not staging.exists() and events == []
+    # ... as does a relaunch: a persist of the launch before it (a node of it lost) is not waited for.
+    time.sleep(0.02)
+    persist.observe(live())
+    assert persist.pending is not None and persist.pending.launch == TAG
+    staging = persist.pending.staging
+    persist.launch_tag = lambda: "7-0-2"
+    persist.observe(live())
     assert persist.pending is None and not staging.exists() and events == []
