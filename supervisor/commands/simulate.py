@@ -36,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--memory-stall", type=float, default=0.03,
                    help="with --memory-tier: the training blocked per snapshot, s (default 0.03: a 350 MB state "
                         "per GPU at the copy rate bench_memory_snapshot measures)")
+    s.add_argument("--persist-every", default="auto", metavar="S",
+                   help='with --memory-tier: the agents persist the newest snapshot to the filesystem every S seconds '
+                        'while the job runs; "auto": 10 x --write (the copies take at most 10 %% of the time), '
+                        '"off" (docs/goodput.md)')
     s.add_argument("--warm-restart", type=float, default=None, metavar="S",
                    help="a program in client.restartable: relaunches in the allocation that a warm restart carries "
                         "out cost S seconds instead of --restart (docs/goodput.md: 20 at 16,384 GPUs)")
@@ -52,6 +56,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--plot", metavar="FILE", help="also draw the comparison (.png/.svg need matplotlib; .html)")
     o.add_argument("--journal", metavar="DIR", help="also write (b)'s run as a campaign directory: "
                    "`supervise report DIR --plot t.png` draws it")
+
+
+def _persist_every(value: str, write_s: float) -> float | None:
+    """``--persist-every``: seconds, "auto" (the driver's rule: a copy, taken as ``--write``, at most 10 % of the
+    time, and no more often than once a minute) or "off"."""
+    from supervisor.decisions import memory_persist
+
+    if value == "off":
+        return None
+    if value == "auto":
+        return memory_persist.every_s("auto", write_s)
+    seconds = float(value)
+    if not seconds > 0:
+        raise ValueError("--persist-every must be 'auto', 'off' or seconds > 0")
+    return seconds
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         if args.naive_interval <= 0 or args.days <= 0 or args.gpus < 1 or args.gpus_per_node < 1 or args.spares < 0:
             raise ValueError("--naive-interval and --days must be > 0, --gpus and --gpus-per-node >= 1, --spares >= 0")
         interval = None if args.interval == "auto" else float(args.interval)
+        persist = _persist_every(args.persist_every, args.write)
         if interval is not None and interval <= 0:
             raise ValueError("--interval must be 'auto' or seconds > 0")
         if args.plot:  # a bad picture name fails before the simulation, not after
@@ -93,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     policy_config, ledger_config = _decision_configs(args.config)
     sup = replace(sup, operator_s=args.operator, policy_config=policy_config, ledger_config=ledger_config,
                   memory_stall_s=args.memory_stall if args.memory_tier else None,
+                  memory_persist_s=persist if args.memory_tier else None,
                   warm_restart_s=args.warm_restart)  # fmt: skip
     naive = replace(engine.naive(args.naive_stall, args.naive_interval, args.naive_restart, args.queue,
                                  args.hang_timeout), operator_s=args.operator)  # fmt: skip

@@ -13,7 +13,10 @@ model gives the goodput of any interval without the first-order approximation. S
 
 ``M`` is the campaign's own observed rate (interruptions that cost work, divided by the time they were observed
 over) once it has seen enough of them; before that a configured prior; failing that a site prior scaled to the
-number of nodes (Meta's RSC: 6.50 failures per 1,000 node-days).
+number of nodes (Meta's RSC: 6.50 failures per 1,000 node-days). A prior gives way to what the campaign has seen
+once that says more: ``n`` (< 3) interruptions in ``T`` seconds of running put the MTBF at no less than
+``T / (n + 1)``, so a campaign whose faults the memory tier answers (they leave the filesystem interval's MTBF,
+below) does not go on checkpointing at a pessimistic prior's pace for weeks.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ class Advice:
     delta_s: float | None
     restart_s: float | None
     mtbf_s: float | None
-    mtbf_source: str  # "observed" | "configured prior" | "site prior" | "-"
+    mtbf_source: str  # "observed" | "observed (lower bound)" | "configured prior" | "site prior" | "-"
     predicted_goodput: float | None  # first order, at interval_s
     optimum_goodput: float | None  # first order, at Young's interval
 
@@ -149,12 +152,15 @@ def advise(
     ``interruption_times``/``observed_s``: the interruptions that cost work and the running time they were seen in.
     """
     setting = parse_setting(setting)
-    mtbf = observed_mtbf_s(interruption_times, observed_s)
+    times = list(interruption_times)
+    mtbf = observed_mtbf_s(times, observed_s)
     source = "observed"
     if mtbf is None and prior_mtbf_s:
         mtbf, source = prior_mtbf_s, "configured prior"
     if mtbf is None:
         mtbf, source = site_prior_mtbf_s(max(1, nodes)), "site prior"
+    if source != "observed" and observed_s / (len(times) + 1) > mtbf:  # the campaign outlived its prior
+        mtbf, source = observed_s / (len(times) + 1), "observed (lower bound)"
     restart = restart_s or 0.0
     if setting == OFF:
         return Advice(None, "off", delta_s, restart_s, mtbf, source, None, _optimum(delta_s, restart, mtbf))
@@ -204,7 +210,9 @@ class IntervalInputs:
     resumed from node memory (``resume_tier`` "memory") in the same Slurm run is left out of the MTBF: the
     filesystem interval is planned for the faults that lose node memory (both a node and its buddy, a requeue, a
     stop). A requeued job that resumed from the snapshot flushed before the requeue still counts: that flush can
-    fail (the buddy lost too, the copy not done in time), and the filesystem checkpoint is then what is left."""
+    fail (the buddy lost too, the copy not done in time), and the filesystem checkpoint is then what is left —
+    unless the interrupted launch had its snapshots persisted while it ran (``memory_persist``): had the flush
+    failed, the persisted copy would have been there, as recent as the persist interval."""
 
     def __init__(self) -> None:
         self.stalls: list[float] = []
@@ -216,6 +224,8 @@ class IntervalInputs:
         self.running_since: float | None = None
         self.waiting_since: float | None = None
         self.left_nodes = False  # the Slurm run ended since the newest interruption (a requeue, a stop)
+        self.persisted = False  # the running launch had a snapshot persisted (memory_persist)
+        self.persisted_at_fault = False  # ... the interrupted one
 
     def apply(self, e: Mapping[str, Any]) -> None:
         t, kind = e.get("t"), e.get("type")
@@ -224,7 +234,8 @@ class IntervalInputs:
         if kind == "step_launched":
             self.pending_from = self.waiting_since
             if self.waiting_since is not None and e.get("resume_tier") == "memory" and self.times \
-                    and self.times[-1] == self.waiting_since and not self.left_nodes:  # fmt: skip
+                    and self.times[-1] == self.waiting_since \
+                    and (not self.left_nodes or self.persisted_at_fault):  # fmt: skip
                 # resumed from node memory: that fault did not cost the filesystem interval's work, so it does
                 # not count toward the MTBF the filesystem interval is planned for (docs/checkpoints.md)
                 self.times.pop()
@@ -232,6 +243,9 @@ class IntervalInputs:
                 self.restarts.append(max(0.0, t - self.waiting_since))  # replaced by the first step's time if any
                 self.waiting_since = None
             self.running_since = float(t)
+            self.persisted = self.persisted_at_fault = False
+        elif kind == "memory_persist" and isinstance(e.get("step"), int):
+            self.persisted = True
         elif kind == "step_progress" and self.pending_from is not None:
             self.restarts[-1] = max(0.0, t - self.pending_from)
             self.pending_from = None
@@ -254,6 +268,7 @@ class IntervalInputs:
                 if cls != "straggler":  # a swap checkpoints first: it costs a restart, no work
                     self.times.append(float(t))
                 self.waiting_since = float(t)
+                self.persisted_at_fault = self.persisted
             elif kind == "campaign_ended":
                 self.waiting_since = None
 

@@ -84,6 +84,11 @@ class Strategy:
     # interval is computed from the faults that end the job (a flush can fail: they still count).
     memory_stall_s: float | None = None
     memory_flush_s: float = 10.0  # the copy before the job lets go of its nodes (the driver's bound: 10 s)
+    # With the memory tier: the agents persist the newest snapshot to the filesystem every this many seconds while
+    # the job runs (``[run] memory_persist``; None: off), off the training's path. A requeue or stop after a run
+    # that had one persisted (committed ``write_s`` after it started) leaves the filesystem interval's MTBF: had
+    # its flush failed, the persisted copy was there (``checkpoint_interval.IntervalInputs``, as the driver).
+    memory_persist_s: float | None = None
     # Warm restart (docs/launch.md): None: off (every relaunch costs ``restart_s``); else a relaunch in the
     # allocation that ``decisions.warm_restart`` would carry out in the ranks' processes (not a roll back, no node
     # left out, a hang only when it names its rank) costs this instead: the survivors keep their processes, CUDA
@@ -433,9 +438,10 @@ def simulate(world: World, strategy: Strategy, faults: Sequence[Fault], recorder
             lost = min(seg.lost_s, (seg.kept_s + seg.lost_s) % snapshot_every)
             c.out.buckets["productive"] += seg.lost_s - lost
             c.restore_point = c.out.buckets["productive"]
+        persisted = strategy.memory_persist_s is not None and t_fault - up >= strategy.memory_persist_s + strategy.write_s
         if snapshot_every is not None and c.in_place:
             c.kept_in_memory.append(t_fault)
-        else:
+        elif not (snapshot_every is not None and c.flushed and persisted):
             c.fault_times.append(t_fault)
         c.out.buckets["lost_work"] += lost
         c.out.badput_by_class[cls] = c.out.badput_by_class.get(cls, 0.0) + lost

@@ -59,6 +59,16 @@ def test_advice_prefers_observed_then_configured_then_site_prior() -> None:
     assert site.mtbf_s == pytest.approx(86400 / (6.5e-3 * 2048))  # ~1.8 h: Meta's projection at 16k GPUs
 
 
+def test_a_prior_gives_way_once_the_campaign_ran_longer_than_it_says() -> None:
+    """Fewer than 3 interruptions in T seconds: the MTBF is no less than T / (n + 1), whatever the prior (a
+    campaign whose faults the memory tier answers must not checkpoint at a pessimistic prior's pace for weeks)."""
+    weeks = 14 * 86400.0
+    late = ci.advise("auto", delta_s=1.0, restart_s=60.0, nodes=2048, interruption_times=[5.0], observed_s=weeks)
+    assert (late.mtbf_source, late.mtbf_s) == ("observed (lower bound)", weeks / 2)
+    early = ci.advise("auto", delta_s=1.0, restart_s=60.0, nodes=2048, observed_s=600.0)
+    assert early.mtbf_source == "site prior"
+
+
 def test_advice_modes() -> None:
     assert ci.advise("off", delta_s=1.0, restart_s=60.0, nodes=4).interval_s is None
     first = ci.advise("auto", delta_s=None, restart_s=None, nodes=4)  # nothing measured yet: measure it early
@@ -138,3 +148,14 @@ def test_faults_recovered_from_node_memory_do_not_shorten_the_filesystem_interva
                 ev.interruption_event(t0 + 9000, "app_error", [], 0.9, ["x"]), launched(t0 + 9030, 10, "memory")]  # fmt: skip
     m = campaign_state.fold(journal).interval.measured(t0 + 10000)
     assert m.interruption_times == (t0 + 3000, t0 + 5000, t0 + 6000, t0 + 8000)
+    # ... unless the interrupted launch had a snapshot persisted while it ran: a failed flush would have left that.
+    journal += [ev.memory_persist(t0 + 9500, 880, "persisted"),
+                ev.interruption_event(t0 + 10000, "node_failure", ["n2"], 0.9, ["x"]),
+                ev.attempt_ended(t0 + 10001, "7", "node_failure", ["n2"], ["x"], 900),
+                ev.attempt_started(t0 + 10100, "7", 2, ["n3"], None), launched(t0 + 10130, 11, "memory"),
+                ev.memory_persist(t0 + 10500, None, "a failed persist is none"),
+                ev.interruption_event(t0 + 11000, "node_failure", ["n3"], 0.9, ["x"]),
+                ev.attempt_ended(t0 + 11001, "7", "node_failure", ["n3"], ["x"], 990),
+                ev.attempt_started(t0 + 11100, "7", 3, ["n4"], None), launched(t0 + 11130, 12, "memory")]  # fmt: skip
+    m = campaign_state.fold(journal).interval.measured(t0 + 12000)
+    assert m.interruption_times == (t0 + 3000, t0 + 5000, t0 + 6000, t0 + 8000, t0 + 11000)

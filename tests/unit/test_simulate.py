@@ -258,6 +258,23 @@ def test_faults_on_different_nodes_minutes_apart_stop_nobody_when_each_relaunch_
     assert kept.stops == 0 and kept.relaunches == 5 and kept.buckets["operator"] == 0.0
 
 
+def test_requeues_after_a_persisted_run_leave_the_filesystem_intervals_mtbf() -> None:
+    """With no spares every broken node requeues the job; each requeue resumes from the flushed snapshot. Without
+    persisting they still count toward the MTBF the filesystem interval ("auto") is planned for (a flush can
+    fail); with the snapshots persisted while each run lasted (``memory_persist_s``) they do not, so the program
+    checkpoints to the filesystem less often and stalls less; each requeue still loses under a snapshot interval."""
+    world = engine.World(gpus=64, days=4.0, bad_node_p=1.0, site_drain_after=1000)
+    faults = [Fault(20000.0 * (i + 1), "hbm3", f"n0000{i}") for i in range(8)]
+    tier = replace(engine.supervised(spares=0), memory_stall_s=0.03)
+    plain = engine.simulate(world, tier, faults)
+    persisted = engine.simulate(world, replace(tier, memory_persist_s=300.0), faults)
+    assert plain.requeues == persisted.requeues == 8
+    assert persisted.checkpoints < plain.checkpoints and persisted.buckets["checkpoint"] < plain.buckets["checkpoint"]
+    every = ci.young_interval(0.03, ci.site_prior_mtbf_s(world.nodes))  # the snapshots' cadence (no fault in place)
+    assert persisted.buckets["lost_work"] < 8 * every, "each requeue still resumed from its flushed snapshot"
+    assert persisted.goodput > plain.goodput
+
+
 def test_simulate_command_takes_the_memory_tier(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["simulate", "--gpus", "64", "--days", "2", "--memory-tier", "--json"]) == 0
     on = json.loads(capsys.readouterr().out)
@@ -265,6 +282,9 @@ def test_simulate_command_takes_the_memory_tier(capsys: pytest.CaptureFixture[st
     off = json.loads(capsys.readouterr().out)
     assert on["supervised"] != off["supervised"]  # the snapshots' cost is accounted, with or without faults
     assert cli.main(["simulate", "--memory-tier", "--memory-stall", "-1"]) != 0
+    assert cli.main(["simulate", "--memory-tier", "--persist-every", "0"]) != 0
+    assert cli.main(["simulate", "--gpus", "64", "--days", "2", "--memory-tier", "--persist-every", "off",
+                     "--json"]) == 0  # fmt: skip
 
 
 def test_a_warm_restart_costs_its_own_restart_only_where_the_real_rule_allows_it() -> None:
