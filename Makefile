@@ -4,7 +4,8 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup lint test test-unit test-slurm24 cluster-down-slurm24 test-slurm26 cluster-down-slurm26 demo cluster-up \
+.PHONY: setup lint test test-unit test-slurm24 cluster-down-slurm24 test-slurm26 cluster-down-slurm26 test-topology \
+	cluster-down-topology demo cluster-up \
         cluster-down bench
 
 setup: $(VENV)/.installed
@@ -27,6 +28,7 @@ lint: setup
 test: lint
 	$(BIN)/pytest -q -ra $(PYTEST_ARGS)
 	$(MAKE) test-slurm26 SLURM26_TESTS="$(SLURM26_CI_TESTS)"
+	$(MAKE) test-topology
 
 test-unit: setup
 	$(BIN)/pytest -q -m 'not slurm' $(PYTEST_ARGS)
@@ -59,6 +61,18 @@ test-slurm26: setup
 
 cluster-down-slurm26: setup
 	$(BIN)/python -m slurm.localcluster down --slurm 26 --base-port $(SLURM26_PORT)
+
+# The tests that need a Slurm topology (the memory tier's buddy ring across switches) on a cluster of their own
+# with two leaf switches (topology/tree; its own .cluster-topo and ports). As root.
+TOPOLOGY_PORT  ?= 17117
+TOPOLOGY_TESTS ?= tests/integration/test_memory_topology.py
+test-topology: setup
+	$(BIN)/python -m slurm.localcluster up --topology --root .cluster-topo --base-port $(TOPOLOGY_PORT) --timeout 120
+	SUPERVISOR_CLUSTER_TOPOLOGY=1 SUPERVISOR_CLUSTER_DIR=$(CURDIR)/.cluster-topo SUPERVISOR_CLUSTER_BASE_PORT=$(TOPOLOGY_PORT) \
+		$(BIN)/pytest -q -ra -m slurm $(TOPOLOGY_TESTS) $(PYTEST_ARGS)
+
+cluster-down-topology: setup
+	$(BIN)/python -m slurm.localcluster down --topology --root .cluster-topo --base-port $(TOPOLOGY_PORT)
 
 cluster-up: setup
 	$(BIN)/python -m slurm.localcluster up

@@ -35,9 +35,11 @@ from slurm.localcluster.config import (
     crash_marker,
     default_root,
     default_slurm,
+    default_topology,
     parse_version,
     render_cgroup_conf,
     render_slurm_conf,
+    render_topology_conf,
     repo_root,
 )
 from slurm.localcluster.errors import ClusterError
@@ -62,7 +64,9 @@ class LocalCluster:
         nodes: int = DEFAULT_NODES,
         accounting: bool = False,
         slurm: str | None = None,
+        topology: bool | None = None,
     ) -> None:
+        """``topology``: two leaf switches (topology/tree); None: $SUPERVISOR_CLUSTER_TOPOLOGY."""
         slurm = slurm or default_slurm()
         if slurm not in SLURM_CHOICES:
             raise ClusterError(f"--slurm {slurm!r} is not supported (fix: use one of {', '.join(SLURM_CHOICES)})")
@@ -85,6 +89,7 @@ class LocalCluster:
             base_port=base_port,
             nodes=nodes,
             accounting=accounting,
+            topology=default_topology() if topology is None else topology,
         )
         self.log: list[str] = []  # progress lines of the last up/down, for the CLI
 
@@ -247,10 +252,12 @@ class LocalCluster:
         running = [name for name, pid in self.pids().items() if pid is not None and name.startswith("slurm")]
         if running and lay.conf.exists() and lay.conf.read_text() != conf:
             raise ClusterError(
-                f"the cluster in {lay.root} is running with other settings (ports/nodes/accounting) than requested "
+                f"the cluster in {lay.root} is running with other settings (ports/nodes/accounting/topology) than requested "
                 "(fix: run `python -m slurm.localcluster down` with its old settings first, or use another --root)"
             )
         write_if_changed(lay.conf, conf, 0o644)
+        if self.spec.topology:
+            write_if_changed(lay.topology_conf, render_topology_conf(self.spec), 0o644)
         write_if_changed(lay.cgroup_conf, render_cgroup_conf(self.version()), 0o644)
         write_if_changed(lay.plugstack_conf, "", 0o644)
         if self.spec.accounting:

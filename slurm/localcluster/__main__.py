@@ -37,6 +37,9 @@ def _add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:
                         help=f"number of nodes (default {DEFAULT_NODES})")
     parser.add_argument("--accounting", action="store_true", default=default(False),
                         help="also run slurmdbd + MariaDB so that sacct works (installs them if missing)")
+    parser.add_argument("--topology", action="store_true", default=default(None),
+                        help="two leaf switches under one spine (topology/tree; node1,node4 | node2,node3 ...); "
+                             "default $SUPERVISOR_CLUSTER_TOPOLOGY=1")
     parser.add_argument("--timeout", type=float, default=default(60.0), help="seconds to wait (default 60)")
     parser.add_argument("--slurm", choices=SLURM_CHOICES, default=default(None),
                         help="which Slurm: the host's packages, Debian 13's 24.11 or sid's 26.05 (in a chroot unless "
@@ -79,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cluster = LocalCluster(args.root, base_port=args.base_port, nodes=args.nodes, accounting=args.accounting,
-                               slurm=args.slurm or default_slurm())
+                               slurm=args.slurm or default_slurm(), topology=args.topology or None)
         if args.command == "up":
             try:
                 cluster.up(timeout=args.timeout)

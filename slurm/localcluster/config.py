@@ -33,6 +33,10 @@ class Layout:
         return self.etc / "slurm.conf"
 
     @property
+    def topology_conf(self) -> Path:
+        return self.etc / "topology.conf"
+
+    @property
     def cgroup_conf(self) -> Path:
         return self.etc / "cgroup.conf"
 
@@ -89,6 +93,7 @@ class ClusterSpec:
     base_port: int = DEFAULT_BASE_PORT
     nodes: int = DEFAULT_NODES
     accounting: bool = False
+    topology: bool = False  # topology/tree with two leaf switches (``render_topology_conf``)
 
     @property
     def node_names(self) -> list[str]:
@@ -180,6 +185,7 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
         "SchedulerParameters=bf_interval=5",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
+        *(["TopologyPlugin=topology/tree"] if spec.topology else []),
         "PreemptType=preempt/partition_prio",
         "PreemptMode=REQUEUE",
         "SlurmctldParameters=preempt_send_user_signal",
@@ -204,6 +210,31 @@ def render_slurm_conf(spec: ClusterSpec) -> str:
         "PartitionName=urgent Nodes=ALL Default=NO MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF",
     ]
     return "\n".join(lines) + "\n"
+
+
+def leaf_switch(node_index: int) -> str:
+    """The leaf switch of the ``node_index``-th node (1-based) under ``--topology``: nodes alternate in pairs,
+    node1 and node4 on ``leaf0``, node2 and node3 on ``leaf1`` (then node5, node8 on leaf0, ...), so that nodes
+    next to each other by name (a ring that ignores the topology) often share a switch, and a job's batch host
+    (its first node) and second node do not."""
+    return "leaf0" if node_index % 4 in (0, 1) else "leaf1"
+
+
+def render_topology_conf(spec: ClusterSpec) -> str:
+    """topology.conf (next to slurm.conf, where Slurm looks for it) for ``--topology``: two leaf switches under
+    one spine (``leaf_switch``)."""
+    leaves: dict[str, list[str]] = {}
+    for i, node in enumerate(spec.node_names, start=1):
+        leaves.setdefault(leaf_switch(i), []).append(node)
+    lines = ["# written by slurm.localcluster --topology"]
+    lines += [f"SwitchName={leaf} Nodes={','.join(nodes)}" for leaf, nodes in sorted(leaves.items())]
+    lines.append(f"SwitchName=spine Switches={','.join(sorted(leaves))}")
+    return "\n".join(lines) + "\n"
+
+
+def default_topology() -> bool:
+    """$SUPERVISOR_CLUSTER_TOPOLOGY=1: the cluster has two leaf switches (``render_topology_conf``)."""
+    return os.environ.get("SUPERVISOR_CLUSTER_TOPOLOGY") == "1"
 
 
 def render_slurmdbd_conf(spec: ClusterSpec, db_password: str) -> str:

@@ -57,6 +57,16 @@ def ledger_exclusions(layout: TrainingLayout, suspects: Collection[str]) -> tupl
     return here if len(layout.nodes) - len(here) >= layout.train_nodes else ()
 
 
+def without_doubtful(layout: TrainingLayout, out: Collection[str], doubtful: Collection[str]) -> tuple[str, ...]:
+    """``out`` and the ``doubtful`` nodes (quiet, their loss not yet judged) when the training still has enough
+    nodes without them: a relaunch placed on a node that went silent with the one just found lost (a switch, a
+    rack) would fail and cost a relaunch more. Nobody is blamed; a later relaunch may use them again."""
+    both = set(out) | set(doubtful)
+    if not set(doubtful) - set(out) or len([n for n in layout.nodes if n not in both]) < layout.train_nodes:
+        return tuple(sorted(out))
+    return tuple(sorted(both))
+
+
 def exclusions_of(decision: policy.Decision) -> tuple[str, ...]:
     """The nodes the policy's relaunch in the allocation leaves out (none when it decided something else)."""
     for action in decision.actions:

@@ -273,9 +273,9 @@ class Supervisor:
         p.detector.new_launch()  # the parts start the new launch afresh before its ranks can show up
         p.progress.launched(p.trainer.launches + 1)
         p.interval.launched()
-        out = tuple(sorted(set(excluded) | p.nodeloss.lost))
+        out = placement.without_doubtful(p.layout, set(excluded) | p.nodeloss.lost, p.nodeloss.doubtful)
         nodes = p.trainer.next_nodes(out, self.rank_shift)
-        usable = [n for n in placement.usable_nodes(p.layout, p.nodeloss.lost) if n not in excluded]
+        usable = [n for n in placement.usable_nodes(p.layout, p.nodeloss.lost) if n not in out]
         snapshot = p.ctx.guard.call(CHECKPOINT_SCAN, p.memory.pick, p.trainer.launches + 1, nodes,
                                     p.layout.tasks_per_node, usable, resume_step, default=None)  # fmt: skip
         memory_step = snapshot.step if snapshot is not None else None

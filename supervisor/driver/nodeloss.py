@@ -38,6 +38,11 @@ class NodeLossWatch:
         self._next_slurm = 0.0
 
     @property
+    def doubtful(self) -> set[str]:
+        """The nodes quiet past the judge's threshold without a verdict yet, or being probed."""
+        return (set(self.pending) | set(self.probes)) - self.lost
+
+    @property
     def undecided(self) -> bool:
         """Some node is quiet without a verdict yet (or its probe runs): hang detections must wait."""
         return bool(self.pending or self.probes)

@@ -25,6 +25,7 @@ from slurm.localcluster.config import (
     parse_version,
     render_cgroup_conf,
     render_slurm_conf,
+    render_topology_conf,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,6 +87,18 @@ def test_slurm_conf_puts_every_node_on_its_own_port_under_root(tmp_path: Path) -
             if "=/" in word:  # every path the daemons write lives under ROOT
                 path = "/" + word.split("=/", 1)[1]
                 assert path.startswith(str(tmp_path)), line
+
+
+def test_topology_puts_name_neighbours_on_one_switch_and_the_first_two_nodes_on_two(tmp_path: Path) -> None:
+    """``--topology``: a ring by name (node2 -> node3) would pair nodes of one switch, and a job's batch host
+    (node1) and second node are on different ones (tests/integration/test_memory_topology.py relies on both)."""
+    spec = ClusterSpec(layout=Layout(tmp_path), hostname="h1", user="root", nodes=4, topology=True)
+    assert "TopologyPlugin=topology/tree" in render_slurm_conf(spec)
+    assert "TopologyPlugin" not in render_slurm_conf(ClusterSpec(layout=Layout(tmp_path), hostname="h1", user="root"))
+    from slurm.parse_topology import parse_topology
+
+    switch = parse_topology(render_topology_conf(spec))  # the same lines `scontrol show topology` prints
+    assert switch == {"node1": "leaf0", "node4": "leaf0", "node2": "leaf1", "node3": "leaf1"}
 
 
 @pytest.mark.slurm  # pid_of compares with the installed slurmctld program

@@ -59,3 +59,24 @@ def test_ranks_move_after_an_app_error_that_kept_to_one_node_and_blamed_nobody()
 
 def test_usable_nodes_leave_out_the_lost_ones() -> None:
     assert placement.usable_nodes(LAYOUT, {"node2"}) == ("node1", "node3")
+
+
+def test_a_relaunch_leaves_out_nodes_still_quiet_only_when_enough_remain() -> None:
+    """A switch lost: node2 was found lost, node3 (a spare, no rank on it) is quiet with no verdict yet. The
+    relaunch goes to node1 and node4, not to node3 (it would fail and cost a relaunch more); with no node to spare
+    the quiet one stays in (nobody is blamed on a silence not yet judged)."""
+    four = TrainingLayout(nodes=("node1", "node2", "node3", "node4"), tasks_per_node=1, spare_nodes=2)
+    out = placement.without_doubtful(four, {"node2"}, {"node3"})
+    assert out == ("node2", "node3") and placement.step_nodes(four, out) == ("node1", "node4")
+    three = TrainingLayout(nodes=("node1", "node2", "node3"), tasks_per_node=1, spare_nodes=1)
+    assert placement.without_doubtful(three, {"node2"}, {"node3"}) == ("node2",)
+    assert placement.without_doubtful(four, {"node2"}, set()) == ("node2",)
+
+
+@given(st.sets(st.sampled_from(["a", "b", "c", "d", "e"])), st.sets(st.sampled_from(["a", "b", "c", "d", "e"])),
+       st.integers(1, 5))  # fmt: skip
+def test_leaving_out_the_doubtful_never_leaves_too_few_nodes(out: set[str], doubtful: set[str], train: int) -> None:
+    layout = TrainingLayout(nodes=("a", "b", "c", "d", "e"), tasks_per_node=1, spare_nodes=5 - train)
+    got = set(placement.without_doubtful(layout, out, doubtful))
+    assert out <= got <= out | doubtful
+    assert got == out or len(set(layout.nodes) - got) >= layout.train_nodes
