@@ -258,10 +258,14 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def _on_exit() -> None:
+    """At interpreter exit: EXITING, and ENDED_CLEAN unless an exception went unhandled (the interpreter sets
+    ``sys.last_value`` when it prints one, before atexit runs). A crash after this (a library's destructor at
+    teardown: gloo's abort, a CUDA context's segfault) then costs no training and blames nobody."""
     writer = _writer
     if writer is not None:
+        clean = getattr(sys, "last_value", None) is None and getattr(sys, "last_exc", None) is None
         try:
-            writer.set_async_flag(_slot.RANK_FLAG_EXITING)
+            writer.set_async_flag(_slot.RANK_FLAG_EXITING | (_slot.RANK_FLAG_ENDED_CLEAN if clean else 0))
         except Exception:  # noqa: S110 - interpreter shutdown: nothing useful to do
             pass
 

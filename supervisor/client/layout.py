@@ -93,6 +93,8 @@ RANK_FLAG_AWAITING_RESTART = 1 << 6  # its training raised; it waits for the sup
 RANK_FLAG_RETURNED = 1 << 7  # its ``client.restartable`` function returned: this rank's training ended well
 RANK_FLAG_PEER_FAILED = 1 << 8  # with AWAITING_RESTART: what it raised was a collective's failure (a peer died,
 #                                 hung past the backend's timeout or closed the connection), not its own error
+RANK_FLAG_ENDED_CLEAN = 1 << 9  # with EXITING: no unhandled exception when atexit ran (the program's main ended;
+#                                 a crash after this, in the interpreter's teardown, lost no training)
 
 # Sent by the agent to a rank pid to get all thread stacks appended to ``rank-N.stacks``. A
 # real-time signal because Slurm uses SIGUSR1/SIGUSR2 and glibc reserves the first two RT signals.

@@ -337,8 +337,31 @@ def _combine(confidences: Iterable[float]) -> float:
     return round(min(0.99, 1.0 - miss), 3)
 
 
+def after_clean_end(e: Evidence) -> tuple[Evidence, tuple[str, ...]]:
+    """``e`` with each signal death of a rank whose program had ended normally (``ended_clean_ranks``: atexit ran
+    with no unhandled exception) read as exit code 0, and a line saying so for each: what dies then is a
+    library's destructor in the interpreter's teardown (gloo's abort at exit, pytorch#179291; a CUDA or NCCL
+    context's segfault), or a rank srun terminated because such a peer died (``--kill-on-bad-exit``); no
+    training was lost. A rank that raised, or exited with a code of its own, is left as it is."""
+    ended = set(e.ended_clean_ranks)
+    if not ended:
+        return e, ()
+    exits, notes = [], []
+    for x in e.rank_exits:
+        sig = x.signal_number()
+        if x.rank in ended and sig is not None:
+            exits.append(replace(x, exit_code=0, signal=None))
+            notes.append(f"rank {x.rank} on {x.node} died of {SIGNAL_NAMES.get(sig, f'signal {sig}')} after its "
+                         "program had ended normally (the interpreter's teardown, or srun ending the step with a "
+                         "peer): no training lost")  # fmt: skip
+        else:
+            exits.append(x)
+    return replace(e, rank_exits=tuple(exits)), tuple(notes)
+
+
 def classify(e: Evidence, signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNATURES) -> Interruption:
     """One class, the nodes to blame, a confidence in [0, 1] and the evidence lines (the winner's first)."""
+    e, teardown = after_clean_end(e)
     findings = (
         _seen_by(SLURM, _slurm_findings(e))
         + _node_state_findings(e)
@@ -353,7 +376,10 @@ def classify(e: Evidence, signatures: Sequence[LogSignature] = DEFAULT_LOG_SIGNA
     if top <= PRIORITY[ev.APP_ERROR] and (clean or (not findings and (e.job_state or "").upper() == "COMPLETED")):
         # every rank exited 0: log noise (a peer closing its socket at teardown) does not make a failure
         reason = "every rank exited with code 0" if clean else f"Slurm job state {e.job_state}"
-        return Interruption(ev.COMPLETED, (), 0.95, (reason, *(f"(also: {f.text})" for f in findings[:8])))
+        if clean and teardown:
+            reason = "every rank's program ended normally"
+        return Interruption(ev.COMPLETED, (), 0.95, (reason, *teardown[:8],
+                                                     *(f"(also: {f.text})" for f in findings[:8])))
     if not findings:
         return Interruption(ev.UNKNOWN, (), 0.1, ("no evidence explains the stop",))
     credible = [f for f in findings if f.confidence >= 0.5] or findings  # weak hints decide only alone

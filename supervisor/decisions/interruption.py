@@ -59,6 +59,9 @@ class Evidence:
     signal_lead_s: float = 60.0  # T of --signal=B:USR1@T
     time_limit_near: float | None = None  # when the supervisor's own clock found that USR1 was overdue
     sigterm_ranks: tuple[int, ...] = ()  # ranks whose client saw SIGTERM
+    # Ranks whose client saw the program end normally (atexit ran with no unhandled exception: the client's
+    # RANK_FLAG_ENDED_CLEAN): a crash of theirs in the interpreter's teardown is not a failure (classify).
+    ended_clean_ranks: tuple[int, ...] = ()
     rank_exits: tuple[RankExit, ...] = ()
     node_states: Mapping[str, str] = field(default_factory=dict)  # allocation node -> Slurm state ("DOWN*", ...)
     detections: tuple[tuple[float, DetectionEvent], ...] = ()  # (time, detection)

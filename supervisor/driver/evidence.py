@@ -18,7 +18,7 @@ from slurm.client import SlurmClient
 from slurm.errors import SlurmError
 from slurm.model import JobInfo, NodeInfo
 from supervisor import procstate
-from supervisor.client.layout import RANK_FLAG_SIGTERM
+from supervisor.client.layout import RANK_FLAG_ENDED_CLEAN, RANK_FLAG_SIGTERM
 from supervisor.decisions import classify as cl
 from supervisor.decisions import events as ev
 from supervisor.decisions import tasklog
@@ -153,6 +153,7 @@ def build(
         time_limit_near=watched.time_limit_near,
         signal_lead_s=signal_lead_s,
         sigterm_ranks=tuple(r.rank for r in ranks if r.rank_flags & sigterm_flag),
+        ended_clean_ranks=tuple(r.rank for r in ranks if r.rank_flags & RANK_FLAG_ENDED_CLEAN),
         rank_exits=exits,
         node_states={n: node_state_word(info) for n, info in (nodes or {}).items()},
         detections=(*((now, d) for d in watched.detections), *found_after),

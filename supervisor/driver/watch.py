@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from supervisor import procstate
 from supervisor.client.layout import (
+    RANK_FLAG_ENDED_CLEAN,
     RANK_FLAG_EXITING,
     RANK_FLAG_RETURNED,
 )
@@ -239,7 +240,9 @@ class Watcher:
         world = {r.rank for r in ranks}
         ended_well = RANK_FLAG_EXITING | RANK_FLAG_RETURNED  # an agent rarely learns the code of a process it did not start
         well = all(r.state in procstate.ENDED and (r.exit_code == 0 or (r.exit_code is None and r.exit_signal is None
-                                                                        and r.rank_flags & ended_well))
+                                                                        and r.rank_flags & ended_well)
+                                                   or r.rank_flags & RANK_FLAG_ENDED_CLEAN
+                                                   and bool(r.exit_signal))  # died in the teardown
                    for r in ranks)  # fmt: skip
         replacements_ok = all(rep.proc.poll() == 0 for rep in launch.replaced if rep.generation == launch.generation)
         return bool(ranks) and well and replacements_ok and len(world) == len(ranks)

@@ -35,13 +35,18 @@ def reference_of(tmp_path, steps: int, world: int = 2,  # type: ignore[no-untype
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUPERVISOR_", "RANK", "WORLD_SIZE"))}
-    procs = [subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", str(steps), "--ckpt-dir", str(tmp_path / "ref"),
-                               "--ckpt-every", "20", "--seed", "3", *extra],
-                              env={**env, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": port, "PYTHONWARNINGS": "ignore"},
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for r in range(world)]  # fmt: skip
-    outs = [p.communicate(timeout=240)[0] for p in procs]
-    return [line for line in outs[0].splitlines() if line.startswith("step=")]
+    outs = [tmp_path / f"ref-rank{r}.out" for r in range(world)]  # files, not pipes: no rank blocks on a full one
+    procs = []
+    for r in range(world):
+        with open(outs[r], "w") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(EXAMPLE), "--steps", str(steps), "--ckpt-dir", str(tmp_path / "ref"),
+                 "--ckpt-every", "20", "--seed", "3", *extra],
+                env={**env, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                     "PYTHONWARNINGS": "ignore"}, stdout=out, stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    for proc in procs:
+        proc.wait(timeout=240)
+    return [line for line in outs[0].read_text().splitlines() if line.startswith("step=")]
 
 
 def test_a_killed_rank_resumes_from_node_memory_losing_at_most_two_steps_bitwise(tmp_path):

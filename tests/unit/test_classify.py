@@ -275,3 +275,22 @@ def test_scancel_is_cancelled_even_though_slurm_moved_end_time_to_the_cancel():
     assert classify(e).cls == "cancelled"
     timed_out = Evidence(job_state="RUNNING", end_time=1000.0, scheduled_end=1000.0, batch_signals=(("TERM", 1000.2),))
     assert classify(timed_out).cls == "timeout"
+
+
+def test_a_teardown_abort_after_a_normal_end_is_a_completed_run_and_anything_else_is_not() -> None:
+    """Every rank's program ended normally (atexit, no unhandled exception), one then died of SIGABRT in the
+    interpreter's teardown (gloo's abort at exit): the training completed, nobody relaunches it. The same
+    death without the client's word, or a code of the program's own, stays a failure."""
+    both = (RankExit("n1", 0, 0), RankExit("n2", 1, None, 6))
+    done = classify(Evidence(rank_exits=both, ended_clean_ranks=(0, 1)))
+    assert done.cls == ev.COMPLETED and not done.blamed_nodes
+    assert any("died of SIGABRT after its program had ended normally" in line for line in done.evidence), done.evidence
+    assert classify(Evidence(rank_exits=both, ended_clean_ranks=(0,))).cls == ev.APP_ERROR  # rank 1 raised
+    code_134 = (RankExit("n1", 0, 0), RankExit("n2", 1, 134))  # srun's "Aborted": 128 + 6
+    assert classify(Evidence(rank_exits=code_134, ended_clean_ranks=(0, 1))).cls == ev.COMPLETED
+    own_code = (RankExit("n1", 0, 0), RankExit("n2", 1, 3))
+    assert classify(Evidence(rank_exits=own_code, ended_clean_ranks=(0, 1))).cls == ev.APP_ERROR
+    # srun ends the step's other tasks when one dies (--kill-on-bad-exit): rank 0, done too, is terminated
+    peer_ended = (RankExit("n1", 0, None, 15), RankExit("n2", 1, None, 6))
+    assert classify(Evidence(rank_exits=peer_ended, ended_clean_ranks=(0, 1))).cls == ev.COMPLETED
+    assert classify(Evidence(rank_exits=peer_ended, ended_clean_ranks=(1,))).cls != ev.COMPLETED  # 0 was mid-run

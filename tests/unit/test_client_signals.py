@@ -97,6 +97,29 @@ def test_programs_own_sigterm_handler_still_runs(slot_dir: Path) -> None:
     assert rec is not None and rec.rank_flags & S.RANK_FLAG_SIGTERM and rec.rank_flags & S.RANK_FLAG_EXITING
 
 
+TEARDOWN_ABORT = """
+class _Destructor:  # a library object whose destructor aborts in the interpreter's teardown (after atexit)
+    def __del__(self):
+        os.abort()
+
+_lib = _Destructor()
+for i in range(3):
+    client.step(i)
+"""
+
+
+@pytest.mark.parametrize("raised", [False, True], ids=["ended", "raised"])
+def test_a_program_that_ended_says_so_before_a_teardown_abort(slot_dir: Path, raised: bool) -> None:
+    """atexit runs before the teardown: a normal end marks ENDED_CLEAN (the abort after it lost no training);
+    an unhandled exception does not (the interpreter set sys.last_value before atexit ran)."""
+    proc = _spawn("import os\n" + TEARDOWN_ABORT + ("raise RuntimeError('boom')\n" if raised else ""), slot_dir)
+    code, _, err = _finish(proc)
+    assert code == -signal.SIGABRT, err
+    rec = S.read_slot(S.slot_path(slot_dir, 0))
+    assert rec is not None and rec.rank_flags & S.RANK_FLAG_EXITING
+    assert bool(rec.rank_flags & S.RANK_FLAG_ENDED_CLEAN) is not raised
+
+
 def test_ignored_sigterm_stays_ignored_and_stop_request_ends_the_loop(slot_dir: Path) -> None:
     proc = _spawn("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + BEAT_UNTIL_STOP, slot_dir)
     _beating(slot_dir)

@@ -62,7 +62,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--print-at-step", type=int, default=0,
                    help="one-shot: rank 1 prints --print-text (its data, a message: anything), then raises")
     p.add_argument("--print-text", default="")
+    p.add_argument("--abort-at-exit-rank", type=int, default=-1,
+                   help="this rank aborts in the interpreter's teardown, after the training ended (a library's "
+                        "destructor: gloo's abort at exit)")
     return p.parse_args()
+
+
+class AbortingDestructor:
+    """What some libraries leave behind: an object whose destructor aborts when the interpreter tears down."""
+
+    def __del__(self) -> None:
+        os.abort()
 
 
 def once(ckpt_dir: Path, name: str) -> bool:
@@ -107,6 +117,9 @@ def device_side_assert() -> None:
         "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
 
 
+_LEFT_BEHIND = None
+
+
 def main() -> int:
     args = parse_args()
     torch.set_num_threads(1)
@@ -115,6 +128,9 @@ def main() -> int:
     node = os.environ.get("SLURMD_NODENAME", "")
     ckpt_dir = Path(args.ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    if rank == args.abort_at_exit_rank:
+        global _LEFT_BEHIND
+        _LEFT_BEHIND = AbortingDestructor()  # collected with the module's globals, after atexit
     if rank == args.crash_at_start_rank:
         raise ValueError("config key 'lr_schedule' is missing (a bug that crashes every start)")
     if world > 1:
