@@ -153,19 +153,35 @@ def watch(persist: MemoryPersist, channel: Channel, until: Any, timeout: float =
         time.sleep(0.02)
 
 
+def lockstep(nodes: dict[str, Ranks], stop: threading.Event, period_s: float = 0.005) -> threading.Thread:
+    """The nodes' ranks writing the same steps together, as ranks in one collective training do."""
+
+    def run() -> None:
+        step = 0
+        while not stop.is_set():
+            step += 1
+            for ranks in nodes.values():
+                ranks.step = step
+                ranks.write(step)
+            time.sleep(period_s)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_a_running_training_is_persisted_periodically_and_a_relaunch_resumes_from_it(tmp_path: Path) -> None:
     nodes = {"n1": Ranks(tmp_path / "n1", [0]), "n2": Ranks(tmp_path / "n2", [1])}
     channel = Channel(nodes)
     persist, _, events, campaign = make(tmp_path, channel, setting=0.2)
-    for ranks in nodes.values():
-        ranks.thread.start()
+    stop = threading.Event()
+    writer = lockstep(nodes, stop)
     try:
         time.sleep(0.05)
         watch(persist, channel, lambda: sum(e["step"] is not None for e in events) >= 2)
     finally:
-        for ranks in nodes.values():
-            ranks.stop.set()
-            ranks.thread.join(5)
+        stop.set()
+        writer.join(5)
     done = [e for e in events if e["type"] == "memory_persist"]
     assert [e["step"] for e in done if e["step"] is None] == [], done
     assert len(done) >= 2 and done[1]["step"] > done[0]["step"] and done[0]["shards"] == 2
