@@ -58,6 +58,7 @@ class MemoryPersist:
         self.last_copy_s: float | None = None
         self.persisted: tuple[int, str] | None = None  # (step, launch) of the newest persist committed in this run
         self.failing = False  # a failure was journaled; the next is not, until one succeeds
+        self.again = False  # the nodes took different steps: try again at once, not after the interval
 
     def observe(self, live: Any = None) -> None:
         """One pass of the watch: commit or give up the persist under way, else start one when due."""
@@ -81,7 +82,7 @@ class MemoryPersist:
         if self.last_started is None:  # the interval counts from the first snapshot seen (a persist of the
             self.last_started = now  # resumed-from state would only copy what the filesystem already has)
             return
-        since = now - self.last_started
+        since = None if self.again else now - self.last_started
         if not rule.due(rule.every_s(self.setting, self.last_copy_s), since, newest, self._persisted_step(tag)):
             return
         # The next snapshot, not the newest seen: the ranks keep their two newest, so a step already written may
@@ -94,7 +95,7 @@ class MemoryPersist:
         for node, shards in by_node.items():
             self.channel.send_order(node, flush_order(str(staging), shards, background=True))
         self.pending = Persisting(staging, tag, world, floor, now, self.wall())
-        self.last_started = now
+        self.last_started, self.again = now, False
 
     def cancel(self) -> None:
         """Drop the persist under way (a stop's flush is about to write in the same place)."""
@@ -120,7 +121,10 @@ class MemoryPersist:
             self.pending = None
             steps = {step for step, _, _ in got.values()}
             if len(steps) != 1 or any(launch != p.launch for _, launch, _ in got.values()):
+                # An agent looked only after its ranks had replaced the step twice (snapshots every few ms on
+                # a busy node): nothing is wrong with the snapshots, so the next persist starts at once.
                 flushed.discard(p.staging)
+                self.again = True
                 self._failed(f"the nodes copied snapshots of different steps ({sorted(steps)[:4]})")
                 return
             step = steps.pop()

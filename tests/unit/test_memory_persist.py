@@ -182,8 +182,11 @@ def test_a_running_training_is_persisted_periodically_and_a_relaunch_resumes_fro
     finally:
         stop.set()
         writer.join(5)
-    done = [e for e in events if e["type"] == "memory_persist"]
-    assert [e["step"] for e in done if e["step"] is None] == [], done
+    # On a busy machine an agent may look only after the fake ranks (a snapshot every 5 ms) replaced the step
+    # twice: that persist is dropped, journaled, and the next starts at once; the committed ones move on.
+    done = [e for e in events if e["type"] == "memory_persist" and e["step"] is not None]
+    failed = [e for e in events if e["type"] == "memory_persist" and e["step"] is None]
+    assert all("different steps" in e["why"] for e in failed), failed
     assert len(done) >= 2 and done[1]["step"] > done[0]["step"] and done[0]["shards"] == 2
     orders = [doc["flush"] for _, doc in channel.orders]
     assert all(o["background"] for o in orders) and {n for n, _ in channel.orders} == {"n1", "n2"}
