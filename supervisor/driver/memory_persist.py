@@ -59,6 +59,8 @@ class MemoryPersist:
         self.persisted: tuple[int, str] | None = None  # (step, launch) of the newest persist committed in this run
         self.failing = False  # a failure was journaled; the next is not, until one succeeds
         self.again = False  # the nodes took different steps: try again at once, not after the interval
+        self.retried = False  # ... which this persist was: a second miss waits for the interval (the copies load
+        #                       the filesystem each time)
 
     def observe(self, live: Any = None) -> None:
         """One pass of the watch: commit or give up the persist under way, else start one when due."""
@@ -95,7 +97,7 @@ class MemoryPersist:
         for node, shards in by_node.items():
             self.channel.send_order(node, flush_order(str(staging), shards, background=True))
         self.pending = Persisting(staging, tag, world, floor, now, self.wall())
-        self.last_started, self.again = now, False
+        self.last_started, self.retried, self.again = now, self.again, False
 
     def cancel(self) -> None:
         """Drop the persist under way (a stop's flush is about to write in the same place)."""
@@ -124,14 +126,14 @@ class MemoryPersist:
                 # An agent looked only after its ranks had replaced the step twice (snapshots every few ms on
                 # a busy node): nothing is wrong with the snapshots, so the next persist starts at once.
                 flushed.discard(p.staging)
-                self.again = True
+                self.again = not self.retried
                 self._failed(f"the nodes copied snapshots of different steps ({sorted(steps)[:4]})")
                 return
             step = steps.pop()
             path = flushed.commit(p.staging, step=step, world=p.world, launch=p.launch,
                                   digests={r: d for r, (_, _, d) in got.items()}, key=self.key)  # fmt: skip
             self.last_copy_s = _copy_seconds(p, got)
-            self.persisted, self.failing = (step, p.launch), False
+            self.persisted, self.failing, self.retried = (step, p.launch), False, False
             self.ctx.record(ev.memory_persist(self.ctx.clock(), step, f"snapshot of step {step} persisted while the "
                                               "training ran", str(path), p.world, self.last_copy_s))  # fmt: skip
             return

@@ -254,3 +254,40 @@ def test_a_stops_flush_drops_the_persist_under_way(tmp_path: Path) -> None:
     persist.launch_tag = lambda: "7-0-2"
     persist.observe(live())
     assert persist.pending is None and not staging.exists() and events == []
+
+
+def test_nodes_that_took_different_steps_retry_once_at_once_then_wait_for_the_interval(tmp_path: Path) -> None:
+    """A mismatch is a race with the ranks' deletions, not a fault of the snapshots: one more try at once; a
+    second in a row waits for the interval (each try copies the whole state to the shared filesystem)."""
+    nodes = {"n1": Ranks(tmp_path / "n1", [0]), "n2": Ranks(tmp_path / "n2", [1])}
+    for ranks in nodes.values():
+        ranks.step = 3
+        ranks.write(3)
+    channel = Channel(nodes)
+    persist, _, events, campaign = make(tmp_path, channel, setting=3600.0)
+    persist.last_started = time.monotonic() - 7200.0  # the interval has passed
+
+    def mismatch() -> None:
+        assert persist.pending is not None
+        persist.pending.staging.mkdir(exist_ok=True)
+        for rank, step in ((0, 4), (1, 5)):
+            data = b"x" * 10
+            (persist.pending.staging / f"rank_{rank}.snap").write_bytes(data)
+            (persist.pending.staging / f"rank_{rank}.json").write_text(json.dumps({
+                "step": step, "rank": rank, "world": 2, "size": 10, "sha256": hashlib.sha256(data).hexdigest(),
+                "launch": TAG}))  # fmt: skip
+
+    for flusher in channel.flushers.values():
+        flusher.order = lambda flush: None  # type: ignore[method-assign]
+    channel.refresh()
+    persist.observe(live())
+    mismatch()
+    persist.observe(live())  # the miss: dropped
+    assert persist.pending is None and persist.again
+    persist.observe(live())  # ... and tried again at once
+    assert persist.pending is not None
+    mismatch()
+    persist.observe(live())
+    persist.observe(live())  # a second miss in a row: the interval first
+    assert persist.pending is None and not persist.again
+    assert [e["step"] for e in events] == [None], events  # journaled once
