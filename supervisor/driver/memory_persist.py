@@ -27,6 +27,7 @@ from supervisor.decisions import events as ev
 from supervisor.decisions import memory_persist as rule
 from supervisor.decisions import memory_pick
 from supervisor.driver.context import Context
+from supervisor.driver.guard import CHECKPOINT_SCAN
 from supervisor.driver.memory_resume import MemoryResume
 from supervisor.heartbeat.orders import flush_order
 
@@ -63,9 +64,14 @@ class MemoryPersist:
         #                       the filesystem each time)
 
     def observe(self, live: Any = None) -> None:
-        """One pass of the watch: commit or give up the persist under way, else start one when due."""
+        """One pass of the watch: commit or give up the persist under way, else start one when due. A failure
+        here (the campaign directory unwritable, a full disk) is journaled and skips this pass only: it must not
+        cost the watch's detectors, which run after the observers."""
         if not self.enabled or self.setting == rule.OFF:
             return
+        self.ctx.guard.call(CHECKPOINT_SCAN, self._observe, live, default=None)
+
+    def _observe(self, live: Any) -> None:
         now = self.mono()
         tag = self.launch_tag()
         if self.pending is not None and self.pending.launch != tag:

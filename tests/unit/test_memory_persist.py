@@ -291,3 +291,21 @@ def test_nodes_that_took_different_steps_retry_once_at_once_then_wait_for_the_in
     persist.observe(live())  # a second miss in a row: the interval first
     assert persist.pending is None and not persist.again
     assert [e["step"] for e in events] == [None], events  # journaled once
+
+
+def test_a_campaign_directory_that_cannot_be_written_is_journaled_and_the_watch_goes_on(tmp_path: Path) -> None:
+    """``memory-flush/`` cannot be made (the campaign directory is a file here): the pass journals the error
+    and returns; nothing raises into the watch, whose detectors run after the observers."""
+    nodes = {"n1": Ranks(tmp_path / "n1", [0]), "n2": Ranks(tmp_path / "n2", [1])}
+    for ranks in nodes.values():
+        ranks.step = 3
+        ranks.write(3)
+    channel = Channel(nodes)
+    persist, _, events, campaign = make(tmp_path, channel, setting=3600.0)
+    campaign.rmdir()
+    campaign.write_text("not a directory")
+    persist.last_started = time.monotonic() - 7200.0
+    channel.refresh()
+    persist.observe(live())  # must not raise
+    assert persist.pending is None and channel.orders == []
+    assert [e["type"] for e in events] == ["supervisor_error"], events
