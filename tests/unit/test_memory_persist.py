@@ -199,15 +199,20 @@ def test_a_running_training_is_persisted_periodically_and_a_relaunch_resumes_fro
     assert chosen is not None and chosen.step == newest.step and set(chosen.sources.values()) == {FLUSHED}
 
 
+def two_nodes_at(tmp_path: Path, step: int) -> tuple[dict[str, Ranks], Channel]:
+    """Two nodes, a rank each, whose last snapshot is of ``step`` (the ranks write no more unless started)."""
+    nodes = {"n1": Ranks(tmp_path / "n1", [0]), "n2": Ranks(tmp_path / "n2", [1])}
+    for ranks in nodes.values():
+        ranks.step = step
+        ranks.write(step)
+    return nodes, Channel(nodes)
+
+
 def test_nothing_is_persisted_that_the_filesystem_already_has_and_a_silent_node_fails_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """A snapshot no newer than the program's checkpoint is not copied; a node whose agent never copies (its
     ranks stopped snapshotting) ends the persist after the wait, journaled once, nothing committed."""
-    frozen = {"n1": Ranks(tmp_path / "n1", [0]), "n2": Ranks(tmp_path / "n2", [1])}
-    for ranks in frozen.values():
-        ranks.step = 5
-        ranks.write(5)
-    channel = Channel(frozen)
+    frozen, channel = two_nodes_at(tmp_path, 5)
     persist, _, events, campaign = make(tmp_path, channel, fs_step=5)
     watch(persist, channel, lambda: False, timeout=0.3)
     assert channel.orders == [] and events == []
@@ -228,11 +233,7 @@ def test_nothing_is_persisted_that_the_filesystem_already_has_and_a_silent_node_
 
 
 def test_a_stops_flush_drops_the_persist_under_way(tmp_path: Path) -> None:
-    nodes = {"n1": Ranks(tmp_path / "n1", [0]), "n2": Ranks(tmp_path / "n2", [1])}
-    for ranks in nodes.values():
-        ranks.step = 3
-        ranks.write(3)
-    channel = Channel(nodes)
+    nodes, channel = two_nodes_at(tmp_path, 3)
     for flusher in channel.flushers.values():  # the agents have not copied yet
         flusher.order = lambda flush: None  # type: ignore[method-assign]
     persist, _, events, campaign = make(tmp_path, channel, setting=0.01)
@@ -259,11 +260,7 @@ def test_a_stops_flush_drops_the_persist_under_way(tmp_path: Path) -> None:
 def test_nodes_that_took_different_steps_retry_once_at_once_then_wait_for_the_interval(tmp_path: Path) -> None:
     """A mismatch is a race with the ranks' deletions, not a fault of the snapshots: one more try at once; a
     second in a row waits for the interval (each try copies the whole state to the shared filesystem)."""
-    nodes = {"n1": Ranks(tmp_path / "n1", [0]), "n2": Ranks(tmp_path / "n2", [1])}
-    for ranks in nodes.values():
-        ranks.step = 3
-        ranks.write(3)
-    channel = Channel(nodes)
+    nodes, channel = two_nodes_at(tmp_path, 3)
     persist, _, events, campaign = make(tmp_path, channel, setting=3600.0)
     persist.last_started = time.monotonic() - 7200.0  # the interval has passed
 
@@ -296,11 +293,7 @@ def test_nodes_that_took_different_steps_retry_once_at_once_then_wait_for_the_in
 def test_a_campaign_directory_that_cannot_be_written_is_journaled_and_the_watch_goes_on(tmp_path: Path) -> None:
     """``memory-flush/`` cannot be made (the campaign directory is a file here): the pass journals the error
     and returns; nothing raises into the watch, whose detectors run after the observers."""
-    nodes = {"n1": Ranks(tmp_path / "n1", [0]), "n2": Ranks(tmp_path / "n2", [1])}
-    for ranks in nodes.values():
-        ranks.step = 3
-        ranks.write(3)
-    channel = Channel(nodes)
+    nodes, channel = two_nodes_at(tmp_path, 3)
     persist, _, events, campaign = make(tmp_path, channel, setting=3600.0)
     campaign.rmdir()
     campaign.write_text("not a directory")
