@@ -85,7 +85,10 @@ def recovery_text(r: dict[str, Any]) -> str:
     parts = [f"verdict {sec('verdict_s')}", f"teardown {sec('teardown_s')}"]
     if r.get("how") == "warm":
         parts[-1] += f" (release {sec('release_s')}, order {sec('order_s')})"
-    parts += [f"to the first step {sec('up_s')}", f"in all {sec('total_s')}"]
+    up = f"to the first step {sec('up_s')}"
+    if r.get("restore_s") is not None:
+        up += f" (state load {sec('restore_s')})"
+    parts += [up, f"in all {sec('total_s')}"]
     return f"back by {how} after {r.get('class')}: " + ", ".join(parts)
 
 

@@ -82,6 +82,7 @@ class RankSlots:
                 ewma_s=rec.iter_ewma_ns / 1e9, min_s=rec.iter_min_ns / 1e9, max_s=rec.iter_max_ns / 1e9,
                 loss=rec.loss, loss_step=rec.loss_step, beats=rec.beats, exit_code=wire.EXIT_UNKNOWN, exit_signal=0, cpu_s=cpu,
                 ckpt_ms=rec.ckpt_ms, ckpt_step=rec.last_ckpt_step, own_s=rec.own_ewma_ns / 1e9,
+                restore_ms=rec.restore_ms, restores=rec.restores,
             ))
         for rank, pid in sorted(self.slotless.items()):
             if rank in self.records:

@@ -39,6 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from supervisor import client
 from supervisor.checkpoint import memory_room
 from supervisor.checkpoint.memory_apply import MemorySnapshotError, local_tensor, plan_restore
 from supervisor.checkpoint.snapshot_format import (
@@ -326,10 +327,15 @@ class MemorySnapshots:
     def restore(self, state: dict[str, Any]) -> int | None:
         """Every rank calls it at start: fill ``state`` from the snapshot the supervisor picked for this launch and
         return its step; None when there is none, or when any rank's shard is refused (then no rank's ``state``
-        was touched: resume from the filesystem tier)."""
+        was touched: resume from the filesystem tier). Marked as a ``restore`` phase: the supervisor's recovery
+        timings tell the state load from the rest of a restart with it (nested in the program's own: counted once)."""
         step = resume_step()
         if step is None or self.root is None:
             return None
+        with client.phase("restore"):
+            return self._restore(step, state)
+
+    def _restore(self, step: int, state: dict[str, Any]) -> int | None:
         try:
             plan: list[Callable[[], None]] | None = self._prepare(step, state)
         except MemorySnapshotError as err:

@@ -24,6 +24,9 @@ offset field                                                    written by
        in checkpoint phases, wraps at 2**32)
 176    asynchronous rank flags (u64, one store, no seqlock:     rank
        set from signal handlers); readers OR them into flags
+184    restore ms, restores (2 x u32): total time this process  rank
+       spent in restore phases (ended ones, wraps at 2**32)
+       and how many it ended (``client.phase("restore")``)
 256    control sequence (u64): odd while the agent writes       agent
 264    control flags (u32), request counter (u32),              agent
        at_step (i64)
@@ -53,7 +56,8 @@ period is the slowest rank's, because the others wait for it inside the gradient
 with ``RANK_FLAG_WAITS`` stamps, outside ``client.step()``, how long each step waited in collectives
 (the wait ring); the reader derives the rank's own time per step = step time - wait, over the last 16
 steps. The wait ring and the flag sit in bytes that layout 1 left reserved (zero), so older readers
-ignore them and older writers never claim them: the layout version stays 1.
+ignore them and older writers never claim them: the layout version stays 1. The restore record (184) is the same
+kind of addition: written inside the rank seqlock with the cold part; an older writer leaves it zero (no restore).
 
 Times are ``CLOCK_MONOTONIC`` nanoseconds (``time.monotonic_ns``), system-wide on Linux, so the
 agent on the same node compares them with its own clock to get ages.
@@ -76,7 +80,7 @@ SLOT_SIZE = 1024
 # meaning of an existing code changes).
 PHASES: tuple[str, ...] = ("init", "step", "checkpoint", "eval", "restore", "data", "other")
 PHASE_CODES: dict[str, int] = {name: code for code, name in enumerate(PHASES)}
-PHASE_INIT, PHASE_STEP, PHASE_CHECKPOINT, PHASE_EVAL = 0, 1, 2, 3
+PHASE_INIT, PHASE_STEP, PHASE_CHECKPOINT, PHASE_EVAL, PHASE_RESTORE = 0, 1, 2, 3, 4
 
 # Control flags, written by the agent/supervisor.
 FLAG_CHECKPOINT = 1 << 0  # please checkpoint (at or after ``at_step``)
@@ -108,6 +112,7 @@ _COLD = struct.Struct("<qqIIII")  # rewritten on phase changes and acknowledgeme
 _CONTROL = struct.Struct("<IIq")
 RING = 64  # iteration times kept; a power of two
 _RING = struct.Struct(f"<{RING}q")
+_RESTORE = struct.Struct("<II")  # restore ms, restores
 
 OFF_HEADER = 0
 OFF_RANK_SEQ = 64
@@ -115,6 +120,7 @@ OFF_STATIC = OFF_RANK_SEQ + _SEQ.size  # 72
 OFF_HOT = OFF_STATIC + _STATIC.size  # 104
 OFF_COLD = OFF_HOT + _HOT.size  # 144
 OFF_ASYNC_FLAGS = OFF_COLD + _COLD.size  # 176
+OFF_RESTORE = OFF_ASYNC_FLAGS + 8  # 184
 OFF_CONTROL_SEQ = 256
 OFF_CONTROL = OFF_CONTROL_SEQ + _SEQ.size  # 264
 OFF_WAITS = 384
@@ -124,7 +130,7 @@ WAIT_NS_MASK = (1 << WAIT_TAG_SHIFT) - 1
 WAIT_TAG_MASK = (1 << 24) - 1
 _WAITS = struct.Struct(f"<{WAIT_RING}Q")
 OFF_RING = 512
-assert OFF_ASYNC_FLAGS % 8 == 0 and OFF_ASYNC_FLAGS + 8 <= OFF_CONTROL_SEQ
+assert OFF_ASYNC_FLAGS % 8 == 0 and OFF_RESTORE + _RESTORE.size <= OFF_CONTROL_SEQ
 assert OFF_CONTROL + _CONTROL.size <= OFF_WAITS and OFF_WAITS + _WAITS.size <= OFF_RING
 assert OFF_RING + _RING.size <= SLOT_SIZE
 
@@ -162,6 +168,10 @@ class SlotRecord(NamedTuple):
     # the last WAIT_RING that have a step time; empty unless the rank sets RANK_FLAG_WAITS.
     recent_own_ns: tuple[int, ...] = ()
     own_ewma_ns: int = 0  # EWMA (alpha 1/8, integer) over recent_own_ns; 0 if empty
+    # Time this process spent loading its state (``phase("restore")`` blocks that ended, outermost only), modulo
+    # 2**32 ms, and how many such blocks ended: what splits a restart's start-up into state load and the rest.
+    restore_ms: int = 0
+    restores: int = 0
 
     @property
     def phase_name(self) -> str:

@@ -22,6 +22,7 @@ from supervisor.client.layout import (
     _HOT,
     _HOT_BEATS,
     _READ_RETRIES,
+    _RESTORE,
     _RING,
     _SEQ,
     _STATIC,
@@ -37,6 +38,7 @@ from supervisor.client.layout import (
     OFF_HEADER,
     OFF_HOT,
     OFF_RANK_SEQ,
+    OFF_RESTORE,
     OFF_RING,
     OFF_STATIC,
     OFF_WAITS,
@@ -44,6 +46,7 @@ from supervisor.client.layout import (
     PHASE_CODES,
     PHASE_EVAL,
     PHASE_INIT,
+    PHASE_RESTORE,
     PHASE_STEP,
     PHASES,
     RANK_FLAG_AWAITING_RESTART,
@@ -76,8 +79,8 @@ from supervisor.client.writer import SlotWriter
 
 __all__ = [
     "FLAG_CHECKPOINT", "FLAG_STOP", "LAYOUT_VERSION", "MAGIC", "OFF_ASYNC_FLAGS", "OFF_COLD", "OFF_CONTROL",
-    "OFF_CONTROL_SEQ", "OFF_HEADER", "OFF_HOT", "OFF_RANK_SEQ", "OFF_RING", "OFF_STATIC", "PHASES", "PHASE_CHECKPOINT",
-    "PHASE_CODES", "PHASE_EVAL", "PHASE_INIT", "PHASE_STEP", "RANK_FLAG_AWAITING_RESTART", "RANK_FLAG_ENDED_CLEAN", "RANK_FLAG_EXITING",
+    "OFF_CONTROL_SEQ", "OFF_HEADER", "OFF_HOT", "OFF_RANK_SEQ", "OFF_RESTORE", "OFF_RING", "OFF_STATIC", "PHASES", "PHASE_CHECKPOINT",
+    "PHASE_CODES", "PHASE_EVAL", "PHASE_INIT", "PHASE_RESTORE", "PHASE_STEP", "RANK_FLAG_AWAITING_RESTART", "RANK_FLAG_ENDED_CLEAN", "RANK_FLAG_EXITING",
     "RANK_FLAG_IN_CHECKPOINT", "RANK_FLAG_RESTARTABLE", "RANK_FLAG_RETURNED", "RANK_FLAG_PEER_FAILED",
     "RANK_FLAG_SIGTERM", "RANK_FLAG_STACK_DUMPS", "RANK_FLAG_WAITS", "RING", "OFF_WAITS", "WAIT_RING", "SLOT_SIZE", "STACK_DUMP_SIGNAL", "ControlState",
     "SlotReader", "SlotRecord", "SlotWriter", "check_slot_dir", "iteration_stats", "open_slot_for_reading",
@@ -132,7 +135,9 @@ def _snapshot(data: bytes, seq: int) -> SlotRecord:
     own: tuple[int, ...] = ()
     if fields[_FLAGS_FIELD] & RANK_FLAG_WAITS:
         own = _recent_own(ring, _WAITS.unpack_from(data, OFF_WAITS), beats)
-    return SlotRecord._make([*fields, seq, recent, ewma, lo, hi, cold[-1], own, iteration_stats(own)[0]])
+    restore_ms, restores = _RESTORE.unpack_from(data, OFF_RESTORE)
+    return SlotRecord._make([*fields, seq, recent, ewma, lo, hi, cold[-1], own, iteration_stats(own)[0],
+                             restore_ms, restores])
 
 
 def read_slot(

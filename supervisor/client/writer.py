@@ -20,6 +20,7 @@ from supervisor.client.layout import (
     _HEADER,
     _HOT,
     _READ_RETRIES,
+    _RESTORE,
     _RING,
     _STATIC,
     _WAITS,
@@ -34,11 +35,13 @@ from supervisor.client.layout import (
     OFF_HEADER,
     OFF_HOT,
     OFF_RANK_SEQ,
+    OFF_RESTORE,
     OFF_RING,
     OFF_STATIC,
     OFF_WAITS,
     PHASE_CHECKPOINT,
     PHASE_INIT,
+    PHASE_RESTORE,
     PHASE_STEP,
     RANK_FLAG_IN_CHECKPOINT,
     RANK_FLAG_SIGTERM,
@@ -113,7 +116,7 @@ class SlotWriter:
         buf, words, seqv, ring, waits = self.buf, self._words, self._seqv, self._ring, self._waits
         hotv, hotq = self._hotv, self._hotq
         mono = time.monotonic_ns
-        pack_hot, pack_cold = _HOT.pack_into, _COLD.pack_into
+        pack_hot, pack_cold, pack_restore = _HOT.pack_into, _COLD.pack_into, _RESTORE.pack_into
         unpack_control = _CONTROL.unpack_from
         ctl_seq_i, async_i = OFF_CONTROL_SEQ // 8, OFF_ASYNC_FLAGS // 8
         ring_mask = RING - 1
@@ -138,6 +141,7 @@ class SlotWriter:
         last_loss, loss_step, beats, last_ckpt = math.nan, -1, 0, -1
         phase, flags = PHASE_INIT, 0
         ckpt_ms, t_ckpt = 0, now  # milliseconds spent in (outermost) checkpoint phases; when the current began
+        restore_ms, restores, t_restore = 0, 0, now  # the same for restore phases, and how many ended
         ctl = read_control()
         base_request = acked = ctl[1][1] if ctl else 0  # requests older than this process are not ours
         # Control sequence at which should_checkpoint()/should_stop() last found nothing for
@@ -150,6 +154,7 @@ class SlotWriter:
             """Inside an open write: the hot and cold parts from the current state."""
             pack_hot(hotv, 0, step, t_last, last_loss, loss_step, beats)
             pack_cold(buf, OFF_COLD, t_phase, last_ckpt, phase, flags, acked, ckpt_ms & 0xFFFFFFFF)
+            pack_restore(buf, OFF_RESTORE, restore_ms & 0xFFFFFFFF, restores & 0xFFFFFFFF)
 
         def finish() -> None:
             """Complete a write left open (odd sequence) from the current state, which is always
@@ -241,23 +246,28 @@ class SlotWriter:
 
         def enter_phase(code: int) -> int:
             """Switch to phase ``code``; returns the previous phase code (to restore on exit)."""
-            nonlocal phase, t_phase, flags, t_ckpt
+            nonlocal phase, t_phase, flags, t_ckpt, t_restore
             previous = phase
             phase, t_phase = code, mono()
             if code == PHASE_CHECKPOINT:
                 flags |= RANK_FLAG_IN_CHECKPOINT
                 if previous != PHASE_CHECKPOINT:
                     t_ckpt = t_phase
+            elif code == PHASE_RESTORE and previous != PHASE_RESTORE:
+                t_restore = t_phase
             publish()
             return previous
 
         def exit_phase(code: int, previous: int, completed: bool) -> None:
             """Leave phase ``code`` back to ``previous``. A completed checkpoint phase acknowledges
             every request published before it ended (see docs/client.md, "Checkpoint requests")."""
-            nonlocal phase, t_phase, flags, acked, last_ckpt, t_mark, ckpt_ms
+            nonlocal phase, t_phase, flags, acked, last_ckpt, t_mark, ckpt_ms, restore_ms, restores
             now = mono()
             if code == PHASE_CHECKPOINT and previous != PHASE_CHECKPOINT:
                 ckpt_ms += (now - t_ckpt) // 1_000_000  # the stall, measured here (completed or not)
+            elif code == PHASE_RESTORE and previous != PHASE_RESTORE:
+                restore_ms += (now - t_restore) // 1_000_000  # the state load, measured here (completed or not)
+                restores += 1
             if code == PHASE_CHECKPOINT:
                 if completed:
                     got = read_control()

@@ -12,6 +12,9 @@ depends on the program's cooperation beyond ``client.step``:
   sent until every kept rank took it); for a relaunch the step's end and the new srun; for a requeue the queue too;
 - ``up_s``: from there to the first step the new launch reported: for a warm restart the rendezvous, the state
   load and the first step in the kept processes; cold, the processes' start (interpreter, imports) as well;
+- ``restore_s``: the part of ``up_s`` the slowest rank spent loading its state, measured by the ranks' clients
+  around ``phase("restore")`` (the memory tier's ``restore`` marks its own); None when no rank marked one. The
+  rest of ``up_s`` is the rendezvous, the model's build and the first step (cold: the processes' start too);
 - ``total_s``: the first detection (else the interruption) until that first step.
 """
 
@@ -67,7 +70,8 @@ def recoveries(events: Iterable[Event]) -> list[dict[str, Any] | None]:
                 warm = e.get("generation") is not None
                 current = {"how": "warm" if warm else "requeue" if requeued else "relaunch", "class": cls,
                            "verdict_s": _span(first, at), "teardown_s": None if warm else _span(at, t),
-                           "up_s": None, "total_s": None, "_from": first if first is not None else at,
+                           "up_s": None, "restore_s": None, "total_s": None,
+                           "_from": first if first is not None else at,
                            "_cause": interrupted}  # fmt: skip
                 if warm:
                     current.update(release_s=None, order_s=None)
@@ -81,6 +85,7 @@ def recoveries(events: Iterable[Event]) -> list[dict[str, Any] | None]:
             under_way = t
         elif kind == ev.STEP_PROGRESS and current is not None and under_way is not None:
             first_step = _seconds(e.get("step_t", t)) or t
-            current.update(up_s=_span(under_way, first_step), total_s=_span(current["_from"], first_step))
+            current.update(up_s=_span(under_way, first_step), total_s=_span(current["_from"], first_step),
+                           restore_s=_span(0.0, _seconds(e.get("restore_s"))))
             current = under_way = None
     return [None if r is None else {k: v for k, v in r.items() if not k.startswith("_")} for r in out]

@@ -224,8 +224,9 @@ class Supervisor:
                                     p.layout.tasks_per_node, usable, resume_step, True, where, default=None)  # fmt: skip
         memory_step = snapshot.step if snapshot is not None else None
         p.detector.new_launch()
-        carried = {r.pid: r.beats for r in p.warm.ranks_of(launch) if r.pid}  # their old steps are not progress
-        p.progress.launched(p.trainer.launches + 1, carried)
+        kept = [r for r in p.warm.ranks_of(launch) if r.pid]
+        carried = {r.pid: r.beats for r in kept}  # their old steps are not progress
+        p.progress.launched(p.trainer.launches + 1, carried, {r.pid: (getattr(r, "restore_ms", 0), getattr(r, "restores", 0)) for r in kept})
         p.interval.launched()
         p.checkpoints.launched(memory_step if memory_step is not None else resume_step)
         p.trainer.launches += 1

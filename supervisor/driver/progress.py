@@ -5,7 +5,9 @@ The ranks' clients publish their step and the time they spent in checkpoint phas
 ``step_progress`` and ``checkpoint_stall`` events (docs/decisions.md), few enough for a weeks-long journal:
 
 - ``step_progress`` at the launch's first step (the end of its start-up), every ``PROGRESS_S`` while steps
-  advance, with each checkpoint stall, and when the launch ends (``final``), for the slowest reporting rank;
+  advance, with each checkpoint stall, and when the launch ends (``final``), for the slowest reporting rank; the
+  first one also carries ``restore_s``, the longest state load (``phase("restore")``) among the ranks that marked
+  one in this launch, which splits the start-up's time (decisions/recovery_timings.py);
 - ``checkpoint_stall`` when a rank's checkpoint time grew: the largest growth among the ranks (the slowest rank
   holds the others at the next collective), at the step the phase ended.
 """
@@ -27,12 +29,15 @@ class ProgressLog:
         self.record, self.clock, self.every_s = ctx.record, ctx.clock, every_s
         self.launched(0)
 
-    def launched(self, launch: int, carried: Mapping[int, int] | None = None) -> None:
+    def launched(self, launch: int, carried: Mapping[int, int] | None = None,
+                 restored: Mapping[int, tuple[int, int]] | None = None) -> None:
         """A new launch: its ranks start from nothing (their pids are new). A warm restart's ``carried``: pid ->
         beats of each process that goes on into the new generation; such a rank still shows its last step of the
-        old one (the same number its first new step may have), so it counts only once it stepped again."""
+        old one (the same number its first new step may have), so it counts only once it stepped again.
+        ``restored``: pid -> (restore ms, restores) of those processes now, before their new generation's load."""
         self.launch = launch
         self.carried: Mapping[int, int] = dict(carried or {})
+        self.restored: Mapping[int, tuple[int, int]] = dict(restored or {})
         self.last_step: int | None = None
         self.last_written = float("-inf")
         self.ckpt_ms: dict[int, int] = {}  # pid -> checkpoint ms last seen
@@ -58,5 +63,20 @@ class ProgressLog:
         slow = min(ranks, key=lambda x: x.step)
         due = self.last_step is None or bool(grown) or now - self.last_written >= self.every_s
         if slow.step != self.last_step and (due or final):
-            self.record(ev.step_progress(now, self.launch, slow.step, now - (slow.beat_age_s or 0.0), len(ranks)))
+            event = ev.step_progress(now, self.launch, slow.step, now - (slow.beat_age_s or 0.0), len(ranks))
+            if self.last_step is None:
+                restore_s = self.state_load_s(ranks)
+                if restore_s is not None:
+                    event["restore_s"] = restore_s
+            self.record(event)
             self.last_step, self.last_written = slow.step, now
+
+    def state_load_s(self, ranks: list[Any]) -> float | None:
+        """The longest time a rank of this launch spent loading its state (client-measured restore phases, since
+        the launch: a carried process's earlier generations' loads left out); None when no rank marked one."""
+        loads = []
+        for r in ranks:
+            ms, count = self.restored.get(r.pid, (0, 0))
+            if getattr(r, "restores", 0) != count:
+                loads.append((r.restore_ms - ms) % MS_WRAP)
+        return round(max(loads) / 1000.0, 3) if loads else None

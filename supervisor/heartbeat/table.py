@@ -75,6 +75,8 @@ class RankView(NamedTuple):
     ckpt_ms: int = 0  # time this process spent in checkpoint phases, measured by the client (ms, mod 2**32)
     ckpt_step: int = -1  # the step at the end of its last checkpoint phase; -1: none yet
     own_s: float | None = None  # own time per step (EWMA, collective waits excluded); None: not measured
+    restore_ms: int = 0  # time this process spent loading its state in restore phases (client-measured, mod 2**32)
+    restores: int = 0  # how many restore phases it ended; 0: none marked (the program does not say, or has not yet)
 
     @property
     def exit_status(self) -> int | None:
@@ -220,7 +222,7 @@ class LiveTable:
                 span = (st.sent_mono_ns - st.base_mono_ns) / 1e9
                 base = {t[0]: t for t in unpack(st.base_body)}
             for (rank, pid, step, phase, state, rflags, cflags, age, ewma, mn, mx, loss, loss_step, beats, ecode,
-                 esig, rflags_hi, cpu, ckpt_ms, ckpt_step, own) in unpack(st.body):
+                 esig, rflags_hi, cpu, ckpt_ms, ckpt_step, own, restore_ms, restores) in unpack(st.body):
                 rflags |= rflags_hi << 8
                 rate = cpu_frac = None
                 b = base.get(rank)
@@ -232,7 +234,7 @@ class LiveTable:
                     _STATE[state], ewma if ewma > 0 else None, mn if mn > 0 else None, mx if mx > 0 else None,
                     None if loss_step < 0 else loss, loss_step, None if ecode == unknown else ecode, esig or None,
                     rate, 1.0 / ewma if ewma > 0 and isfinite(ewma) else None, beats, cpu, cpu_frac, rflags, cflags,
-                    ckpt_ms, ckpt_step, own if own > 0 and isfinite(own) else None))
+                    ckpt_ms, ckpt_step, own if own > 0 and isfinite(own) else None, restore_ms, restores))
         return out
 
     def snapshot(self) -> Snapshot:

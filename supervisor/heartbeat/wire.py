@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 from supervisor import procstate
 
 MAGIC = b"SVW1"
-VERSION = 3  # 2: rank entries carry checkpoint ms and step; 3: and own time (88 bytes)
-OLD_VERSIONS = (2,)  # still decoded (an agent from the previous release): their entries get own_s = 0
+VERSION = 4  # 2: rank entries carry checkpoint ms and step; 3: and own time (88 bytes); 4: and restore ms, count
+OLD_VERSIONS = (2, 3)  # still decoded (agents of earlier releases): the fields they lack read 0
 MAC_LEN = 32
 MAX_FRAME = 65000  # below the 65,507-byte UDP payload limit
 MAX_NAME = 255
@@ -52,9 +52,11 @@ HEADER = struct.Struct("<4sBBHQQqQBB")
 # is NaN and means nothing), beats, exit code, exit signal, rank flags' high byte (bits 8-15: a byte that was
 # padding, 0 in every older agent's frames, so no version change), cpu seconds, checkpoint ms (time the
 # process spent in checkpoint phases, measured by the client, modulo 2**32), step of its last checkpoint (-1),
-# own-time EWMA seconds (step time less collective waits; 0: not measured). Version 2's entries end before it.
-RANK = struct.Struct("<IIqBBBBIfffdqQhBBdIqf")
-RANK_V2_SIZE = 84
+# own-time EWMA seconds (step time less collective waits; 0: not measured), restore ms (time the process spent
+# loading its state in restore phases, modulo 2**32), restores (how many such phases ended). Version 2's entries
+# end before own time, version 3's before restore ms.
+RANK = struct.Struct("<IIqBBBBIfffdqQhBBdIqfII")
+RANK_SIZES = {2: 84, 3: 88, VERSION: RANK.size}
 MAX_RANKS = (MAX_FRAME - HEADER.size - 2 * MAX_NAME - MAC_LEN) // RANK.size
 
 # One control command, 16 bytes: command, (pad), rank (ALL_RANKS = every rank), argument.
@@ -116,6 +118,8 @@ class RankEntry(NamedTuple):
     ckpt_ms: int = 0
     ckpt_step: int = -1
     own_s: float = 0.0  # own time per step, EWMA (collective waits excluded); 0: the rank does not measure it
+    restore_ms: int = 0  # time the process spent in restore phases (client-measured, ms, modulo 2**32)
+    restores: int = 0  # restore phases it ended (0: it never marked one, or an older agent)
 
 
 class Command(NamedTuple):
@@ -181,7 +185,8 @@ def pack_rank(entry: RankEntry) -> bytes:
         max(-(2**63), min(e.loss_step, 2**63 - 1)), e.beats & 0xFFFFFFFFFFFFFFFF,
         max(-32768, min(e.exit_code, 32767)), e.exit_signal & 0xFF, (e.rank_flags >> 8) & 0xFF, float(e.cpu_s),
         e.ckpt_ms & 0xFFFFFFFF,
-        max(-(2**63), min(e.ckpt_step, 2**63 - 1)), _f32(e.own_s),
+        max(-(2**63), min(e.ckpt_step, 2**63 - 1)), _f32(e.own_s), e.restore_ms & 0xFFFFFFFF,
+        e.restores & 0xFFFFFFFF,
     )
 
 
@@ -260,10 +265,10 @@ def decode(key: bytes, data: bytes, job: str | None = None) -> Frame:
         raise FrameError("job")
     body = msg[start:]
     if kind == KIND_SUMMARY:
-        size = RANK.size if version == VERSION else RANK_V2_SIZE
+        size = RANK_SIZES[version]
         if len(body) != count * size:
             raise FrameError("length")
-        if size != RANK.size:  # an older agent: pad each entry to today's layout (own_s = 0)
+        if size != RANK.size:  # an older agent: pad each entry to today's layout (the fields it lacks: 0)
             pad = bytes(RANK.size - size)
             body = b"".join(body[i:i + size] + pad for i in range(0, len(body), size))
     elif kind == KIND_CONTROL:

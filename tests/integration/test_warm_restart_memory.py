@@ -52,6 +52,8 @@ def test_a_killed_rank_restarts_warm_from_node_memory_bitwise(tmp_path, style: s
         assert recovery["how"] == "warm" and recovery["class"] == "unknown", recovery  # (a SIGKILL: no one to blame)
         assert all(recovery[k] is not None for k in ("teardown_s", "release_s", "order_s", "up_s", "total_s")), recovery
         assert recovery["release_s"] + recovery["order_s"] <= recovery["teardown_s"] <= recovery["total_s"], recovery
+        # the state load, timed by the ranks around the example's phase("restore"): a part of the start-up
+        assert recovery["restore_s"] is not None and 0 <= recovery["restore_s"] <= recovery["total_s"], recovery
         log = next(camp.root.glob("logs/*/train-1.log")).read_text(errors="replace")
         lines = step_lines(log)  # rank 0, one process: generation 0, then generation 1 from the snapshot
         resumed = STEPS - picked["step"]

@@ -58,6 +58,28 @@ def test_the_client_measures_its_checkpoint_stall(slot_dir: Path) -> None:
     assert _read(slot_dir).ckpt_ms >= first.ckpt_ms + 30
 
 
+def test_the_client_measures_its_state_load(slot_dir: Path) -> None:
+    """The time in restore phases (outermost blocks, failed ones too) and how many ended: what splits a restart's
+    start-up into loading the state and the rest (rendezvous, model build, first step) in the report."""
+    import time
+
+    client.step(5)
+    assert (_read(slot_dir).restore_ms, _read(slot_dir).restores) == (0, 0)
+    with client.phase("restore"):
+        with client.phase("restore"):  # nested (a helper that marks its own load): counted once
+            time.sleep(0.05)
+        with client.phase("data"):
+            time.sleep(0.02)
+    first = _read(slot_dir)
+    assert 70 <= first.restore_ms < 2000 and first.restores == 1
+    with pytest.raises(OSError), client.phase("restore"):
+        time.sleep(0.03)
+        raise OSError("torn shard")
+    again = _read(slot_dir)
+    assert again.restore_ms >= first.restore_ms + 30 and again.restores == 2
+    assert again.ckpt_ms == 0  # a restore is not a checkpoint stall
+
+
 def test_rank_identity_prefers_torchrun_over_slurm(slot_dir: Path, env: pytest.MonkeyPatch) -> None:
     env.setenv("SLURM_PROCID", "1")  # under `srun torchrun`, PROCID numbers the node
     env.setenv("SLURM_LOCALID", "0")

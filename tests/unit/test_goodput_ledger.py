@@ -222,6 +222,30 @@ def test_after_a_warm_restart_a_kept_ranks_old_step_is_not_the_new_generations_f
     assert [(e["type"], e["step"], e["step_t"]) for e in out] == [("step_progress", 27, 200.8)]
 
 
+def test_the_first_step_record_says_the_longest_state_load_of_this_generation_only() -> None:
+    """The ranks' clients time their ``phase("restore")`` blocks; the launch's first progress record carries the
+    slowest rank's load since the launch (a kept process's earlier loads left out), so the report can split the
+    restart's start-up into the state load and the rest (rendezvous, model build, first step)."""
+    out: list[dict] = []
+    now = [300.0]
+    log = ProgressLog(Context.of(out.append, lambda: now[0]), every_s=30.0)
+
+    def rank(pid: int, beats: int, restore_ms: int, restores: int) -> SimpleNamespace:
+        return SimpleNamespace(**{**vars(_rank(pid, 10 + beats, 0.1)), "beats": beats, "restore_ms": restore_ms,
+                                  "restores": restores})  # fmt: skip
+
+    # Rank 1's process loaded 5 s at its start (an earlier generation); rank 2 is a new process (a replacement).
+    log.launched(3, carried={1: 30}, restored={1: (5000, 1)})
+    log.observe(SimpleNamespace(ranks=[rank(1, 31, 5400, 2), rank(2, 1, 700, 1)]))
+    assert out[0]["type"] == "step_progress" and out[0]["restore_s"] == 0.7  # max(0.4 s, 0.7 s)
+    now[0] = 340.0
+    log.observe(SimpleNamespace(ranks=[rank(1, 60, 9000, 3), rank(2, 30, 700, 1)]))
+    assert out[1]["type"] == "step_progress" and "restore_s" not in out[1]  # only the start-up's record
+    log.launched(4)  # a cold relaunch whose program marks no restore: nothing said, not a 0
+    log.observe(SimpleNamespace(ranks=[rank(7, 1, 0, 0)]))
+    assert out[2]["type"] == "step_progress" and "restore_s" not in out[2]
+
+
 def _steady(stretches_s: list[float]) -> list[dict]:
     """One launch that completes: its first step at 10 s, then progress records 30 steps apart, each stretch
     lasting the given seconds (what the loop journals every 30 s)."""

@@ -22,22 +22,29 @@ def interrupted(t: float, cls: str = ev.UNKNOWN) -> dict:
     return ev.interruption_event(t, cls, [], 0.9, [])
 
 
-def progress(t: float, n: int, step_t: float) -> dict:
-    return ev.step_progress(t, n, 5, step_t, 2)
+def progress(t: float, n: int, step_t: float, **extra: object) -> dict:
+    return {**ev.step_progress(t, n, 5, step_t, 2), **extra}
 
 
 def test_a_relaunch_is_timed_from_its_first_detection_to_the_new_launchs_first_step() -> None:
     rows = recoveries([launched(0, 1), progress(2, 1, 1.5), detected(10), detected(11), interrupted(12),
                        launched(15, 2), progress(21, 2, 20)])  # fmt: skip
     assert rows == [None, {"how": "relaunch", "class": ev.UNKNOWN, "verdict_s": 2.0, "teardown_s": 3.0,
-                           "up_s": 5.0, "total_s": 10.0}]  # fmt: skip
+                           "up_s": 5.0, "restore_s": None, "total_s": 10.0}]  # fmt: skip
 
 
 def test_a_warm_restart_splits_its_teardown_into_the_release_and_the_order() -> None:
     rows = recoveries([launched(0, 1), interrupted(12, ev.APP_ERROR), launched(12.5, 2, generation=1),
                        ev.warm_restart_ordered(13, 2, 1, 0.4, 0.3), progress(15, 2, 14)])  # fmt: skip
     assert rows[1] == {"how": "warm", "class": ev.APP_ERROR, "verdict_s": None, "teardown_s": 1.0,
-                       "release_s": 0.4, "order_s": 0.3, "up_s": 1.0, "total_s": 2.0}  # fmt: skip
+                       "release_s": 0.4, "order_s": 0.3, "up_s": 1.0, "restore_s": None, "total_s": 2.0}  # fmt: skip
+
+
+def test_the_state_load_the_ranks_measured_splits_the_start_up_and_only_the_first_step_record_counts() -> None:
+    rows = recoveries([launched(0, 1), progress(1, 1, 1, restore_s=9.0), interrupted(12, ev.NODE_FAILURE),
+                       launched(15, 2), progress(21, 2, 20, restore_s=1.5), progress(40, 2, 39, restore_s=7.0)])
+    assert rows[0] is None  # a campaign's first launch is no recovery, whatever it loaded
+    assert rows[1] is not None and rows[1]["up_s"] == 5.0 and rows[1]["restore_s"] == 1.5
 
 
 def test_a_requeue_counts_the_queue_in_its_teardown_and_a_fresh_campaigns_first_launch_is_no_recovery() -> None:
@@ -54,7 +61,7 @@ def test_a_warm_restart_given_up_before_its_order_leaves_the_cold_launch_timed_f
     warm, cold = rows[1], rows[2]
     assert warm is not None and warm["teardown_s"] is None and warm["up_s"] is None and warm["order_s"] is None
     assert cold == {"how": "relaunch", "class": ev.UNKNOWN, "verdict_s": 1.0, "teardown_s": 8.0, "up_s": 5.0,
-                    "total_s": 14.0}  # fmt: skip
+                    "restore_s": None, "total_s": 14.0}  # fmt: skip
 
 
 def test_detections_after_the_verdict_or_before_any_launch_do_not_move_the_next_verdict() -> None:
@@ -66,18 +73,19 @@ def test_detections_after_the_verdict_or_before_any_launch_do_not_move_the_next_
 def test_the_report_carries_each_launchs_recovery_and_says_it_in_a_line() -> None:
     events = [ev.campaign_started(0, "c", ["python", "t.py"]), ev.attempt_started(0, "1", 0, ["n1", "n2"], None),
               launched(1, 1), interrupted(12, ev.APP_ERROR), launched(12.5, 2, generation=1, replaced_ranks=[1]),
-              ev.warm_restart_ordered(13, 2, 1, 0.4, 0.1), progress(15, 2, 14)]  # fmt: skip
+              ev.warm_restart_ordered(13, 2, 1, 0.4, 0.1), progress(15, 2, 14, restore_s=0.3)]  # fmt: skip
     report = fold(events, now=20)
     assert "recovery" not in report["attempts"][0]
     assert report["attempts"][1]["recovery"]["how"] == "warm"
     assert ("launch 2: back by warm restart after app_error: verdict -, teardown 1.0 s (release 0.4 s, order 0.1 s), "
-            "to the first step 1.0 s, in all 2.0 s") in render_text(report)  # fmt: skip
+            "to the first step 1.0 s (state load 0.3 s), in all 2.0 s") in render_text(report)  # fmt: skip
 
 
 _value = st.none() | st.booleans() | st.text(max_size=3) | st.floats(allow_nan=True) | st.integers(-5, 10**15)
 _event = st.fixed_dictionaries({"type": st.sampled_from(sorted(RECOVERY_EVENTS))},
                                optional={"t": _value, "generation": _value, "class": _value, "step_t": _value,
-                                         "release_s": _value, "order_s": _value, "launch": _value})  # fmt: skip
+                                         "release_s": _value, "order_s": _value, "launch": _value,
+                                         "restore_s": _value})  # fmt: skip
 
 
 @given(st.lists(_event, max_size=30))

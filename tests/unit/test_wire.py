@@ -42,33 +42,48 @@ def test_summary_round_trip_preserves_every_field_including_nan_loss() -> None:
 
 
 def test_a_node_of_eight_ranks_fits_in_a_small_datagram() -> None:
-    assert wire.RANK.size == 88
-    assert len(summary(ranks=[entry(r) for r in range(8)])) < 800  # one Ethernet frame (MTU 1500)
+    assert wire.RANK.size == 96
+    assert len(summary(ranks=[entry(r) for r in range(8)])) < 900  # one Ethernet frame (MTU 1500)
 
 
-def test_own_time_travels_and_a_version_2_agent_is_still_understood_without_it() -> None:
-    ranks = [entry(0, own_s=0.25), entry(1, own_s=0.0)]
-    out = list(wire.iter_ranks(wire.decode(KEY, summary(ranks=ranks), job="123").body))
-    assert [e.own_s for e in out] == [0.25, 0.0]
-    # The previous release's frame: version 2 in the header, 84-byte entries (everything up to ckpt_step).
-    new = summary(ranks=ranks)[:-wire.MAC_LEN]
-    head = bytearray(new[:wire.HEADER.size + 3 + 5])
-    head[4] = 2
-    body = new[len(head):]
-    old_body = b"".join(body[i:i + wire.RANK_V2_SIZE] for i in range(0, len(body), wire.RANK.size))
-    msg = bytes(head) + old_body
+def _as_version(frame: bytes, version: int) -> bytes:
+    """``frame`` (today's) as an agent of an earlier release sent it: that version in the header, each entry cut to
+    that version's size, sealed again."""
     import hashlib
     import hmac
 
-    frame = wire.decode(KEY, msg + hmac.digest(KEY, msg, hashlib.sha256), job="123")
-    old = list(wire.iter_ranks(frame.body))
-    assert [e._replace(own_s=0.0) for e in out] == old and all(e.own_s == 0.0 for e in old)
-    # The live table: an own time of 0 means "not measured" (None), a positive one is kept.
+    new = frame[:-wire.MAC_LEN]
+    head = bytearray(new[:wire.HEADER.size + 3 + 5])
+    head[4] = version
+    body = new[len(head):]
+    size = wire.RANK_SIZES[version]
+    msg = bytes(head) + b"".join(body[i:i + size] for i in range(0, len(body), wire.RANK.size))
+    return msg + hmac.digest(KEY, msg, hashlib.sha256)
+
+
+def test_own_time_and_restore_time_travel_and_older_agents_are_still_understood_without_them() -> None:
+    ranks = [entry(0, own_s=0.25, restore_ms=1234, restores=2), entry(1, own_s=0.0)]
+    out = list(wire.iter_ranks(wire.decode(KEY, summary(ranks=ranks), job="123").body))
+    assert [e.own_s for e in out] == [0.25, 0.0]
+    assert [(e.restore_ms, e.restores) for e in out] == [(1234, 2), (0, 0)]
+    # Version 3's frame: 88-byte entries (everything up to own time): restore time reads 0.
+    v3 = list(wire.iter_ranks(wire.decode(KEY, _as_version(summary(ranks=ranks), 3), job="123").body))
+    assert [e._replace(restore_ms=0, restores=0) for e in out] == v3
+    # Version 2's frame: 84-byte entries (everything up to ckpt_step).
+    old = list(wire.iter_ranks(wire.decode(KEY, _as_version(summary(ranks=ranks), 2), job="123").body))
+    assert [e._replace(own_s=0.0, restore_ms=0, restores=0) for e in out] == old and all(e.own_s == 0.0 for e in old)
+    # The live table: an own time of 0 means "not measured" (None), a positive one is kept; restore time as sent.
     table = LiveTable(KEY, "123", wall_ns=lambda: NOW)
     assert table.feed(summary(ranks=ranks))
-    assert [r.own_s for r in table.rank_views()] == [0.25, None]
+    assert [(r.own_s, r.restore_ms, r.restores) for r in table.rank_views()] == [(0.25, 1234, 2), (None, 0, 0)]
     with pytest.raises(wire.FrameError, match="length"):  # a version-2 header with today's entries is refused
-        body_msg = bytes(head) + body
+        import hashlib
+        import hmac
+
+        new = summary(ranks=ranks)[:-wire.MAC_LEN]
+        head = bytearray(new[:wire.HEADER.size + 3 + 5])
+        head[4] = 2
+        body_msg = bytes(head) + new[len(head):]
         wire.decode(KEY, body_msg + hmac.digest(KEY, body_msg, hashlib.sha256))
 
 
@@ -204,7 +219,8 @@ f32 = st.floats(width=32, allow_nan=False)
                  rank_flags=u8, control_flags=u8, beat_age_ms=u32, ewma_s=f32, min_s=f32, max_s=f32,
                  loss=st.floats(), loss_step=st.integers(-(2**63), 2**63 - 1), beats=st.integers(0, 2**64 - 1),
                  exit_code=st.integers(-32768, 32767), exit_signal=u8, cpu_s=st.floats(), ckpt_ms=u32,
-                 ckpt_step=st.integers(-(2**63), 2**63 - 1), own_s=f32))
+                 ckpt_step=st.integers(-(2**63), 2**63 - 1), own_s=f32,
+                 restore_ms=u32, restores=u32))
 def test_any_in_range_rank_entry_round_trips_exactly(e: wire.RankEntry) -> None:
     (out,) = wire.iter_ranks(wire.decode(KEY, summary(ranks=[e])).body)
     for name, a, b in zip(wire.RankEntry._fields, out, e, strict=True):
