@@ -42,6 +42,8 @@ from bench import crash_timeline  # noqa: E402
 from examples.campaign_view import events, job_nodes, live_rank, wait_for  # noqa: E402
 from slurm.localcluster import LocalCluster  # noqa: E402
 from slurm.localcluster.config import DEFAULT_BASE_PORT  # noqa: E402
+from supervisor.decisions.recovery_timings import recoveries  # noqa: E402
+from supervisor.report_view import recovery_text  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
 STEP = re.compile(r"^(?:\s*\d+: )?step=(\d+) ", re.M)  # the supervisor's launch logs carry srun --label's "N: "
@@ -318,9 +320,18 @@ def bench_memory(cluster: LocalCluster, work: Path) -> None:
         print(f"| {label} | {'on' if memory == 'auto' else 'off'} | {lost} | {past:.1f} |")
 
 
-def kill_and_time(root: Path, pid: int, label: str) -> tuple[int, float, float]:
+def state_load_s(root: Path) -> float | None:
+    """The supervisor's recovery timings of the campaign's second launch (decisions/recovery_timings.py, as the
+    report gives them), printed; the state load the ranks measured, or None."""
+    timed = wait_for("the recovery's first step record",
+                     lambda: next((r for r in recoveries(events(root))[1:] if r and r["up_s"] is not None), None), 30)
+    print(f"   {recovery_text(timed)}", flush=True)
+    return timed.get("restore_s")
+
+
+def kill_and_time(root: Path, pid: int, label: str) -> tuple[int, float, float, float | None]:
     """SIGKILL ``pid`` (a rank), time the recovery and print it after ``label``: (steps lost, seconds until the first
-    step after the fault, seconds until past the pre-fault step again)."""
+    step after the fault, seconds until past the pre-fault step again, the state load within it)."""
     sizes = {p: p.stat().st_size for p in root.glob("logs/*/train-*.log")}
     t0, before = time.time(), last_printed(root)
     os.kill(pid, signal.SIGKILL)
@@ -332,10 +343,11 @@ def kill_and_time(root: Path, pid: int, label: str) -> tuple[int, float, float]:
     how += " (a standby took the rank)" if relaunch.get("standby_ranks") else ""
     print(f"{label}: restarted {how} from {relaunch.get('resume_tier')} at step {resumed} ({before - resumed} steps "
           f"lost), first step after {first:.1f} s, past the pre-fault step {before} after {past:.1f} s", flush=True)
-    return before - resumed, first, past
+    return before - resumed, first, past, state_load_s(root)
 
 
-def warm_row(cluster: LocalCluster, work: Path, mode: str, standbys: str = "off") -> tuple[int, float, float]:
+def warm_row(cluster: LocalCluster, work: Path, mode: str,
+             standbys: str = "off") -> tuple[int, float, float, float | None]:
     """Rank SIGKILL of the example run with ``--restartable`` (main() inside client.restartable), ``[run]
     warm_restart`` ``mode`` ("on" or "off") and ``standbys``, memory tier on, DCP every 50 steps of 0.1 s: (steps
     lost, seconds until the first step after the fault, seconds until training is past the pre-fault step again).
@@ -364,13 +376,13 @@ def bench_warm(cluster: LocalCluster, work: Path) -> None:
     rows = {label: warm_row(cluster, work / f"warm-{mode}-{standbys}", mode, standbys)
             for label, (mode, standbys) in WARM_ROWS.items()}  # fmt: skip
     print("\n| rank SIGKILL (2 ranks, 0.1 s steps, memory tier on) | steps lost | s until the first step after | "
-          "s until past the pre-fault step |")  # fmt: skip
-    print("|---|---|---|---|")
-    for label, (lost, first, past) in rows.items():
-        print(f"| {label} | {lost} | {first:.1f} | {past:.1f} |")
+          "s until past the pre-fault step | of which state load (s) |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for label, (lost, first, past, load) in rows.items():
+        print(f"| {label} | {lost} | {first:.1f} | {past:.1f} | {'-' if load is None else f'{load:.2f}'} |")
 
 
-def torchrun_warm_row(cluster: LocalCluster, work: Path, mode: str) -> tuple[int, float, float]:
+def torchrun_warm_row(cluster: LocalCluster, work: Path, mode: str) -> tuple[int, float, float, float | None]:
     """Under ``srun torchrun`` (2 nodes x 2 workers, the example with ``--restartable``, ``[run] warm_restart``
     ``mode``): a worker of the node whose torchrun does not host the rendezvous store SIGKILLed. (steps lost,
     seconds until the first step after the fault, seconds until past the pre-fault step again)."""
@@ -397,9 +409,10 @@ def bench_warm_torchrun(cluster: LocalCluster, work: Path) -> None:
     rows = {label: torchrun_warm_row(cluster, work / f"torchrun-{mode}", mode)
             for label, mode in (("warm restart", "on"), ("cold relaunch", "off"))}  # fmt: skip
     print("\n| torchrun worker SIGKILL (2 nodes x 2 workers, 0.1 s steps, memory tier on) | steps lost | "
-          "s until the first step after | s until past the pre-fault step |\n|---|---|---|---|")  # fmt: skip
-    for label, (lost, first, past) in rows.items():
-        print(f"| {label} | {lost} | {first:.1f} | {past:.1f} |")
+          "s until the first step after | s until past the pre-fault step | of which state load (s) |\n"
+          "|---|---|---|---|---|")  # fmt: skip
+    for label, (lost, first, past, load) in rows.items():
+        print(f"| {label} | {lost} | {first:.1f} | {past:.1f} | {'-' if load is None else f'{load:.2f}'} |")
 
 
 def main() -> int:

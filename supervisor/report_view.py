@@ -87,7 +87,7 @@ def recovery_text(r: dict[str, Any]) -> str:
         parts[-1] += f" (release {sec('release_s')}, order {sec('order_s')})"
     up = f"to the first step {sec('up_s')}"
     if r.get("restore_s") is not None:
-        up += f" (state load {sec('restore_s')})"
+        up += f" (state load {r['restore_s']:.2f} s)"  # (often a small part: hundredths say it)
     parts += [up, f"in all {sec('total_s')}"]
     return f"back by {how} after {r.get('class')}: " + ", ".join(parts)
 

@@ -42,8 +42,11 @@ ORDER_ENV = frozenset({
 
 # A standby process taking over a rank (client/standby.py) also gets the rank's identity: torch's variables, and
 # Slurm's for its task in the launch's step (supervisor.driver.task_identity.NAMES, checked by a test), which srun
-# gave the standby's own one-task step as rank 0 of 1.
+# gave the standby's own one-task step as rank 0 of 1; under ``srun torchrun`` the variables torchrun gives a
+# worker instead (supervisor.driver.torchrun_worker.worker_identity, checked by a test).
 ASSIGN_ENV = ORDER_ENV | frozenset({"RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE"}) | frozenset({
+    "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT",
+}) | frozenset({
     "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES",
     "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
     "SLURM_NTASKS_PER_NODE",

@@ -6,9 +6,11 @@ torch`` while its peers wait for it (about three seconds here; minutes at scale 
 (``python -m supervisor.client.standby``) has paid that before the fault and only waits for an assignment. It
 costs a process's memory (torch imported, no device context: it has not run the program yet) on each node, so:
 
-- how many per node (:func:`per_node`): ``[run] standbys`` "auto" is one, for a warm launch of a plain Python
-  command (the standby runs the script itself; a shell wrapper or torchrun cannot be taken over this way); "off"
-  or 0 none; N each node's N;
+- how many per node (:func:`per_node`): ``[run] standbys`` "auto" is as many as go together when one rank dies:
+  one for a warm launch of a plain Python command, a node's workers under ``srun torchrun`` (a dead worker's
+  torchrun stops its node-mates: they are all started again, and one standby alone would leave the others paying
+  the start); none for what a standby cannot run (a shell wrapper, torchrun's ``--no-python``); "off" or 0 none;
+  N each node's N;
 - where (:func:`wanted`): ``per_node`` on each node of the launch, and on each spare node enough for a whole node's
   ranks (a lost node's ranks move there);
 - when (:func:`to_start`): only once every rank of the launch's current generation trains, so that a standby's
@@ -28,13 +30,14 @@ AUTO_PER_NODE = 1
 STANDBY_VALUES = ("auto", "off")
 
 
-def per_node(setting: str | int, *, warm: bool, plain_python: bool) -> int:
+def per_node(setting: str | int, *, warm: bool, plain_python: bool, together: int = 1) -> int:
     """Standbys each node of the launch keeps: 0 for a cold launch (nothing would take them) or a command a
-    standby cannot run (not ``python SCRIPT``/``python -m MODULE``)."""
+    standby cannot run (not ``python SCRIPT``/``python -m MODULE``, or torchrun's worker of one); "auto":
+    ``together``, the ranks a node starts again at once when one of them dies (1; a torchrun's workers)."""
     if not warm or not plain_python or setting == "off":
         return 0
     if setting == "auto":
-        return AUTO_PER_NODE
+        return max(AUTO_PER_NODE, together)
     return max(0, int(setting))
 
 

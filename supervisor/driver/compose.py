@@ -207,7 +207,7 @@ def compose(a: Attempt, ctx: Context, channel: GuardedChannel, addresses: dict[s
                       health=health, nodeloss=watch_nodes,
                       stall=StallProbe(ctx, channel, paths.root), swap=swap)  # fmt: skip
     standbys = Standbys(ctx, setting=run.standbys, command=spec.command, trainer=trainer, slurm=a.slurm,
-                        job_id=job_id, ranks_of=watcher.ranks, tasks_per_node=layout.tasks_per_node,
+                        job_id=job_id, ranks_of=watcher.ranks, tasks_per_node=trainer.ranks_per_node,
                         spares_of=lambda launch: [n for n in placement.usable_nodes(layout, watch_nodes.lost)
                                                   if n not in launch.nodes])  # fmt: skip
     watcher.standbys = standbys  # (it asks the watcher for the launch's ranks)

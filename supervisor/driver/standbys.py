@@ -20,7 +20,7 @@ from slurm.client import SlurmClient
 from supervisor.decisions import events as ev
 from supervisor.decisions import standbys as rule
 from supervisor.decisions.warm_restart import views_of
-from supervisor.driver import distenv
+from supervisor.driver import distenv, torchrun_worker
 from supervisor.driver.context import Context
 from supervisor.driver.launcher import Launch, LaunchProcs, Standby, TrainingLauncher, kill_step
 
@@ -32,10 +32,17 @@ class Standbys:
     def __init__(self, ctx: Context, *, setting: str | int, command: Sequence[str], trainer: TrainingLauncher,
                  slurm: SlurmClient, job_id: str, ranks_of: Callable[[Launch], Sequence[Any]],
                  tasks_per_node: int, spares_of: Callable[[Launch], Sequence[str]] = lambda launch: ()) -> None:  # fmt: skip
-        """``spares_of``: the allocation's usable nodes the launch does not run on (where a lost node's ranks go)."""
+        """``spares_of``: the allocation's usable nodes the launch does not run on (where a lost node's ranks go).
+        ``tasks_per_node``: ranks per node (under ``srun torchrun``, each torchrun's workers)."""
         self.ctx, self.setting, self.trainer, self.slurm, self.job_id = ctx, setting, trainer, slurm, job_id
         self.ranks_of, self.tasks_per_node, self.spares_of = ranks_of, tasks_per_node, spares_of
-        self.command = distenv.standby_command(command)
+        worker = getattr(trainer, "torchrun_worker", None)
+        self.torchrun = distenv.runs_torchrun(command)
+        if self.torchrun:  # a standby runs torchrun's worker command; a node's workers go (and come back) together
+            self.command = torchrun_worker.standby_command(worker[0]) if worker is not None else None
+            self.together = worker[1] if worker is not None else 1
+        else:
+            self.command, self.together = distenv.standby_command(command), 1
         self.idle: list[Standby] = []  # started for ``owner``, not assigned yet, oldest first
         self.owner: Launch | None = None
         self.started = 0
@@ -45,14 +52,15 @@ class Standbys:
     def per_node(self, launch: Launch) -> int:
         if self.dead >= MAX_DEAD:
             return 0
-        return rule.per_node(self.setting, warm=launch.warm, plain_python=self.command is not None)
+        return rule.per_node(self.setting, warm=launch.warm, plain_python=self.command is not None,
+                             together=self.together)
 
     def keep(self, launch: Launch) -> None:
         """One pass of ``launch``'s watch: drop the standbys that died, start those the rule asks for."""
         if self.owner is not launch:
             self.retire()
             self.owner = launch
-        spares = list(self.spares_of(launch))
+        spares = [] if self.torchrun else list(self.spares_of(launch))  # (a node's torchrun never moves warm)
         for standby in [s for s in self.idle if s.proc.poll() is not None]:
             self.idle.remove(standby)
             if standby.node not in launch.nodes and standby.node not in spares:
@@ -63,8 +71,9 @@ class Standbys:
         per_node = self.per_node(launch)
         if per_node == 0:
             if launch.warm and self.command is None and self.setting not in ("off", 0):
-                self.say_why(launch, "the training command is not `python SCRIPT` or `python -m MODULE`: a standby "
-                                     "cannot run it (warm restarts start dead ranks as new steps)")  # fmt: skip
+                self.say_why(launch, "the training command is not `python SCRIPT`, `python -m MODULE` or torchrun "
+                                     "running one: a standby cannot run it (warm restarts start dead ranks as new "
+                                     "steps)")  # fmt: skip
             return
         want = rule.wanted(launch.nodes, spares, per_node=per_node, tasks_per_node=self.tasks_per_node)
         wanted = rule.to_start(want, Counter(s.node for s in self.idle), training=self.training(launch))

@@ -127,6 +127,16 @@ def worker_command(command: Sequence[str], user_env: Mapping[str, str]) -> tuple
     return ([python, *worker.argv], worker.nproc) if python else None
 
 
+def standby_command(worker: Sequence[str]) -> list[str] | None:
+    """The command of a standby rank (``client/standby.py``) for torchrun's worker command line ``worker``
+    (:func:`worker_command`: ``PYTHON -u SCRIPT ARGS`` or ``PYTHON -u -m MODULE ARGS``): torchrun's interpreter
+    running ``-u -m supervisor.client.standby -- SCRIPT ARGS``, which on its assignment runs the script as
+    torchrun's worker would. None for a worker that is not a Python program (``--no-python``)."""
+    if len(worker) < 3 or worker[1] != "-u" or not os.path.basename(worker[0]).startswith("python"):
+        return None
+    return [worker[0], "-u", "-m", "supervisor.client.standby", "--", *worker[2:]]
+
+
 def worker_identity(rank: int, world: int, nproc: int, nodes: int) -> dict[str, str]:
     """The variables torchrun gives worker ``rank`` of a homogeneous launch (``nproc`` per node on ``nodes``
     nodes; its group rank is its node's place in the rendezvous, ranks ``group * nproc`` on): the worker then

@@ -10,7 +10,11 @@ new torchrun would make the others restart their workers), the kept workers rend
 processes, and the campaign completes without waiting out the kept torchruns' 300 s exit barrier, bitwise as an
 uninterrupted run. The killed worker is on a node whose torchrun does not host the rendezvous store (that torchrun's
 exit would end the others': then the restart is cold, as documented). A kept worker found stuck in its collective
-would take its node's group with it (then two nodes are replaced): allowed, and checked to be started again."""
+would take its node's group with it (then two nodes are replaced): allowed, and checked to be started again.
+
+With ``[run] standbys = "auto"`` (the default) each node keeps one standby per worker, running torchrun's worker
+command (its interpreter, ``-u``, the script): the dead node's ranks are taken by its standbys, which paid the
+interpreter's start and ``import torch`` before the fault; with "off" they start as new steps."""
 
 from __future__ import annotations
 
@@ -45,21 +49,24 @@ def store_host(port: int) -> int | None:
     return None
 
 
-def uninterrupted(tmp: Path) -> dict[str, torch.Tensor]:
+def uninterrupted(tmp: Path, steps: int = STEPS) -> dict[str, torch.Tensor]:
     tmp.mkdir()
     env = {**base_env(tmp, free_port()), "WORLD_SIZE": str(WORLD)}
-    wait_all({r: start_rank(r, env, tmp, "plain", STEPS) for r in range(WORLD)}, tmp)
+    wait_all({r: start_rank(r, env, tmp, "plain", steps) for r in range(WORLD)}, tmp)
     return torch.load(tmp / "final.pt", weights_only=True)
 
 
-def test_a_dead_torchrun_workers_node_restarts_warm_and_the_other_nodes_workers_keep_their_processes(tmp_path):
+@pytest.mark.parametrize("standbys", ["off", "auto"])
+def test_a_dead_torchrun_workers_node_restarts_warm_and_the_other_nodes_workers_keep_their_processes(
+        tmp_path, standbys: str) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
     root, ckpt, out = tmp_path / "campaign", tmp_path / "ckpt", tmp_path / "final.pt"
     cfg = tmp_path / "supervise.toml"
-    cfg.write_text('[preflight]\nenabled = false\n[run]\nwarm_restart = "on"\n')
+    cfg.write_text(f'[preflight]\nenabled = false\n[run]\nwarm_restart = "on"\nstandbys = "{standbys}"\n')
+    steps = STEPS if standbys == "off" else 2 * STEPS  # (the standbys start once every rank trains: time for them)
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     submitted = supervise("submit", f"--nodes={NODES}", "--ntasks-per-node=1", "--time=10", "--campaign", str(root),
                           "--config", str(cfg), "--", torchrun, f"--nproc-per-node={NPROC}", str(PROGRAM), "--steps",
-                          str(STEPS), "--ckpt-dir", str(ckpt), "--ckpt-every", "5", "--step-time", "0.3", "--out",
+                          str(steps), "--ckpt-dir", str(ckpt), "--ckpt-every", "5", "--step-time", "0.3", "--out",
                           str(out))  # fmt: skip
     camp = Campaign(submitted.stdout.split()[1], root, ckpt)
     try:
@@ -70,6 +77,9 @@ def test_a_dead_torchrun_workers_node_restarts_warm_and_the_other_nodes_workers_
         victims = sorted(r for r, pid in pids.items() if parent(pid) == agents[0])
         assert len(victims) == NPROC and len(agents) == NODES - 1, (pids, host)
         wait_for("rank 0 at step 10", lambda: live_rank(root, 0, 10), 120)
+        if standbys == "auto":  # one per worker on each node, torchrun's worker command (not a torchrun)
+            pool = wait_for("the standbys", lambda: camp.of_type("standbys") or None, 60)[0]["started"]
+            assert sorted(pool.values()) == sorted(2 * launches(camp)[0]["nodes"]), pool
         os.kill(pids[victims[0]], signal.SIGKILL)
         killed = time.monotonic()
         ended = wait_for("the campaign to complete", camp.ended, 240)
@@ -89,10 +99,13 @@ def test_a_dead_torchrun_workers_node_restarts_warm_and_the_other_nodes_workers_
         for r in kept:  # generation 0 and 1 in the same worker process
             assert f"start rank={r} pid={pids[r]} generation=0 step=0" in text, text[-3000:]
             assert f"start rank={r} pid={pids[r]} generation=1 step={again['resume_step']}" in text, text[-3000:]
-        for r in replaced:  # started again, without torchrun, as their own steps
-            started = (logs / f"train-{again['launch']}-g1-r{r}.log").read_text(errors="replace")
+        taken = again.get("standby_ranks", {})
+        assert sorted(taken) == (sorted(str(r) for r in replaced) if standbys == "auto" else []), again
+        for r in replaced:  # started again, without torchrun: a standby, or their own steps
+            name = f"train-1-standby-{taken[str(r)]}.log" if taken else f"train-{again['launch']}-g1-r{r}.log"
+            started = (logs / name).read_text(errors="replace")
             assert f"start rank={r} " in started and f"generation=1 step={again['resume_step']}" in started, started
-        want = uninterrupted(tmp_path / "plain")
+        want = uninterrupted(tmp_path / "plain", steps)
         got = torch.load(out, weights_only=True)
         assert all(torch.equal(got[k], want[k]) for k in want), "the warm restart changed the training"
     finally:

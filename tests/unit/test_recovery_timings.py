@@ -78,7 +78,7 @@ def test_the_report_carries_each_launchs_recovery_and_says_it_in_a_line() -> Non
     assert "recovery" not in report["attempts"][0]
     assert report["attempts"][1]["recovery"]["how"] == "warm"
     assert ("launch 2: back by warm restart after app_error: verdict -, teardown 1.0 s (release 0.4 s, order 0.1 s), "
-            "to the first step 1.0 s (state load 0.3 s), in all 2.0 s") in render_text(report)  # fmt: skip
+            "to the first step 1.0 s (state load 0.30 s), in all 2.0 s") in render_text(report)  # fmt: skip
 
 
 _value = st.none() | st.booleans() | st.text(max_size=3) | st.floats(allow_nan=True) | st.integers(-5, 10**15)

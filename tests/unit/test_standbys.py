@@ -25,7 +25,7 @@ from supervisor.client.restart_order import ASSIGN_ENV, RestartOrder
 from supervisor.config import ConfigError, from_mapping
 from supervisor.decisions import standbys as rule
 from supervisor.decisions import warm_restart as warm_rule
-from supervisor.driver import distenv
+from supervisor.driver import distenv, torchrun_worker
 from supervisor.driver.context import Context
 from supervisor.driver.launcher import Launch
 from supervisor.driver.standbys import MAX_DEAD, Standbys
@@ -42,6 +42,9 @@ def test_per_node_follows_the_setting_and_only_for_warm_plain_python_launches() 
     assert rule.per_node("off", warm=True, plain_python=True) == 0
     assert rule.per_node("auto", warm=False, plain_python=True) == 0, "a cold launch: nothing would take them"
     assert rule.per_node("auto", warm=True, plain_python=False) == 0, "a wrapper script cannot be taken over"
+    # under torchrun a dead worker's node-mates are started again with it: "auto" keeps a standby for each
+    assert rule.per_node("auto", warm=True, plain_python=True, together=4) == 4
+    assert rule.per_node(1, warm=True, plain_python=True, together=4) == 1, "a number given is kept"
 
 
 @given(st.lists(st.sampled_from(NODES), max_size=6), st.integers(0, 3), st.booleans())
@@ -95,6 +98,11 @@ def test_the_standby_command_and_srun_line() -> None:
     assert distenv.standby_command(["/v/bin/python", "-m", "pkg.train"])[-3:] == ["--", "-m", "pkg.train"]
     for other in (["python", "-u", "train.py"], ["bash", "run.sh"], ["torchrun", "t.py"], ["python"]):
         assert distenv.standby_command(other) is None, other
+    # torchrun's worker (driver/torchrun_worker.py): its interpreter, unbuffered, the script or module and its args
+    assert torchrun_worker.standby_command(["/v/bin/python3", "-u", "train.py", "--x", "1"]) == \
+        ["/v/bin/python3", "-u", "-m", "supervisor.client.standby", "--", "train.py", "--x", "1"]  # fmt: skip
+    assert torchrun_worker.standby_command(["/v/bin/python", "-u", "-m", "pkg.train"])[-3:] == ["--", "-m", "pkg.train"]
+    assert torchrun_worker.standby_command(["./train_bin", "--x"]) is None  # --no-python: not a Python program
     argv = srun.standby(["python", "x"], launch=3, standby="7", node="n1", extra=("--gpus-per-task=1",))
     assert argv[:2] == ["srun", "--overlap"] and "--job-name=train-3-standby-7" in argv and "--nodelist=n1" in argv
     assert "--ntasks=1" in argv and argv[-3:] == ["--gpus-per-task=1", "python", "x"]
@@ -120,7 +128,8 @@ def beating(rank: int, *, beats: int = 3, flags: int = RANK_FLAG_RESTARTABLE, pi
 
 
 def pool(tmp_path: Path, ranks: list[RankView], setting: str | int = "auto",
-         command: tuple[str, ...] = ("python", "train.py")) -> tuple[Standbys, StepSlurm, list[Any], Recorded]:  # fmt: skip
+         command: tuple[str, ...] = ("python", "train.py"), worker: tuple[list[str], int] | None = None,
+         spares: tuple[str, ...] = ()) -> tuple[Standbys, StepSlurm, list[Any], Recorded]:  # fmt: skip
     started: list[tuple[list[str], dict[str, str]]] = []
     slurm, record = StepSlurm(), Recorded()
     t = trainer(tmp_path, started)
@@ -132,8 +141,11 @@ def pool(tmp_path: Path, ranks: list[RankView], setting: str | int = "auto",
         return proc
 
     t.start = start
+    if worker is not None:  # under torchrun: its worker command and workers per node (the launcher reads them)
+        t.torchrun_worker = worker
     s = Standbys(Context.of(record), setting=setting, command=command, trainer=t, slurm=slurm, job_id="7",  # type: ignore[arg-type]
-                 ranks_of=lambda launch: ranks, tasks_per_node=1)  # fmt: skip
+                 ranks_of=lambda launch: ranks, tasks_per_node=worker[1] if worker else 1,
+                 spares_of=lambda launch: spares)  # fmt: skip
     return s, slurm, started, record
 
 
@@ -154,6 +166,27 @@ def test_standbys_start_once_every_rank_trains_one_per_node_journaled(tmp_path: 
     assert record.events[-1]["type"] == "standbys" and record.events[-1]["started"] == {"1": "n0", "2": "n1", "3": "n2"}
     s.keep(launch)
     assert len(started) == 3, "the pool is full: nothing more started"
+
+
+def test_under_torchrun_each_node_keeps_a_standby_per_worker_running_torchruns_worker_and_none_on_spares(
+        tmp_path: Path) -> None:  # fmt: skip
+    """A dead worker's torchrun stops its node-mates: the node's every rank is started again, so "auto" keeps one
+    standby per worker (one alone would leave the others paying the start); a lost node's torchrun never moves
+    warm (the restart is cold), so a spare keeps none."""
+    command = ("/v/bin/python", "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py", "--x", "1")
+    worker = torchrun_worker.worker_command(command, {})
+    assert worker == (["/v/bin/python", "-u", "train.py", "--x", "1"], 2)
+    ranks = [RankView(r, NODES[r // 2], pid=100 + r, state=procstate.RUNNING, rank_flags=RANK_FLAG_RESTARTABLE,
+                      beats=3) for r in range(6)]  # fmt: skip
+    s, _, started, record = pool(tmp_path, ranks, command=command, worker=worker, spares=("n3",))
+    s.keep(launch_of(tmp_path))
+    assert sorted(next(a for a in argv if a.startswith("--nodelist=")) for argv, _ in started) == \
+        ["--nodelist=n0", "--nodelist=n0", "--nodelist=n1", "--nodelist=n1", "--nodelist=n2", "--nodelist=n2"]
+    assert started[0][0][-8:] == ["/v/bin/python", "-u", "-m", "supervisor.client.standby", "--", "train.py", "--x", "1"]
+    assert len(record.events) == 1 and len(record.events[0]["started"]) == 6
+    s2 = pool(tmp_path, ranks, command=("torchrun", "--no-python", "--nproc-per-node=2", "./a"), worker=(["./a"], 2))
+    s2[0].keep(launch_of(tmp_path))
+    assert s2[2] == [] and "torchrun" in s2[3].events[0]["why"], "not a Python program: no standby can run it"
 
 
 def test_a_waiting_rank_means_not_training(tmp_path: Path) -> None:
@@ -243,6 +276,24 @@ def test_a_warm_restart_hands_the_dead_rank_to_its_nodes_standby(tmp_path: Path)
     assert "RANK" not in order.env, "the user's own RANK for every rank is not overridden"
     assert launch.names == ("train-1", "train-1-standby-5") and launch.replaced[0].rank == 1
     assert json.loads(channel.orders[0][1])["restart"]["generation"] == 1
+
+
+def test_under_torchrun_a_standbys_assignment_carries_torchruns_worker_variables_and_the_client_takes_it(
+        tmp_path: Path) -> None:  # fmt: skip
+    """Found on Slurm: the assignment's torchrun worker variables (GROUP_RANK, ROLE_RANK, ...) were outside the
+    client's allowlist, the node's agent refused the order, the standby never took its rank and the kept workers
+    waited out the rendezvous (120 s)."""
+    from supervisor.client.restart_order import encode_order, parse_order
+
+    t = trainer(tmp_path, [])
+    t.torchrun_worker = (["/v/bin/python", "-u", "train.py"], 2)
+    launch = Launch(1, "train-1", FakeProcess(), tmp_path / "l.log", 0.0, NODES, warm=True)
+    order = t.assignment(launch, RestartOrder(1, {"MASTER_PORT": "23456", "TORCHELASTIC_USE_AGENT_STORE": "False"}),
+                         3)  # fmt: skip
+    assert set(order.env) <= ASSIGN_ENV, set(order.env) - ASSIGN_ENV
+    assert (order.env["RANK"], order.env["LOCAL_RANK"], order.env["GROUP_RANK"], order.env["WORLD_SIZE"]) == \
+        ("3", "1", "1", "6")  # fmt: skip
+    assert parse_order(encode_order(order, ASSIGN_ENV), ASSIGN_ENV) == order
 
 
 def test_a_standby_launch_number_in_the_step_name_and_as_rank(tmp_path: Path) -> None:
