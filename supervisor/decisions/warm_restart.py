@@ -152,6 +152,33 @@ def hung_by_peers(ranks: Sequence[RankView], stuck_s: float, grace_s: float = HO
     return stuck
 
 
+SHOW_UP_S = 60.0  # the least a rank started again gets to show up in its slot (srun, interpreter, imports)
+SHOW_UP_STARTUPS = 2.0  # ... or this many times the launch's own start-up, when that was longer
+
+
+def show_up_deadline_s(startup_s: float | None) -> float | None:
+    """How long a rank a warm restart started again (a new step, or a standby given its assignment) may take to
+    show up in its slot before the restart is given up: ``SHOW_UP_STARTUPS`` times the launch's own start-up (from
+    its srun to its first step: a new process does what every rank did then), at least ``SHOW_UP_S``. None while
+    the launch never stepped: its start-up is unknown and nothing is given up on missing data."""
+    if startup_s is None:
+        return None
+    return max(SHOW_UP_S, SHOW_UP_STARTUPS * max(0.0, startup_s))
+
+
+def missing_replacements(started: Iterable[tuple[int, float]], shown: Iterable[int], now: float,
+                         deadline_s: float | None) -> tuple[int, ...]:  # fmt: skip
+    """The ranks started again (``started``: rank, when) that have not shown up (``shown``: ranks with a live
+    slot in the launch) within ``deadline_s``. WHY: the kept ranks wait for them in the new rendezvous, which only
+    the backend's own timeout ends (gloo's store 2 minutes here; NCCL's 10 minutes and more at scale): a
+    replacement that never comes (a standby that cannot take its assignment, a step that never starts its
+    program) is a second fault during the restart, answered cold instead of a wedged job."""
+    if deadline_s is None:
+        return ()
+    seen = set(shown)
+    return tuple(sorted({rank for rank, t in started if rank not in seen and now - t >= deadline_s}))
+
+
 NOT_WARM_CLASSES = frozenset({ev.NUMERICAL})
 
 

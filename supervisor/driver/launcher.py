@@ -51,6 +51,7 @@ class Replacement:
     name: str
     proc: Process
     log_path: Path
+    started_at: float = dataclasses.field(default_factory=time.monotonic)  # its step's start, or its assignment
 
 
 class LaunchProcs:
@@ -124,6 +125,7 @@ class Launch:
     warm: bool = False  # its ranks restart in their processes (the step survives one task's death)
     generation: int = 0  # warm restarts so far
     replaced: list[Replacement] = dataclasses.field(default_factory=list)  # ranks started again, newest last
+    startup_s: float | None = None  # from its srun to its first step (a warm launch's watch measures it)
 
     def __post_init__(self) -> None:
         if self.log is None:

@@ -125,6 +125,8 @@ class Watcher:
             if ending is not None:
                 return ending
             if launch.warm:
+                if launch.startup_s is None and not launch.generation and any(r.beats > 0 for r in self.ranks(launch)):
+                    launch.startup_s = now - launch.started  # (a first step means every rank passed the rendezvous)
                 if self.lingers(launch, now):  # the training is over; what still runs of the step waits on nothing
                     self.scan_checkpoints()
                     return WatchResult("exited", exit_code=0, detections=triage.with_pending())
@@ -136,7 +138,7 @@ class Watcher:
                 hung = self.release_held_back(launch, views, now)
                 if hung is not None:  # its peers' collectives timed out on it: a hang, its rank named
                     return WatchResult("detection", detections=triage.with_pending((hung,)))
-            failed = self.replacement_failed(launch)
+            failed = self.replacement_failed(launch) or self.replacement_missing(launch, now)
             if failed is not None:  # its peers wait for it in the rendezvous: nothing else would end this
                 return WatchResult("detection", detections=triage.with_pending((failed,)))
             if self.agents.died():
@@ -215,6 +217,26 @@ class Watcher:
                                       value=float(code), evidence=(f"rank {rep.rank} started again on {rep.node} "
                                                                    f"(step {rep.name}) ended with code {code}",))  # fmt: skip
         return None
+
+    def replacement_missing(self, launch: Launch, now: float) -> DetectionEvent | None:
+        """A rank the last warm restart started again that has not shown up in its slot within the deadline
+        (``warm_rule.missing_replacements``): a hang of the restart, its rank named, no node blamed (a standby that
+        could not take its assignment is nobody's node's fault); the restart under way then goes cold."""
+        newest = [r for r in launch.replaced if r.generation == launch.generation]
+        if not newest:
+            return None
+        deadline = warm_rule.show_up_deadline_s(launch.startup_s)
+        shown = {r.rank for r in self.ranks(launch) if r.pid}
+        missing = warm_rule.missing_replacements(((r.rank, r.started_at) for r in newest), shown, now, deadline)
+        if not missing or deadline is None:
+            return None
+        where = {r.rank: r for r in newest}
+        late = max(now - where[r].started_at for r in missing)
+        return of_silence(RANK_HANG, missing, (), "show_up_s", late, deadline,
+                          "; ".join(f"rank {r} started again on {where[r].node} ({where[r].name}) has not shown up in "
+                                    f"its slot after {now - where[r].started_at:.0f} s (deadline {deadline:.0f} s: "
+                                    "twice the launch's start-up, at least 60 s); the kept ranks wait for it in the "
+                                    "rendezvous" for r in missing))  # fmt: skip
 
     def generation_code(self, launch: Launch, code: int) -> int:
         """srun's exit code, except after a warm restart: the training step's srun reports the death of the rank

@@ -7,7 +7,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.decisions.warm_restart import COLD, WAIT, WARM, RankView, choose
+from supervisor.decisions.warm_restart import (
+    COLD,
+    SHOW_UP_S,
+    WAIT,
+    WARM,
+    RankView,
+    choose,
+    missing_replacements,
+    show_up_deadline_s,
+)
 
 
 def ranks(dead: tuple[int, ...] = (), waiting: tuple[int, ...] | None = None, world: int = 4,
@@ -201,3 +210,20 @@ def test_under_torchrun_a_dead_workers_node_mates_are_doomed_with_it() -> None:
              RankView(2, "b", False, True, False), RankView(3, "b", True, True, True)]  # fmt: skip
     assert doomed_with_their_node(views) == (3,)
     assert doomed_with_their_node([v for v in views if v.node == "a"]) == ()
+
+
+@given(st.lists(st.tuples(st.integers(0, 7), st.floats(0, 1000)), max_size=8), st.sets(st.integers(0, 7)),
+       st.floats(0, 2000), st.none() | st.floats(0, 500))
+def test_a_replacement_is_missing_only_past_the_deadline_and_never_when_it_showed_up_or_the_start_up_is_unknown(
+        started: list[tuple[int, float]], shown: set[int], now: float, startup_s: float | None) -> None:  # fmt: skip
+    deadline = show_up_deadline_s(startup_s)
+    assert (deadline is None) == (startup_s is None)
+    if deadline is not None:
+        assert deadline >= SHOW_UP_S and deadline >= 2 * startup_s
+    missing = missing_replacements(started, shown, now, deadline)
+    assert list(missing) == sorted(set(missing)) and not set(missing) & shown
+    for rank in missing:
+        assert deadline is not None and any(r == rank and now - t >= deadline for r, t in started)
+    for rank, t in started:
+        if deadline is not None and rank not in shown and now - t >= deadline:
+            assert rank in missing

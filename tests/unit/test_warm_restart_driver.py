@@ -324,6 +324,28 @@ def test_a_rank_started_again_that_dies_at_start_ends_the_watch(tmp_path: Path) 
     assert Watcher.replacement_failed(SimpleNamespace(), launch) is None  # type: ignore[arg-type]
 
 
+def test_a_rank_started_again_that_never_shows_up_ends_the_watch_as_a_hang_blaming_no_node(tmp_path: Path) -> None:
+    """Found on Slurm (a standby whose assignment its agent refused): the kept ranks waited in the rendezvous for
+    2 minutes (gloo's store timeout) before a cold relaunch. Now a replacement missing from the slots past the
+    deadline (twice the launch's start-up, at least 60 s) ends the watch: a hang of the restart, no node blamed."""
+    launch = launch_of(tmp_path)
+    launch.generation, launch.startup_s = 1, 45.0  # deadline: 90 s
+    rep = SimpleNamespace(rank=1, node="n1", generation=1, name="train-1-standby-4", proc=FakeProcess(),
+                          started_at=1000.0)  # fmt: skip
+    launch.replaced = [rep]  # type: ignore[list-item]
+    shown: list[Any] = [SimpleNamespace(rank=0, pid=10), SimpleNamespace(rank=2, pid=12)]
+    watcher = SimpleNamespace(ranks=lambda launch: shown)
+    assert Watcher.replacement_missing(watcher, launch, 1089.0) is None  # type: ignore[arg-type]
+    found = Watcher.replacement_missing(watcher, launch, 1091.0)  # type: ignore[arg-type]
+    assert found is not None and found.kind == "rank_hang" and found.ranks == (1,) and found.nodes == ()
+    assert "train-1-standby-4" in found.evidence[0] and found.threshold == 90.0
+    shown.append(SimpleNamespace(rank=1, pid=44))  # it showed up (late): nothing to say
+    assert Watcher.replacement_missing(watcher, launch, 2000.0) is None  # type: ignore[arg-type]
+    shown.pop()
+    launch.startup_s = None  # the launch never stepped: its start-up unknown, nobody is given up on missing data
+    assert Watcher.replacement_missing(watcher, launch, 5000.0) is None  # type: ignore[arg-type]
+
+
 def test_a_waiting_rank_that_holds_its_peers_back_is_killed_once_after_the_grace(tmp_path: Path) -> None:
     """Rank 1 waits for its order while ranks 0 and 2, alive, are stuck on it: after the grace its agent is told to
     kill it, once, and the kill is journaled with the reason."""
