@@ -109,21 +109,46 @@ def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_the
         cancel(camp.job_id)
 
 
-@pytest.mark.parametrize("fallback", ["ignores-order", "second-fault"])
+def standby_pid(ident: str) -> int:
+    """The pid of standby ``ident``'s process (``python -m supervisor.client.standby`` with its id, not the srun
+    that started it; one host)."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        try:
+            if cmdline and Path(cmdline[0]).name.startswith("python") and "supervisor.client.standby" in cmdline and \
+                    proc.environ().get("SUPERVISOR_STANDBY") == ident:  # fmt: skip
+                return int(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise AssertionError(f"no process for standby {ident}")
+
+
+@pytest.mark.parametrize("fallback", ["ignores-order", "second-fault", "standby-stopped"])
 def test_a_warm_restart_that_cannot_go_on_falls_back_to_a_cold_relaunch(tmp_path: Path, fallback: str) -> None:
     """Rank 1 SIGKILLed; then either rank 2 waits but never takes its restart order (a client that cannot read
-    it), or the rank taking over rank 1 fails at its start (a second fault during the warm restart). Neither may
-    wedge the job: the warm restart is given up (``warm_restart_skipped`` says why), the step is killed and the
-    training relaunched cold, and it completes with the weights of an uninterrupted run."""
+    it), or the rank taking over rank 1 fails at its start (a second fault during the warm restart), or the standby
+    given rank 1 was stopped before the fault (SIGSTOP) and never shows up as it (the kept ranks wait for it in the
+    rendezvous: given up after 60 s, a hang naming rank 1 and blaming no node). None may wedge the job: the warm
+    restart is given up (``warm_restart_skipped`` says why), the step is killed and the training relaunched cold,
+    and it completes with the weights of an uninterrupted run."""
     out = tmp_path / "final.pt"
-    extra = ("--ignore-order-rank", "2") if fallback == "ignores-order" else ("--fail-generation", "1")
-    camp = submit_program(tmp_path, "--out", str(out), *extra, steps=STEPS, ckpt_every=5, step_time=0.2, nodes=3,
+    extra = {"ignores-order": ("--ignore-order-rank", "2"), "second-fault": ("--fail-generation", "1")}.get(fallback, ())
+    steps = 2 * STEPS if fallback == "standby-stopped" else STEPS
+    camp = submit_program(tmp_path, "--out", str(out), *extra, steps=steps, ckpt_every=5, step_time=0.2, nodes=3,
                           config='[run]\nwarm_restart = "on"\n', program=PROGRAM)  # fmt: skip
+    stopped: int | None = None
     try:
         pid = rank_pid_on(camp, 1)
+        if fallback == "standby-stopped":
+            pool = wait_for("the standbys to start", lambda: camp.of_type("standbys"), 120)[0]["started"]
+            node = launches(camp)[0]["nodes"][1]
+            stopped = standby_pid(next(ident for ident, n in pool.items() if n == node))
+            os.kill(stopped, signal.SIGSTOP)
         wait_printed(camp, 1, 12)
         os.kill(pid, signal.SIGKILL)
-        ended = wait_for("the campaign to complete", camp.ended, 240)
+        ended = wait_for("the campaign to complete", camp.ended, 300)
         assert ended["state"] == "completed", ended
         first, warm, cold = launches(camp)
         assert warm.get("generation") == 1 and warm["replaced_ranks"] == [1], warm
@@ -134,10 +159,20 @@ def test_a_warm_restart_that_cannot_go_on_falls_back_to_a_cold_relaunch(tmp_path
         if fallback == "second-fault":  # the taking-over rank's own log is read: its error is the evidence
             second = camp.of_type("interruption")[1]
             assert any("cannot start in generation 1" in line for line in second["evidence"]), second
-        want_weights = uninterrupted(tmp_path / "plain")
+        if fallback == "standby-stopped":  # taken by the stopped standby, which never showed up as rank 1
+            assert list(warm.get("standby_ranks", {})) == ["1"], warm
+            second = camp.of_type("interruption")[1]
+            assert second["class"] == "hang" and second["blamed_nodes"] == [], second
+            assert any("has not shown up in its slot" in line for line in second["evidence"]), second
+        want_weights = uninterrupted(tmp_path / "plain", steps)
         got = torch.load(out, weights_only=True)
         assert all(torch.equal(got[k], want_weights[k]) for k in want_weights), "the fallback changed the training"
     finally:
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGCONT)  # (so that its step's cancel ends it)
+            except ProcessLookupError:
+                pass
         cancel(camp.job_id)
 
 
