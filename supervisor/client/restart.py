@@ -36,7 +36,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from supervisor.client import api
+from supervisor.client import api, store_wait
 from supervisor.client import layout as _layout
 from supervisor.client.restart_order import ENV_GENERATION, ENV_WAIT_S, ENV_WARM, RestartOrder, read_order
 
@@ -82,6 +82,7 @@ def restartable(fn: Callable[..., T]) -> Callable[..., T]:
             order.apply(os.environ)
             _say(f"restarting in this process in generation {order.generation} "
                  f"(rendezvous {os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')})")  # fmt: skip
+            store_wait.wait_for_store()  # (no back-off sleep in the program's own connect: client/store_wait.py)
             try:
                 api._enter_phase(_layout.PHASE_INIT)  # as a new process: init until the first step
             except Exception:  # noqa: S110 - the slot went away: the client is a no-op, training goes on

@@ -28,9 +28,15 @@ import time
 from pathlib import Path
 
 from supervisor import paths as _paths
+from supervisor.client import store_wait
 from supervisor.client.restart_order import ASSIGN_ENV, ENV_GENERATION, RestartOrder, read_order
 
 ENV_STANDBY = "SUPERVISOR_STANDBY"
+# What a standby imports while it waits. torch._dynamo too: ``client.restartable`` imports it before the program's
+# process group (client/restart.py, ``_import_dynamo_first``), and it is the slowest of the three (1.6 s after
+# torch's 1.5 s on this 2-core machine): not preloaded, it was most of a standby's time from its assignment to the
+# rendezvous (a node crash with a warm spare: 1.4 s from the order to the process group).
+DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
 POLL_S = 0.02
 EXIT_IDLE = 0  # no assignment came (the job ended, or the idle timeout): nothing failed
 EXIT_USAGE = 2
@@ -56,7 +62,8 @@ def slot_dir_here() -> Path | None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m supervisor.client.standby", description=__doc__.splitlines()[0])
     p.add_argument("--preload", action="append", default=None,
-                   help="a module to import while waiting (repeatable; default: torch and torch.distributed)")
+                   help="a module to import while waiting (repeatable; default: torch, torch.distributed and "
+                        "torch._dynamo, which client.restartable imports before the program's process group)")
     p.add_argument("--idle-timeout", type=float, default=0.0, help="leave after this many seconds unassigned (0: never)")
     p.add_argument("target", nargs=argparse.REMAINDER, help="-- SCRIPT ARGS, or -- -m MODULE ARGS")
     args = p.parse_args(argv)
@@ -112,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"supervisor standby: {ENV_STANDBY} (letters, digits, - and _) and {_paths.SLOT_DIR_ENV} must be set "
               "(fix: start it the way the supervisor does)", file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
-    loaded = preload(args.preload if args.preload is not None else ["torch", "torch.distributed"])
+    loaded = preload(args.preload if args.preload is not None else list(DEFAULT_PRELOAD))
     ready = slot_dir / ready_name(standby)
     try:
         tmp = ready.with_name(f".{ready.name}.tmp")
@@ -134,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("SUPERVISOR_HELPER_STEP", None)  # (the agents find it by its slot now, as the rank)
     print(f"supervisor standby: taking over rank {os.environ.get('RANK', '?')} in generation "
           f"{os.environ.get(ENV_GENERATION, '?')}", file=sys.stderr, flush=True)  # fmt: skip
+    store_wait.wait_for_store()  # (no back-off sleep in the program's own connect: client/store_wait.py)
     run_target(args.target)
     return 0
 
