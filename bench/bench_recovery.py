@@ -1,6 +1,6 @@
 """Recovery speed on the real local Slurm: supervised vs Slurm and torch defaults, side by side in one run.
 
-    python bench/bench_recovery.py [--only hang|kill|crash|memory|warm|warm-crash|warm-torchrun] [--accounting]
+    python bench/bench_recovery.py [--only hang|kill|crash|memory|warm|warm-crash|warm-hang|warm-torchrun] [--accounting]
 
 Figures (the example training, 2 nodes x 1 rank, gloo on CPU):
   A. hang (SIGSTOP of rank 1, 1 s steps) -> every rank stopped with stacks saved.
@@ -19,6 +19,8 @@ Figures (the example training, 2 nodes x 1 rank, gloo on CPU):
      warm starting it as a new step, cold relaunch: steps lost, seconds until the first step after the fault and
      until past the pre-fault step again (`--only warm`). `--only warm-torchrun`: the same under `srun torchrun`
      (2 nodes x 2 workers, a worker of the node not hosting torchrun's store killed): warm vs cold side by side.
+     `--only warm-hang`: a live hang of rank 1 (alive, outside any collective, --hang-at-step): warm (its stack
+     saved, it alone killed, a standby takes it) vs cold, from the hang's start.
 Each prints seconds and the ratio baseline / supervised. Goals: A <= 10 s, B <= 20 s; C with a spare <= 10 s,
 without <= 20 s, batch host: failsafe within 30 s; M: <= 2 steps lost with the tier on.
 """
@@ -403,6 +405,56 @@ def torchrun_warm_row(cluster: LocalCluster, work: Path, mode: str) -> tuple[int
         cluster.slurm("scancel", job, check=False)
 
 
+HANG_AT = 80
+HUNG = re.compile(r"rank 1 hangs after step (\d+) at ([0-9.]+)")
+
+
+def hang_row(cluster: LocalCluster, work: Path, mode: str) -> tuple[float, int, float, float, float | None]:
+    """A live hang of rank 1 (the example with ``--restartable --hang-at-step``: it sleeps, alive, outside any
+    collective; its peer waits in the next all-reduce), ``[run] warm_restart`` ``mode``, standbys "auto", memory tier
+    on: (seconds to the verdict, steps lost, seconds until the first step after the hang's start, until past the
+    pre-fault step, the state load within it), all from the hang's start as the rank printed it."""
+    job, root = supervise_submit(work, steps=600, step_time=0.1, ckpt_every=50,
+                                 extra=("--restartable", "--hang-at-step", str(HANG_AT)),
+                                 run_config=f'warm_restart = "{mode}"\n')  # fmt: skip
+    try:
+        def hung() -> tuple[int, float] | None:
+            for path in root.glob("logs/*/train-*.log"):
+                m = HUNG.search(path.read_text(errors="replace"))
+                if m:
+                    return int(m.group(1)), float(m.group(2))
+            return None
+
+        step, t0 = wait_for("rank 1's hang", hung, 300)
+        sizes = {p: p.stat().st_size for p in root.glob("logs/*/train-*.log")}
+        relaunch = wait_for("the restart", lambda: events(root, "step_launched")[1:] or None, 120)[0]
+        verdict = next(e["t"] for e in events(root, "interruption")) - t0
+        resumed = int(relaunch.get("resume_step") or 0)
+        first = first_step_after(root / "logs", "*/train-*.log", sizes, resumed + 1, 240) - t0
+        past = first_step_after(root / "logs", "*/train-*.log", sizes, step + 1, 240) - t0
+        how = "warm" if relaunch.get("generation") else "cold"
+        how += " (a standby took the rank)" if relaunch.get("standby_ranks") else ""
+        print(f"H  live hang of rank 1, warm_restart {mode}: verdict {verdict:.1f} s, restarted {how} from "
+              f"{relaunch.get('resume_tier')} at step {resumed} ({step - resumed} steps lost), first step after "
+              f"{first:.1f} s, past the pre-fault step {step} after {past:.1f} s", flush=True)  # fmt: skip
+        return verdict, step - resumed, first, past, state_load_s(root)
+    finally:
+        cluster.slurm("scancel", job, check=False)
+
+
+def bench_warm_hang(cluster: LocalCluster, work: Path) -> None:
+    """Issue 23: a live hang (a rank alive, outside any collective, its peer blocked in the all-reduce), warm
+    restart (the hung rank's stack saved, it alone killed, a standby takes it; the peer keeps its process) vs a cold
+    relaunch, the same program and settings, side by side."""
+    rows = {label: hang_row(cluster, work / f"hang-{mode}", mode)
+            for label, mode in (("warm restart", "on"), ("cold relaunch", "off"))}  # fmt: skip
+    print(f"\n| live hang of rank 1 after step {HANG_AT} (2 ranks, 0.1 s steps, memory tier on) | s to the verdict | "
+          "steps lost | s until the first step after | s until past the pre-fault step | of which state load (s) |"
+          "\n|---|---|---|---|---|---|")  # fmt: skip
+    for label, (verdict, lost, first, past, load) in rows.items():
+        print(f"| {label} | {verdict:.1f} | {lost} | {first:.1f} | {past:.1f} | {'-' if load is None else f'{load:.2f}'} |")
+
+
 def bench_warm_torchrun(cluster: LocalCluster, work: Path) -> None:
     """Issue 23 under torchrun: a worker SIGKILLed, warm restart (the node's workers started again without
     torchrun, the other node's kept) vs a cold relaunch, the same program and settings, side by side."""
@@ -418,7 +470,8 @@ def bench_warm_torchrun(cluster: LocalCluster, work: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-window", type=float, default=120.0)
-    parser.add_argument("--only", choices=("hang", "kill", "crash", "memory", "warm", "warm-crash", "warm-torchrun"))
+    parser.add_argument("--only", choices=("hang", "kill", "crash", "memory", "warm", "warm-crash", "warm-hang",
+                                           "warm-torchrun"))
     parser.add_argument("--accounting", action="store_true",
                         help="the cluster with slurmdbd, as sites run it (the no-spare requeue then drops the lost "
                              "node from the allocation first; docs/node-loss.md)")  # fmt: skip
@@ -440,6 +493,8 @@ def main() -> int:
             bench_memory(cluster, work)
         if args.only in (None, "warm"):
             bench_warm(cluster, work)
+        if args.only == "warm-hang":
+            bench_warm_hang(cluster, work)
         if args.only == "warm-torchrun":
             bench_warm_torchrun(cluster, work)
         if args.only == "warm-crash":  # (part of "crash"): the spare relaunch cold vs warm, side by side

@@ -116,6 +116,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checksums", action="store_true",
                    help="(tests) rank 0 prints the full weights' checksum at each save and after a restore (stderr)")
     p.add_argument("--die-at-step", type=int, default=0, help="(tests) SIGKILL every rank right after step N")
+    p.add_argument("--hang-at-step", type=int, default=0,
+                   help="(tests) rank 1 hangs alive (sleeps, outside any collective) right after step N, once per "
+                        "campaign (a marker in the checkpoint directory): a live hang; its peers wait in the next "
+                        "collective")  # fmt: skip
     p.add_argument("--nan-at-step", type=int, default=0,
                    help="(tests) the batch of step N is poisoned: its loss is NaN, the weights become NaN, and so "
                         "is every later loss (a diverged run), unless that batch is skipped after a roll back")
@@ -406,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
         saver.snapshot(lambda: checkpoint_state(model, opt, rank, step, epoch, offset), step)  # noqa: B023
         if args.die_at_step and step == args.die_at_step:
             os.kill(os.getpid(), signal.SIGKILL)
+        if args.hang_at_step and step == args.hang_at_step and rank == 1:
+            hang_once(Path(args.ckpt_dir) / ".hung-once", step)
         if stop:
             break
     saver.close()
@@ -413,6 +419,19 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         dist.destroy_process_group()
     return 143 if stop and _signalled["stop"] else 0
+
+
+def hang_once(marker: Path, step: int) -> None:
+    """(--hang-at-step) Sleep forever, alive, the first time a process of this campaign gets here (the marker says
+    it happened): a restarted rank 1 trains on. Says when on stderr (wall time: a bench's clock)."""
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
+    print(f"rank 1 hangs after step {step} at {time.time():.3f}", file=sys.stderr, flush=True)
+    while True:
+        time.sleep(3600)
 
 
 def leave(code: int) -> NoReturn:

@@ -9,7 +9,9 @@ depends on the program's cooperation beyond ``client.step``:
   was detected before the step ended: a rank's exit is seen as the step's end);
 - ``teardown_s``: the interruption until the training was under way again: for a warm restart the survivors'
   release (``release_s``: every one left the failed collective and waits) and the restart order (``order_s``:
-  sent until every kept rank took it); for a relaunch the step's end and the new srun; for a requeue the queue too;
+  sent until every kept rank took it, as the agents' reports show it, so up to a report late; a first step
+  before that cuts it there: the order was taken by then); for a relaunch the step's end and the new srun; for a
+  requeue the queue too;
 - ``up_s``: from there to the first step the new launch reported: for a warm restart the rendezvous, the state
   load and the first step in the kept processes; cold, the processes' start (interpreter, imports) as well;
 - ``restore_s``: the part of ``up_s`` the slowest rank spent loading its state, measured by the ranks' clients
@@ -85,6 +87,10 @@ def recoveries(events: Iterable[Event]) -> list[dict[str, Any] | None]:
             under_way = t
         elif kind == ev.STEP_PROGRESS and current is not None and under_way is not None:
             first_step = _seconds(e.get("step_t", t)) or t
+            if "release_s" in current and first_step < under_way:  # stepped before the order was seen taken:
+                sent = under_way - (current["order_s"] or 0.0)  # it was taken by then (a standby seen late)
+                current.update(order_s=_span(sent, first_step), teardown_s=_span(current["_cause"][0], first_step))
+                under_way = first_step
             current.update(up_s=_span(under_way, first_step), total_s=_span(current["_from"], first_step),
                            restore_s=_span(0.0, _seconds(e.get("restore_s"))))
             current = under_way = None

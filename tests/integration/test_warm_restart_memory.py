@@ -3,7 +3,11 @@
 FSDP2 (sharded state, a CPU device mesh over gloo). A rank SIGKILLed from outside: the survivors leave their failed
 collective in their own processes, the dead rank is started again alone, and every rank resumes from the snapshot in
 node memory (the dead rank's own snapshot outlived it on its node's agent), losing at most two steps instead of the
-checkpoint interval. Rank 0's printed losses are bitwise those of an uninterrupted run across both generations."""
+checkpoint interval. Rank 0's printed losses are bitwise those of an uninterrupted run across both generations.
+
+Known limit (2026-12-07): with DDP at 3 ranks, runs of 60 steps showed rank 0's loss differing from the uninterrupted
+run's in the last bit at a few steps 13-20 steps after the resume (the same at f344956, with and without standbys;
+FSDP2 and a cold relaunch from memory stayed bitwise over 60 steps): this test runs 40 steps, within that."""
 
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ def test_a_killed_rank_restarts_warm_from_node_memory_bitwise(tmp_path, style: s
         assert picked["fetches"] == 0, picked  # rank 1 starts again on its own node, where its snapshot is
         # generation 1 trains in the survivors' own processes (the live table's pid of each, past the resume)
         for rank, pid in survivors.items():
-            row = wait_for(f"rank {rank} past the resume", lambda r=rank: live_rank(camp.root, r, killed_at + 4),
+            row = wait_for(f"rank {rank} past the resume", lambda r=rank: live_rank(camp.root, r, min(killed_at + 4, STEPS)),
                            60, poll=0.2)  # fmt: skip
             assert int(row["pid"]) == pid, (rank, row, pid)
         ended = wait_for("the campaign to complete", camp.ended, 240)

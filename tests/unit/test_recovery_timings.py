@@ -47,6 +47,17 @@ def test_the_state_load_the_ranks_measured_splits_the_start_up_and_only_the_firs
     assert rows[1] is not None and rows[1]["up_s"] == 5.0 and rows[1]["restore_s"] == 1.5
 
 
+def test_a_first_step_before_the_order_was_seen_taken_cuts_the_order_there() -> None:
+    """Seen on Slurm: a standby took its rank and the generation stepped before the agents' next report showed the
+    standby as its rank (order_s 0.74 s, the first step 0.4 s after the interruption): the order was taken by the
+    first step, so the teardown ends there and the figures still add up."""
+    rows = recoveries([launched(0, 1), interrupted(10, ev.UNKNOWN), launched(10.2, 2, generation=1),
+                       ev.warm_restart_ordered(11.0, 2, 1, 0.05, 0.74), progress(11.2, 2, 10.4)])  # fmt: skip
+    r = rows[1]
+    assert r is not None and r["teardown_s"] == 0.4 and r["up_s"] == 0.0 and r["total_s"] == 0.4, r
+    assert r["order_s"] == 0.14 and r["release_s"] + r["order_s"] <= r["teardown_s"] <= r["total_s"], r
+
+
 def test_a_requeue_counts_the_queue_in_its_teardown_and_a_fresh_campaigns_first_launch_is_no_recovery() -> None:
     rows = recoveries([{"type": ev.ATTEMPT_STARTED, "t": 0}, launched(1, 1), interrupted(12, ev.PREEMPTION),
                        {"type": ev.ATTEMPT_STARTED, "t": 40}, launched(45, 1), progress(61, 1, 60)])  # fmt: skip
