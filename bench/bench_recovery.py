@@ -405,7 +405,7 @@ def torchrun_warm_row(cluster: LocalCluster, work: Path, mode: str) -> tuple[int
         cluster.slurm("scancel", job, check=False)
 
 
-HANG_AT = 80
+HANG_AT = 300  # (after the learned timeout: 20 samples, about one per rank per agent report, past warm-up)
 HUNG = re.compile(r"rank 1 hangs after step (\d+) at ([0-9.]+)")
 
 

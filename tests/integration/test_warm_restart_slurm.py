@@ -48,10 +48,12 @@ def test_a_killed_or_hung_rank_is_started_again_alone_and_the_survivors_keep_the
     out = tmp_path / "final.pt"
     # hang: rank 1 sleeps once the hang timeout is learned (the stall probe names it from the stacks);
     # hang-early: during the warm-up (timeout 300 s), so its peers' gloo collectives time out on it first (15 s)
-    extra = {"raise": ("--raise-at-step", "12"), "hang": ("--hang-at-step", "50"),
+    extra = {"raise": ("--raise-at-step", "12"), "hang": ("--hang-at-step", "70"),
              "hang-early": ("--hang-at-step", "12", "--pg-timeout", "15")}.get(fault, ())  # fmt: skip
     config = f'[run]\nwarm_restart = "on"\nstandbys = "{standbys}"\n'
-    steps = 70 if fault == "hang" else STEPS
+    # (hang at 70: 14 s of steps, about 40 step-time samples, well past the 20 of the learned timeout's warm-up,
+    # whose 300 s timeout would outlast the test; at 50 a loaded machine's fewer agent reports left a margin of a third)
+    steps = 90 if fault == "hang" else STEPS
     camp = submit_program(tmp_path, "--out", str(out), *extra, steps=steps, ckpt_every=5, step_time=0.2, nodes=3,
                           config=config, program=PROGRAM)  # fmt: skip
     try:
