@@ -337,7 +337,15 @@ def kill_and_time(root: Path, pid: int, label: str) -> tuple[int, float, float, 
     sizes = {p: p.stat().st_size for p in root.glob("logs/*/train-*.log")}
     t0, before = time.time(), last_printed(root)
     os.kill(pid, signal.SIGKILL)
-    relaunch = wait_for("the relaunch", lambda: events(root, "step_launched")[1:] or None, 120)[0]
+    return time_the_restart(root, sizes, t0, before, label)
+
+
+def time_the_restart(root: Path, sizes: dict[Path, int], t0: float, before: int,
+                     label: str) -> tuple[int, float, float, float | None]:  # fmt: skip
+    """After a fault at ``t0`` (wall time; ``before``: the last step printed before it; ``sizes``: the logs' sizes
+    then): wait for the restart, time it and print it after ``label``: (steps lost, seconds until the first step
+    after the fault, seconds until past the pre-fault step again, the state load within it)."""
+    relaunch = wait_for("the restart", lambda: events(root, "step_launched")[1:] or None, 120)[0]
     resumed = int(relaunch.get("resume_step") or 0)
     first = first_step_after(root / "logs", "*/train-*.log", sizes, resumed + 1, 240) - t0
     past = first_step_after(root / "logs", "*/train-*.log", sizes, before + 1, 240) - t0
@@ -427,17 +435,10 @@ def hang_row(cluster: LocalCluster, work: Path, mode: str) -> tuple[float, int, 
 
         step, t0 = wait_for("rank 1's hang", hung, 300)
         sizes = {p: p.stat().st_size for p in root.glob("logs/*/train-*.log")}
-        relaunch = wait_for("the restart", lambda: events(root, "step_launched")[1:] or None, 120)[0]
+        lost, first, past, load = time_the_restart(root, sizes, t0, step, f"H  live hang of rank 1, warm_restart {mode}")
         verdict = next(e["t"] for e in events(root, "interruption")) - t0
-        resumed = int(relaunch.get("resume_step") or 0)
-        first = first_step_after(root / "logs", "*/train-*.log", sizes, resumed + 1, 240) - t0
-        past = first_step_after(root / "logs", "*/train-*.log", sizes, step + 1, 240) - t0
-        how = "warm" if relaunch.get("generation") else "cold"
-        how += " (a standby took the rank)" if relaunch.get("standby_ranks") else ""
-        print(f"H  live hang of rank 1, warm_restart {mode}: verdict {verdict:.1f} s, restarted {how} from "
-              f"{relaunch.get('resume_tier')} at step {resumed} ({step - resumed} steps lost), first step after "
-              f"{first:.1f} s, past the pre-fault step {step} after {past:.1f} s", flush=True)  # fmt: skip
-        return verdict, step - resumed, first, past, state_load_s(root)
+        print(f"   verdict {verdict:.1f} s after the hang's start", flush=True)
+        return verdict, lost, first, past, load
     finally:
         cluster.slurm("scancel", job, check=False)
 
